@@ -1,0 +1,24 @@
+# The two commands a newcomer needs: `make run` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run test bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+run: install
+	$(BIN)/inferd serve --config config/default.toml
+
+test: install
+	$(BIN)/pytest -q
+
+clean:
+	rm -rf $(VENV) *.egg-info

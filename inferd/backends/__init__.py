@@ -1,0 +1,58 @@
+"""Backends: the model side, a batch function `fn(inputs: list) -> list` of the same length.
+
+A config names one as "package.module:name". The object found there is either
+- a batch function, called as it is by every worker (the seed's `batchstring` shape), or
+- a factory, marked with `@backend_factory` (or `factory = true` in config), called once per worker
+  thread as `factory(device, options)` so each worker builds its own model on its own GPU.
+
+"package.module" alone means that module's `create` factory.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Mapping, Sequence
+
+BatchFunction = Callable[[list[Any]], Sequence[Any]]
+BackendFactory = Callable[[str, Mapping[str, Any]], BatchFunction]
+
+_FACTORY_MARK = "__inferd_factory__"
+
+
+def backend_factory(fn: BackendFactory) -> BackendFactory:
+    """Mark `fn(device, options) -> batch function` as a per-worker factory."""
+    setattr(fn, _FACTORY_MARK, True)
+    return fn
+
+
+def resolve_backend(spec: str) -> Any:
+    """Import the object a config's `backend` names."""
+    module_name, _, attr = spec.partition(":")
+    module = importlib.import_module(module_name)
+    name = attr or "create"
+    try:
+        obj = module
+        for part in name.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise ImportError(f"backend {spec!r}: {module_name} has no attribute {name!r}") from None
+    if not callable(obj):
+        raise TypeError(f"backend {spec!r} is not callable")
+    return obj
+
+
+def is_factory(obj: Any, configured: bool | None) -> bool:
+    return configured if configured is not None else bool(getattr(obj, _FACTORY_MARK, False))
+
+
+def build_batch_function(
+    spec: str, device: str, options: Mapping[str, Any], factory: bool | None = None
+) -> BatchFunction:
+    """What one worker calls: the factory's product for its device, or the plain function itself."""
+    obj = resolve_backend(spec)
+    if is_factory(obj, factory):
+        fn = obj(device, options)
+        if not callable(fn):
+            raise TypeError(f"backend factory {spec!r} returned a non-callable {type(fn).__name__}")
+        return fn
+    return obj

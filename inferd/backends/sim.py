@@ -1,0 +1,81 @@
+"""The reference simulated GPU: the seed's `batchstring` workload.
+
+A call takes about `latency_ms` whatever the batch size, accepts 1..`max_batch_size` inputs, and raises
+if two calls overlap on one simulated device, so a test catches any worker that runs two batches at
+once. Each output is a deterministic function of its input (`expected_output`), so a client can tell
+that the answer it got belongs to the input it sent.
+
+Options: `latency_ms` (default 100), `max_batch_size` (default 100).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from typing import Any, Mapping
+
+from . import backend_factory
+
+
+class SimulatedDeviceError(RuntimeError):
+    """The simulated GPU was misused: overlapping calls, an empty or oversized batch."""
+
+
+def expected_output(text: str) -> str:
+    """The output the simulated model gives for `text`."""
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
+    return f"{text}=>{digest}"
+
+
+class SimulatedGPU:
+    """One simulated device. Records each call so tests and benchmarks can see what it ran."""
+
+    def __init__(self, latency_ms: float = 100.0, max_batch_size: int = 100, name: str = "sim") -> None:
+        self.latency_s = latency_ms / 1000.0
+        self.max_batch_size = max_batch_size
+        self.name = name
+        self.calls: list[tuple[float, float, int]] = []  # (start, end, batch size), time.monotonic()
+        self.idle_gaps: list[float] = []  # device idle time between back-to-back calls, seconds
+        self._busy = threading.Lock()
+        self._busy_until = 0.0
+
+    def __call__(self, inputs: list[str]) -> list[str]:
+        if not inputs:
+            raise SimulatedDeviceError("empty batch")
+        if len(inputs) > self.max_batch_size:
+            raise SimulatedDeviceError(f"batch of {len(inputs)} exceeds the device limit {self.max_batch_size}")
+        if not self._busy.acquire(blocking=False):
+            raise SimulatedDeviceError(f"overlapping calls on simulated device {self.name}")
+        try:
+            start = time.monotonic()
+            if self._busy_until:
+                self.idle_gaps.append(start - self._busy_until)
+            self._busy_until = start + self.latency_s
+            outputs = [expected_output(text) for text in inputs]
+            remaining = self._busy_until - time.monotonic()
+            if remaining > 0:
+                time.sleep(remaining)
+            self.calls.append((start, time.monotonic(), len(inputs)))
+            if len(self.calls) > 100_000:  # bounded memory on long runs
+                del self.calls[:50_000], self.idle_gaps[:50_000]
+            return outputs
+        finally:
+            self._busy.release()
+
+
+@backend_factory
+def create(device: str, options: Mapping[str, Any]) -> SimulatedGPU:
+    """One simulated GPU per worker."""
+    unknown = set(options) - {"latency_ms", "max_batch_size"}
+    if unknown:
+        raise ValueError(f"inferd.backends.sim: unknown options {sorted(unknown)}")
+    return SimulatedGPU(
+        latency_ms=float(options.get("latency_ms", 100.0)),
+        max_batch_size=int(options.get("max_batch_size", 100)),
+        name=device,
+    )
+
+
+batchstring = SimulatedGPU(name="batchstring")
+"""The seed's function as a plain batch function: one shared simulated device, so use it with one worker."""

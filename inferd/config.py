@@ -1,0 +1,151 @@
+"""Typed configuration, read from TOML with the standard library.
+
+Unknown keys are errors: a misspelt `max_wait_ms` silently falling back to a default is the kind of
+mistake an operator only finds under load.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+
+class ConfigError(ValueError):
+    """The configuration file is missing, malformed or inconsistent."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One served model: its batch function and how requests are batched for it."""
+
+    name: str
+    backend: str  # "package.module:callable", or "package.module" for its `create` factory
+    max_batch_size: int = 32
+    max_wait_ms: float = 5.0  # linger, counted from the oldest waiting request
+    workers: int = 1  # executor threads, one per GPU
+    devices: tuple[str, ...] = ()  # one per worker; default "auto:0", "auto:1", ...
+    max_queue: int = 1000  # requests waiting for a batch before 503
+    timeout_ms: int = 10_000  # default deadline of a request
+    max_timeout_ms: int = 60_000  # a client's timeout_ms is capped at this
+    max_input_chars: int = 100_000
+    factory: bool | None = None  # None: a factory is recognised by @backend_factory
+    warmup_inputs: tuple[str, ...] = ("warmup",)
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def worker_devices(self) -> tuple[str, ...]:
+        return self.devices or tuple(f"auto:{i}" for i in range(self.workers))
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The process: where it listens, and the models it serves (the first one is the default)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_body_bytes: int = 1 << 20
+    grace_period_s: float = 30.0  # how long admitted requests get to finish after SIGTERM
+    models: tuple[ModelConfig, ...] = ()
+
+    @property
+    def default_model(self) -> str:
+        return self.models[0].name
+
+
+def default_config() -> ServerConfig:
+    """What `inferd serve` runs with no --config: the seed's workload on one simulated GPU."""
+    return ServerConfig(
+        models=(
+            ModelConfig(
+                name="batchstring",
+                backend="inferd.backends.sim:create",
+                max_batch_size=100,
+                max_wait_ms=20,
+                options={"latency_ms": 100, "max_batch_size": 100},
+            ),
+        )
+    )
+
+
+def load_config(path: str | Path) -> ServerConfig:
+    try:
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file not found: {path}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    return parse_config(raw)
+
+
+def parse_config(raw: Mapping[str, Any]) -> ServerConfig:
+    _reject_unknown(raw, {"server", "models"}, "top level")
+    server = dict(raw.get("server", {}))
+    _reject_unknown(server, _field_names(ServerConfig) - {"models"}, "[server]")
+    models_raw = raw.get("models", [])
+    if not isinstance(models_raw, list) or not models_raw:
+        raise ConfigError("at least one [[models]] table is required")
+    models = tuple(_parse_model(m) for m in models_raw)
+    names = [m.name for m in models]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"model names must be unique: {names}")
+    config = ServerConfig(**server, models=models)
+    _check_server(config)
+    return config
+
+
+def _parse_model(raw: Any) -> ModelConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError("each [[models]] entry must be a table")
+    where = f"[[models]] {raw.get('name', '?')!r}"
+    _reject_unknown(raw, _field_names(ModelConfig), where)
+    for key in ("name", "backend"):
+        if not isinstance(raw.get(key), str) or not raw[key]:
+            raise ConfigError(f"{where}: `{key}` is required and must be a non-empty string")
+    values = dict(raw)
+    for key in ("devices", "warmup_inputs"):
+        if key in values:
+            values[key] = tuple(values[key])
+    if values.get("devices") and "workers" not in values:
+        values["workers"] = len(values["devices"])
+    model = ModelConfig(**values)
+    _check_model(model, where)
+    return model
+
+
+def _check_model(m: ModelConfig, where: str) -> None:
+    positive_ints = ("max_batch_size", "workers", "max_queue", "timeout_ms", "max_timeout_ms", "max_input_chars")
+    for key in positive_ints:
+        value = getattr(m, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"{where}: `{key}` must be a positive integer, got {value!r}")
+    if not isinstance(m.max_wait_ms, (int, float)) or m.max_wait_ms < 0:
+        raise ConfigError(f"{where}: `max_wait_ms` must be >= 0")
+    if m.devices and len(m.devices) != m.workers:
+        raise ConfigError(f"{where}: `workers` ({m.workers}) disagrees with the `devices` list ({len(m.devices)})")
+    if m.timeout_ms > m.max_timeout_ms:
+        raise ConfigError(f"{where}: `timeout_ms` exceeds `max_timeout_ms`")
+    if not isinstance(m.options, Mapping):
+        raise ConfigError(f"{where}: [models.options] must be a table")
+    if not m.warmup_inputs:
+        raise ConfigError(f"{where}: `warmup_inputs` must hold at least one input")
+
+
+def _check_server(c: ServerConfig) -> None:
+    if not isinstance(c.port, int) or not 0 <= c.port < 65536:
+        raise ConfigError(f"[server] port out of range: {c.port!r}")
+    if not isinstance(c.max_body_bytes, int) or c.max_body_bytes <= 0:
+        raise ConfigError("[server] max_body_bytes must be a positive integer")
+    if c.grace_period_s < 0:
+        raise ConfigError("[server] grace_period_s must be >= 0")
+
+
+def _field_names(cls: type) -> set[str]:
+    return {f.name for f in fields(cls)}
+
+
+def _reject_unknown(table: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {unknown}; allowed: {sorted(allowed)}")

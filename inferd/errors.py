@@ -1,0 +1,65 @@
+"""The errors a request can end with. Each class carries its HTTP status and stable error code.
+
+Codes are part of the public contract: clients and load balancers branch on them, so they never change.
+A 503 always means "safe to retry elsewhere" and carries `retry_after_ms`.
+"""
+
+from __future__ import annotations
+
+
+class InferdError(Exception):
+    status: int = 500
+    code: str = "INTERNAL_ERROR"
+
+    def __init__(self, message: str, *, retry_after_ms: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after_ms = retry_after_ms
+
+
+class InvalidInput(InferdError):
+    status, code = 400, "INVALID_INPUT"
+
+
+class Unauthorized(InferdError):
+    status, code = 401, "UNAUTHORIZED"
+
+
+class NotFound(InferdError):
+    status, code = 404, "NOT_FOUND"
+
+
+class ModelNotFound(InferdError):
+    status, code = 404, "MODEL_NOT_FOUND"
+
+
+class MethodNotAllowed(InferdError):
+    status, code = 405, "METHOD_NOT_ALLOWED"
+
+
+class PayloadTooLarge(InferdError):
+    status, code = 413, "PAYLOAD_TOO_LARGE"
+
+
+class RateLimited(InferdError):
+    status, code = 429, "RATE_LIMITED"
+
+
+class ServiceOverloaded(InferdError):
+    status, code = 503, "SERVICE_OVERLOADED"
+
+
+class Draining(InferdError):
+    status, code = 503, "DRAINING"
+
+
+class NotReady(InferdError):
+    status, code = 503, "NOT_READY"
+
+
+class DeadlineExceeded(InferdError):
+    status, code = 504, "DEADLINE_EXCEEDED"
+
+
+class InferenceFailed(InferdError):
+    status, code = 500, "INFERENCE_FAILED"

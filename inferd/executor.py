@@ -1,0 +1,126 @@
+"""Executor threads: one per GPU, each running one batch at a time.
+
+A worker builds its own model in its own thread (a factory gets the worker's device), runs the warm-up
+inputs, then loops: take the next batch from the batcher (pull-based: a free worker asks), call the
+backend, check the output list against the input list, and pass the finished batch to the event loop
+with one `call_soon_threadsafe` per batch. Futures are only touched on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Sequence
+
+from .backends import BatchFunction
+from .batcher import Batcher
+from .messages import Batch
+
+log = logging.getLogger("inferd.executor")
+
+
+class OutputMismatch(RuntimeError):
+    """The backend returned something other than one output per input."""
+
+
+def check_outputs(outputs: Any, expected: int) -> list[Any]:
+    if not isinstance(outputs, (list, tuple)):
+        raise OutputMismatch(f"backend returned {type(outputs).__name__}, expected a list of {expected} outputs")
+    if len(outputs) != expected:
+        raise OutputMismatch(f"backend returned {len(outputs)} outputs for {expected} inputs")
+    return list(outputs)
+
+
+class Worker:
+    def __init__(
+        self,
+        *,
+        name: str,
+        device: str,
+        build: Callable[[str], BatchFunction],
+        warmup_inputs: Sequence[Any],
+        batcher: Batcher,
+        loop: asyncio.AbstractEventLoop,
+        on_ready: Callable[[Worker], None],
+        on_failed: Callable[[Worker, BaseException], None],
+        on_batch_done: Callable[[Batch], None],
+    ) -> None:
+        self.name = name
+        self.device = device
+        self.ready = False
+        self.parked = False  # set by the batcher: did the last batch come after waiting idle?
+        self.backend: BatchFunction | None = None
+        self.busy_gaps_s: deque[float] = deque(maxlen=2048)  # end of one call to start of the next, back to back
+        self.busy_s = 0.0  # total time inside backend calls
+        self.batches = 0
+        self.current: Batch | None = None  # the batch inside the backend call now
+        self._build = build
+        self._warmup_inputs = list(warmup_inputs)
+        self._batcher = batcher
+        self._loop = loop
+        self._on_ready = on_ready
+        self._on_failed = on_failed
+        self._on_batch_done = on_batch_done
+        self._handoff: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=f"inferd-{name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def give(self, batch: Batch | None) -> None:
+        """Hand a batch to this parked worker (None: stop). Any thread."""
+        self._handoff.put(batch)
+
+    def wait_for_batch(self) -> Batch | None:
+        return self._handoff.get()
+
+    # ---- the thread ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            fn = self._build(self.device)
+            if self._warmup_inputs:
+                check_outputs(fn(list(self._warmup_inputs)), len(self._warmup_inputs))
+        except BaseException as exc:  # noqa: BLE001 - reported to the loop, the model stays not ready
+            log.exception("worker %s failed to start", self.name)
+            self._call_loop(self._on_failed, self, exc)
+            return
+        self.backend = fn
+        self.ready = True
+        self._call_loop(self._on_ready, self)
+        last_end = 0.0
+        while True:
+            batch = self._batcher.next_batch(self)
+            if batch is None:
+                return
+            batch.worker = self.name
+            self.current = batch
+            inputs = [r.input for r in batch.requests]
+            batch.started_at = time.monotonic()
+            if not self.parked and last_end:
+                self.busy_gaps_s.append(batch.started_at - last_end)
+            try:
+                batch.outputs = check_outputs(fn(inputs), len(inputs))
+            except BaseException as exc:  # noqa: BLE001 - the batch fails, the worker lives on
+                batch.error = exc
+            last_end = batch.finished_at = time.monotonic()
+            self.busy_s += last_end - batch.started_at
+            self.batches += 1
+            self.current = None
+            if not self._call_loop(self._on_batch_done, batch):
+                return
+
+    def _call_loop(self, fn: Callable[..., None], *args: Any) -> bool:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+            return True
+        except RuntimeError:  # the loop is closed: the process is exiting
+            return False

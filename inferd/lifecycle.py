@@ -1,0 +1,41 @@
+"""The process's phase (starting, serving, draining) and the count of requests it still owes an answer."""
+
+from __future__ import annotations
+
+import asyncio
+from enum import Enum
+
+
+class Phase(Enum):
+    STARTING = "starting"
+    SERVING = "serving"
+    DRAINING = "draining"
+
+
+class Lifecycle:
+    def __init__(self) -> None:
+        self.phase = Phase.STARTING
+        self.in_flight = 0  # requests inside a handler: admitted or being admitted
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def draining(self) -> bool:
+        return self.phase is Phase.DRAINING
+
+    def enter(self) -> None:
+        self.in_flight += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        if not self.in_flight:
+            self._idle.set()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no request is in flight; False if `timeout_s` passed first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            return True
+        except TimeoutError:
+            return False

@@ -1,0 +1,58 @@
+"""The records that travel down the data path: one per request, one per batch.
+
+A request's `state` is only changed under its model queue's lock, which is what lets the event loop
+(cancel, deadline) and a worker thread (taking a batch) race for it safely: whoever moves it out of
+QUEUED first wins, and a request that left the queue as expired or cancelled is never computed.
+Its future is only ever touched on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+
+class RequestState(Enum):
+    QUEUED = "queued"
+    TAKEN = "taken"  # in a batch handed to a worker
+    EXPIRED = "expired"  # deadline passed while queued
+    CANCELLED = "cancelled"  # client went away while queued
+
+
+@dataclass(slots=True, eq=False)
+class PendingRequest:
+    """One admitted request waiting for its output."""
+
+    request_id: str
+    input: Any
+    enqueued_at: float  # time.monotonic()
+    deadline: float  # time.monotonic()
+    future: asyncio.Future
+    state: RequestState = RequestState.QUEUED
+    deadline_timer: asyncio.TimerHandle | None = None
+    batch: Batch | None = None  # set when taken, for the response's timing and logs
+
+
+@dataclass(slots=True, eq=False)
+class Batch:
+    """Requests a worker runs in one backend call, and how that call went."""
+
+    batch_id: int
+    requests: list[PendingRequest]
+    trigger: str  # full | linger | deadline | idle_worker
+    formed_at: float
+    worker: str = ""
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    outputs: list[Any] | None = None
+    error: BaseException | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.requests)
+
+    @property
+    def compute_s(self) -> float:
+        return self.finished_at - self.started_at

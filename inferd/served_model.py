@@ -1,0 +1,205 @@
+"""One served model: its queue and batcher, its executor threads, and what it has measured about itself.
+
+This is where a request becomes a `PendingRequest` with a future and a deadline timer, and where a
+finished batch resolves those futures on the event loop. Every path (result, backend error, deadline,
+client gone, shutdown) resolves a future at most once: all of them go through `done()` guards on the
+loop, and the request's queue state decides whether it is still allowed to run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from functools import partial
+from typing import Any
+
+from .backends import build_batch_function
+from .batcher import Batcher
+from .config import ModelConfig
+from .errors import DeadlineExceeded, InferdError, InferenceFailed
+from .executor import Worker
+from .messages import Batch, PendingRequest, RequestState
+
+log = logging.getLogger("inferd.model")
+
+_EWMA_ALPHA = 0.2
+
+
+class ServedModel:
+    def __init__(self, config: ModelConfig, loop: asyncio.AbstractEventLoop) -> None:
+        self.config = config
+        self.name = config.name
+        self.loop = loop
+        self.batcher = Batcher(
+            max_batch_size=config.max_batch_size,
+            max_wait_ms=config.max_wait_ms,
+            max_queue=config.max_queue,
+            loop=loop,
+        )
+        build = partial(_build_for_device, config)
+        self.workers = [
+            Worker(
+                name=f"{config.name}-{i}",
+                device=device,
+                build=build,
+                warmup_inputs=config.warmup_inputs,
+                batcher=self.batcher,
+                loop=loop,
+                on_ready=self._on_worker_ready,
+                on_failed=self._on_worker_failed,
+                on_batch_done=self._on_batch_done,
+            )
+            for i, device in enumerate(config.worker_devices)
+        ]
+        self.start_error: BaseException | None = None
+        self.batches = 0
+        self.requests_computed = 0
+        self.compute_ewma_s = 0.0  # measured seconds per backend call
+        self._batcher_task: asyncio.Task | None = None
+        self._warm_started = 0.0
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._warm_started = time.monotonic()
+        self._batcher_task = self.loop.create_task(self.batcher.run(), name=f"batcher-{self.name}")
+        for worker in self.workers:
+            worker.start()
+
+    @property
+    def ready(self) -> bool:
+        return all(w.ready for w in self.workers)
+
+    @property
+    def ready_workers(self) -> int:
+        return sum(1 for w in self.workers if w.ready)
+
+    async def stop(self, reason: InferdError, join_timeout_s: float = 2.0) -> None:
+        """Stop the workers; requests still waiting get `reason`."""
+        for request in self.batcher.stop():
+            self._fail(request, reason)
+        for worker in self.workers:  # batches still running when the grace period ended
+            running = worker.current
+            for request in running.requests if running is not None else ():
+                self._fail(request, reason)
+        if self._batcher_task is not None:
+            await asyncio.gather(self._batcher_task, return_exceptions=True)
+        deadline = time.monotonic() + join_timeout_s
+        for worker in self.workers:  # a hung backend call must not hold the process: threads are daemons
+            await self.loop.run_in_executor(None, worker.join, max(0.0, deadline - time.monotonic()))
+
+    # ---- requests --------------------------------------------------------------------------------
+
+    def submit(self, request_id: str, value: Any, timeout_s: float) -> PendingRequest:
+        """Queue one input; raises batcher.QueueFull. The caller awaits `.future`."""
+        now = time.monotonic()
+        request = PendingRequest(request_id, value, now, now + timeout_s, self.loop.create_future())
+        self.batcher.submit(request)
+        request.deadline_timer = self.loop.call_later(timeout_s, self._expire, request)
+        return request
+
+    def abandon(self, request: PendingRequest) -> None:
+        """The client went away: a request still queued is removed and never computed."""
+        self.batcher.withdraw(request, RequestState.CANCELLED)
+        if request.deadline_timer is not None:
+            request.deadline_timer.cancel()
+        request.future.cancel()
+
+    def _expire(self, request: PendingRequest) -> None:
+        left_queue = self.batcher.withdraw(request, RequestState.EXPIRED)
+        if not request.future.done():
+            where = "while queued" if left_queue or request.state is RequestState.EXPIRED else "while computing"
+            request.future.set_exception(DeadlineExceeded(f"deadline passed {where}"))
+
+    def _fail(self, request: PendingRequest, error: InferdError) -> None:
+        if request.deadline_timer is not None:
+            request.deadline_timer.cancel()
+        if not request.future.done():
+            request.future.set_exception(error)
+
+    # ---- from the workers (on the loop) ----------------------------------------------------------
+
+    def _on_batch_done(self, batch: Batch) -> None:
+        compute = batch.compute_s
+        self.compute_ewma_s += _EWMA_ALPHA * (compute - self.compute_ewma_s)
+        self.batcher.expected_compute_s = self.compute_ewma_s
+        self.batches += 1
+        self.requests_computed += batch.size
+        if batch.error is not None:
+            error = InferenceFailed(f"inference failed: {type(batch.error).__name__}: {batch.error}"[:500])
+            log.warning("model %s batch %d (%d requests) failed: %r", self.name, batch.batch_id, batch.size, batch.error)
+            for request in batch.requests:
+                self._fail(request, error)
+            return
+        for request, output in zip(batch.requests, batch.outputs):  # type: ignore[arg-type]
+            request.batch = batch
+            if request.deadline_timer is not None:
+                request.deadline_timer.cancel()
+            if not request.future.done():
+                request.future.set_result(output)
+
+    def _on_worker_ready(self, worker: Worker) -> None:
+        if not self.compute_ewma_s:  # the warm-up call is the first measurement
+            self.compute_ewma_s = time.monotonic() - self._warm_started
+            self.batcher.expected_compute_s = self.compute_ewma_s
+        if self.ready:
+            log.info("model %s ready: %d workers", self.name, len(self.workers))
+
+    def _on_worker_failed(self, worker: Worker, error: BaseException) -> None:
+        self.start_error = error
+
+    # ---- what it knows about itself --------------------------------------------------------------
+
+    def capacity_rps(self) -> float:
+        """Requests per second the ready workers sustain with full batches at the measured batch time."""
+        if not self.compute_ewma_s:
+            return 0.0
+        return self.ready_workers * self.config.max_batch_size / self.compute_ewma_s
+
+    def predicted_wait_s(self) -> float:
+        """How long a request queued now would wait before its batch starts."""
+        capacity = self.capacity_rps()
+        depth = self.batcher.depth
+        if capacity <= 0:
+            return math.inf if depth else 0.0
+        return depth / capacity
+
+    def retry_after_ms(self) -> int:
+        wait = self.predicted_wait_s()
+        if math.isinf(wait):
+            return 1000
+        return max(1, min(60_000, math.ceil(wait * 1000)))
+
+    def describe(self) -> dict[str, Any]:
+        c = self.config
+        gaps = sorted(g for w in self.workers for g in w.busy_gaps_s)
+        return {
+            "name": c.name,
+            "backend": c.backend,
+            "max_batch_size": c.max_batch_size,
+            "max_wait_ms": c.max_wait_ms,
+            "workers": len(self.workers),
+            "devices": list(c.worker_devices),
+            "max_queue": c.max_queue,
+            "timeout_ms": c.timeout_ms,
+            "max_timeout_ms": c.max_timeout_ms,
+            "ready": self.ready,
+            "ready_workers": self.ready_workers,
+            "stats": {
+                "batches": self.batches,
+                "requests_computed": self.requests_computed,
+                "mean_batch_size": round(self.requests_computed / self.batches, 2) if self.batches else 0.0,
+                "batch_ms_ewma": round(self.compute_ewma_s * 1000, 3),
+                "capacity_rps": round(self.capacity_rps(), 1),
+                "queue_depth": self.batcher.depth,
+                "predicted_wait_ms": round(min(self.predicted_wait_s(), 1e9) * 1000, 3),
+                "flushes": dict(self.batcher.flushes),
+                "busy_gap_ms_p50": round(gaps[len(gaps) // 2] * 1000, 3) if gaps else None,
+            },
+        }
+
+
+def _build_for_device(config: ModelConfig, device: str):
+    return build_batch_function(config.backend, device, config.options, config.factory)

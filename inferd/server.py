@@ -1,0 +1,113 @@
+"""The process: builds the models and the HTTP app, serves, and drains on SIGTERM.
+
+aiohttp's own signal handling stops listening first and then cancels handlers; inferd runs its own
+sequence instead: readiness turns 503 and new requests get 503 DRAINING (with `Connection: close`)
+while every admitted request gets its answer, bounded by `grace_period_s`; then the workers stop and
+the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import uvloop
+from aiohttp import web
+
+from .admission import Admission
+from .config import ServerConfig
+from .errors import Draining
+from .http_api import HttpApi
+from .lifecycle import Lifecycle, Phase
+from .served_model import ServedModel
+
+log = logging.getLogger("inferd.server")
+
+
+class InferenceServer:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.lifecycle = Lifecycle()
+        self.models: dict[str, ServedModel] = {}
+        self._runner: web.AppRunner | None = None
+        self._stopped = False
+
+    async def start(self) -> None:
+        """Start the workers (they build and warm up in their threads) and start listening at once,
+        so /healthz answers while the models load."""
+        loop = asyncio.get_running_loop()
+        self.models = {m.name: ServedModel(m, loop) for m in self.config.models}
+        for model in self.models.values():
+            model.start()
+        app = web.Application(client_max_size=self.config.max_body_bytes)
+        HttpApi(
+            models=self.models,
+            default_model=self.config.default_model,
+            admission=Admission(self.lifecycle),
+            lifecycle=self.lifecycle,
+            max_body_bytes=self.config.max_body_bytes,
+        ).add_routes(app)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.host, self.config.port, backlog=4096, reuse_address=True)
+        await site.start()
+        self.lifecycle.phase = Phase.SERVING
+        log.info("inferd listening on %s", self.url)
+
+    @property
+    def port(self) -> int:
+        assert self._runner is not None
+        return self._runner.addresses[0][1]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Wait until every model's workers are built and warm (tests, benchmarks)."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + timeout_s
+        while not all(m.ready for m in self.models.values()):
+            failed = [m for m in self.models.values() if m.start_error is not None]
+            if failed:
+                raise RuntimeError(f"model {failed[0].name} failed to start: {failed[0].start_error!r}")
+            if loop.time() > give_up:
+                raise TimeoutError("models did not become ready in time")
+            await asyncio.sleep(0.02)
+
+    async def drain_and_stop(self) -> bool:
+        """The SIGTERM sequence. True when every admitted request was answered within the grace period."""
+        if self._stopped:
+            return True
+        self._stopped = True
+        self.lifecycle.phase = Phase.DRAINING
+        log.info("draining: %d requests in flight, grace period %.1f s", self.lifecycle.in_flight, self.config.grace_period_s)
+        drained = await self.lifecycle.wait_idle(self.config.grace_period_s)
+        if not drained:
+            log.warning("grace period over with %d requests in flight; answering them 503 DRAINING", self.lifecycle.in_flight)
+        reason = Draining("server shut down before this request ran; retry on another instance", retry_after_ms=1000)
+        await asyncio.gather(*(m.stop(reason) for m in self.models.values()))
+        await self.lifecycle.wait_idle(1.0)  # let handlers write those last answers
+        if self._runner is not None:
+            await self._runner.cleanup()
+        log.info("stopped")
+        return drained
+
+
+async def serve(config: ServerConfig) -> None:
+    """Run until SIGTERM or SIGINT, then drain."""
+    server = InferenceServer(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    print(f"inferd listening on {server.url}", file=sys.stderr, flush=True)
+    await stop.wait()
+    await server.drain_and_stop()
+
+
+def run(config: ServerConfig) -> None:
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(serve(config))
