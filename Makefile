@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+CONFIG ?= config/default.toml
+ARGS   ?=
 
 .PHONY: install run test bench clean
 
@@ -15,7 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: install
-	$(BIN)/inferd serve --config config/default.toml
+	exec $(BIN)/inferd serve --config $(CONFIG) $(ARGS)
 
 test: install
 	$(BIN)/pytest -q

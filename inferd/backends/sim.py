@@ -5,7 +5,8 @@ if two calls overlap on one simulated device, so a test catches any worker that 
 once. Each output is a deterministic function of its input (`expected_output`), so a client can tell
 that the answer it got belongs to the input it sent.
 
-Options: `latency_ms` (default 100), `max_batch_size` (default 100).
+Options: `latency_ms` (default 100), `max_batch_size` (default 100), `record_inputs` (default false:
+count every input computed, for tests that check what ran).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections import Counter
 from typing import Any, Mapping
 
 from . import backend_factory
@@ -31,12 +33,15 @@ def expected_output(text: str) -> str:
 class SimulatedGPU:
     """One simulated device. Records each call so tests and benchmarks can see what it ran."""
 
-    def __init__(self, latency_ms: float = 100.0, max_batch_size: int = 100, name: str = "sim") -> None:
+    def __init__(
+        self, latency_ms: float = 100.0, max_batch_size: int = 100, name: str = "sim", record_inputs: bool = False
+    ) -> None:
         self.latency_s = latency_ms / 1000.0
         self.max_batch_size = max_batch_size
         self.name = name
         self.calls: list[tuple[float, float, int]] = []  # (start, end, batch size), time.monotonic()
         self.idle_gaps: list[float] = []  # device idle time between back-to-back calls, seconds
+        self.computed: Counter[str] | None = Counter() if record_inputs else None
         self._busy = threading.Lock()
         self._busy_until = 0.0
 
@@ -52,7 +57,7 @@ class SimulatedGPU:
             if self._busy_until:
                 self.idle_gaps.append(start - self._busy_until)
             self._busy_until = start + self.latency_s
-            outputs = [expected_output(text) for text in inputs]
+            outputs = self.compute(inputs)
             remaining = self._busy_until - time.monotonic()
             if remaining > 0:
                 time.sleep(remaining)
@@ -64,17 +69,28 @@ class SimulatedGPU:
             self._busy.release()
 
 
+    def compute(self, inputs: list[str]) -> list[str]:
+        if self.computed is not None:
+            self.computed.update(inputs)
+        return [expected_output(text) for text in inputs]
+
+
 @backend_factory
 def create(device: str, options: Mapping[str, Any]) -> SimulatedGPU:
     """One simulated GPU per worker."""
-    unknown = set(options) - {"latency_ms", "max_batch_size"}
+    return SimulatedGPU(name=device, **sim_options(options, "inferd.backends.sim"))
+
+
+def sim_options(options: Mapping[str, Any], where: str, extra: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The simulated device's own options; anything not in `extra` is a typo."""
+    unknown = set(options) - {"latency_ms", "max_batch_size", "record_inputs"} - extra
     if unknown:
-        raise ValueError(f"inferd.backends.sim: unknown options {sorted(unknown)}")
-    return SimulatedGPU(
-        latency_ms=float(options.get("latency_ms", 100.0)),
-        max_batch_size=int(options.get("max_batch_size", 100)),
-        name=device,
-    )
+        raise ValueError(f"{where}: unknown options {sorted(unknown)}")
+    return {
+        "latency_ms": float(options.get("latency_ms", 100.0)),
+        "max_batch_size": int(options.get("max_batch_size", 100)),
+        "record_inputs": bool(options.get("record_inputs", False)),
+    }
 
 
 batchstring = SimulatedGPU(name="batchstring")

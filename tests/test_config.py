@@ -1,0 +1,62 @@
+import pytest
+
+from inferd.config import ConfigError, default_config, load_config, parse_config
+
+MINIMAL = {"models": [{"name": "m", "backend": "inferd.backends.sim:create"}]}
+
+
+def test_default_toml_loads_and_serves_the_seed_workload():
+    config = load_config("config/default.toml")
+    first = config.models[0]
+    assert config.default_model == "batchstring"
+    assert (first.max_batch_size, first.max_wait_ms, first.workers) == (100, 20, 1)
+    assert first.options["latency_ms"] == 100
+
+
+def test_embedded_default_matches_the_seed_workload():
+    model = default_config().models[0]
+    assert model.backend == "inferd.backends.sim:create"
+    assert model.options == {"latency_ms": 100, "max_batch_size": 100}
+
+
+def test_devices_list_sets_the_worker_count():
+    raw = {"models": [{"name": "m", "backend": "x:y", "devices": ["cuda:0", "cuda:1"]}]}
+    model = parse_config(raw).models[0]
+    assert model.workers == 2
+    assert model.worker_devices == ("cuda:0", "cuda:1")
+
+
+def test_workers_default_to_auto_devices():
+    raw = {"models": [{"name": "m", "backend": "x:y", "workers": 3}]}
+    assert parse_config(raw).models[0].worker_devices == ("auto:0", "auto:1", "auto:2")
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda r: r["models"][0].update(max_wait=5), "unknown keys"),
+        (lambda r: r.update(sever={}), "unknown keys"),
+        (lambda r: r["models"][0].update(max_batch_size=0), "max_batch_size"),
+        (lambda r: r["models"][0].update(workers=True), "workers"),
+        (lambda r: r["models"][0].update(max_wait_ms=-1), "max_wait_ms"),
+        (lambda r: r["models"][0].update(timeout_ms=99999999), "max_timeout_ms"),
+        (lambda r: r["models"][0].update(devices=["a"], workers=2), "disagrees"),
+        (lambda r: r["models"].append(dict(r["models"][0])), "unique"),
+        (lambda r: r["models"].clear(), "at least one"),
+        (lambda r: r["models"][0].pop("backend"), "backend"),
+    ],
+)
+def test_bad_configs_are_refused_with_a_clear_message(mutate, message):
+    raw = {"models": [dict(m) for m in MINIMAL["models"]]}
+    mutate(raw)
+    with pytest.raises(ConfigError, match=message):
+        parse_config(raw)
+
+
+def test_missing_file_and_bad_toml(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[models]\n")
+    with pytest.raises(ConfigError, match="TOML"):
+        load_config(bad)
