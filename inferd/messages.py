@@ -31,7 +31,6 @@ class PendingRequest:
     deadline: float  # time.monotonic()
     future: asyncio.Future
     state: RequestState = RequestState.QUEUED
-    deadline_timer: asyncio.TimerHandle | None = None
     batch: Batch | None = None  # set when taken, for the response's timing and logs
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from .backends import build_batch_function
 from .batcher import Batcher
 from .config import ModelConfig
+from .deadlines import DeadlineWheel
 from .errors import DeadlineExceeded, InferdError, InferenceFailed
 from .executor import Worker
 from .messages import Batch, PendingRequest, RequestState
@@ -53,6 +54,7 @@ class ServedModel:
             )
             for i, device in enumerate(config.worker_devices)
         ]
+        self.deadlines = DeadlineWheel(loop, self._expire)
         self.start_error: BaseException | None = None
         self.batches = 0
         self.requests_computed = 0
@@ -89,6 +91,7 @@ class ServedModel:
         deadline = time.monotonic() + join_timeout_s
         for worker in self.workers:  # a hung backend call must not hold the process: threads are daemons
             await self.loop.run_in_executor(None, worker.join, max(0.0, deadline - time.monotonic()))
+        self.deadlines.close()
 
     # ---- requests --------------------------------------------------------------------------------
 
@@ -97,14 +100,13 @@ class ServedModel:
         now = time.monotonic()
         request = PendingRequest(request_id, value, now, now + timeout_s, self.loop.create_future())
         self.batcher.submit(request)
-        request.deadline_timer = self.loop.call_later(timeout_s, self._expire, request)
+        self.deadlines.add(request)
         return request
 
     def abandon(self, request: PendingRequest) -> None:
         """The client went away: a request still queued is removed and never computed."""
         self.batcher.withdraw(request, RequestState.CANCELLED)
-        if request.deadline_timer is not None:
-            request.deadline_timer.cancel()
+        self.deadlines.discard(request)
         request.future.cancel()
 
     def _expire(self, request: PendingRequest) -> None:
@@ -114,8 +116,7 @@ class ServedModel:
             request.future.set_exception(DeadlineExceeded(f"deadline passed {where}"))
 
     def _fail(self, request: PendingRequest, error: InferdError) -> None:
-        if request.deadline_timer is not None:
-            request.deadline_timer.cancel()
+        self.deadlines.discard(request)
         if not request.future.done():
             request.future.set_exception(error)
 
@@ -133,10 +134,10 @@ class ServedModel:
             for request in batch.requests:
                 self._fail(request, error)
             return
+        discard = self.deadlines.discard
         for request, output in zip(batch.requests, batch.outputs):  # type: ignore[arg-type]
             request.batch = batch
-            if request.deadline_timer is not None:
-                request.deadline_timer.cancel()
+            discard(request)
             if not request.future.done():
                 request.future.set_result(output)
 
