@@ -30,7 +30,7 @@ class InferenceServer:
         self.config = config
         self.lifecycle = Lifecycle()
         self.models: dict[str, ServedModel] = {}
-        self._runner: web.AppRunner | None = None
+        self._runner: web.ServerRunner | None = None
         self._stopped = False
 
     async def start(self) -> None:
@@ -40,15 +40,20 @@ class InferenceServer:
         self.models = {m.name: ServedModel(m, loop) for m in self.config.models}
         for model in self.models.values():
             model.start()
-        app = web.Application(client_max_size=self.config.max_body_bytes)
-        HttpApi(
+        api = HttpApi(
             models=self.models,
             default_model=self.config.default_model,
             admission=Admission(self.lifecycle),
             lifecycle=self.lifecycle,
             max_body_bytes=self.config.max_body_bytes,
-        ).add_routes(app)
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+        )
+        max_body = self.config.max_body_bytes
+
+        def make_request(message, payload, protocol, writer, task) -> web.BaseRequest:  # type: ignore[no-untyped-def]
+            return web.BaseRequest(message, payload, protocol, writer, task, loop, client_max_size=max_body)
+
+        http_server = web.Server(api.handle, request_factory=make_request, handler_cancellation=True, access_log=None)
+        self._runner = web.ServerRunner(http_server, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port, backlog=4096, reuse_address=True)
         await site.start()
