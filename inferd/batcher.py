@@ -173,7 +173,10 @@ class Batcher:
         linger_end = oldest.enqueued_at + self.max_wait_s
         if now >= linger_end:
             return on_linger, now
+        # Flush early if lingering on would make the oldest request miss a deadline it can still meet.
         deadline_end = oldest.deadline - self.expected_compute_s
+        if deadline_end <= oldest.enqueued_at:
+            return None, linger_end  # it cannot be met even at once: lingering changes nothing
         if now >= deadline_end:
             return "deadline", now
         return None, min(linger_end, deadline_end)

@@ -56,6 +56,7 @@ class Worker:
         self.backend: BatchFunction | None = None
         self.busy_gaps_s: deque[float] = deque(maxlen=2048)  # end of one call to start of the next, back to back
         self.busy_s = 0.0  # total time inside backend calls
+        self.warmup_s = 0.0  # how long the warm-up call took: the first estimate of a batch's time
         self.batches = 0
         self.current: Batch | None = None  # the batch inside the backend call now
         self._build = build
@@ -88,7 +89,9 @@ class Worker:
         try:
             fn = self._build(self.device)
             if self._warmup_inputs:
+                started = time.monotonic()
                 check_outputs(fn(list(self._warmup_inputs)), len(self._warmup_inputs))
+                self.warmup_s = time.monotonic() - started
         except BaseException as exc:  # noqa: BLE001 - reported to the loop, the model stays not ready
             log.exception("worker %s failed to start", self.name)
             self._call_loop(self._on_failed, self, exc)

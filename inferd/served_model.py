@@ -60,12 +60,10 @@ class ServedModel:
         self.requests_computed = 0
         self.compute_ewma_s = 0.0  # measured seconds per backend call
         self._batcher_task: asyncio.Task | None = None
-        self._warm_started = 0.0
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._warm_started = time.monotonic()
         self._batcher_task = self.loop.create_task(self.batcher.run(), name=f"batcher-{self.name}")
         for worker in self.workers:
             worker.start()
@@ -143,7 +141,7 @@ class ServedModel:
 
     def _on_worker_ready(self, worker: Worker) -> None:
         if not self.compute_ewma_s:  # the warm-up call is the first measurement
-            self.compute_ewma_s = time.monotonic() - self._warm_started
+            self.compute_ewma_s = worker.warmup_s
             self.batcher.expected_compute_s = self.compute_ewma_s
         if self.ready:
             log.info("model %s ready: %d workers", self.name, len(self.workers))

@@ -137,3 +137,11 @@ async def test_grace_drain_answers_admitted_requests_before_stopping(http):
         results = await asyncio.gather(*tasks)
         assert drained and time.monotonic() - started >= 0.4  # three batches of four had to run
         assert [status for status, _, _ in results] == [200] * 10
+
+
+async def test_a_request_deadline_flushes_before_the_linger_would_miss_it(http):
+    async with running_server(sim_model(latency_ms=50, max_wait_ms=400)) as srv:
+        started = time.monotonic()
+        status, _, _ = await infer(http, srv.url, {"input": "hurry", "timeout_ms": 200})
+        assert status == 200 and time.monotonic() - started < 0.3
+        assert srv.models["m"].batcher.flushes["deadline"] == 1
