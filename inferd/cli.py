@@ -20,10 +20,33 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, help="override [server] port (0: any free port)")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
 
+    bench = sub.add_parser("bench", help="load-test a server (open or closed loop)")
+    bench.add_argument("--url", required=True, help="e.g. http://127.0.0.1:8000/v1/inference")
+    body = bench.add_mutually_exclusive_group()
+    body.add_argument("--body-file", help="request body; {i} is replaced by a per-request counter")
+    body.add_argument("--body", help="request body given inline")
+    bench.add_argument("--method", default="POST")
+    bench.add_argument("--header", action="append", default=[], help="'Name: value', repeatable")
+    load = bench.add_mutually_exclusive_group(required=True)
+    load.add_argument("--rate", help="open loop: requests/s (Poisson); a comma list is a sweep")
+    load.add_argument("--concurrency", help="closed loop: clients; a comma list is a sweep")
+    bench.add_argument("--duration", type=float, default=10.0, help="seconds per step")
+    bench.add_argument("--warmup", type=float, default=0.0, help="seconds of unrecorded load before each step")
+    bench.add_argument("--timeout", type=float, default=30.0, help="seconds before a request counts as timed out")
+    bench.add_argument("--processes", type=int, default=1, help="load processes (wrk: threads)")
+    bench.add_argument("--engine", choices=("python", "wrk"), default="python")
+    bench.add_argument("--stats-url", help="inferd's /v1/stats (default: derived from --url; 'none' to skip)")
+    bench.add_argument("--ceiling-rps", type=float, help="drawn in plots, and %% of it reported")
+    bench.add_argument("--floor-ms", type=float, help="drawn in plots, and latency over it reported")
+    bench.add_argument("--out", help="RESULT.json (a .md table and .png plots are written beside it)")
+    bench.add_argument("--no-plots", action="store_true")
+
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=getattr(args, "log_level", "WARNING").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
         return _serve(args)
+    if args.command == "bench":
+        return _bench(args)
     return 2
 
 
@@ -37,4 +60,53 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     run(dataclasses.replace(config, **overrides))
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import json
+    from urllib.parse import urlsplit
+
+    from .bench.loadgen import LoadSpec
+    from .bench.report import markdown_table, write_results
+    from .bench.runner import run_sweep
+
+    if args.body_file:
+        with open(args.body_file, "rb") as f:
+            body: bytes | None = f.read()
+    else:
+        body = args.body.encode() if args.body is not None else None
+    headers = [("Content-Type", "application/json")] if body is not None else []
+    for raw in args.header:
+        name, _, value = raw.partition(":")
+        headers.append((name.strip(), value.strip()))
+    if args.stats_url == "none":
+        stats_url = None
+    elif args.stats_url:
+        stats_url = args.stats_url
+    else:
+        parts = urlsplit(args.url)
+        stats_url = f"{parts.scheme}://{parts.netloc}/v1/stats"
+    spec = LoadSpec(
+        url=args.url, body=body, method=args.method.upper(), headers=tuple(headers),
+        duration_s=args.duration, timeout_s=args.timeout, processes=args.processes,
+    )
+    try:
+        steps = run_sweep(
+            spec,
+            rates=[float(r) for r in args.rate.split(",")] if args.rate else None,
+            concurrencies=[int(c) for c in args.concurrency.split(",")] if args.concurrency else None,
+            engine=args.engine,
+            stats_url=stats_url,
+            warmup_s=args.warmup,
+        )
+    except (ValueError, RuntimeError) as exc:
+        print(f"inferd bench: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        write_results(args.out, steps, meta={"url": args.url, "engine": args.engine},
+                      ceiling_rps=args.ceiling_rps, floor_ms=args.floor_ms, plots=not args.no_plots)
+    print(markdown_table(steps, args.ceiling_rps, args.floor_ms))
+    if not args.out:
+        print(json.dumps(steps[-1], indent=2))
     return 0

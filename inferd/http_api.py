@@ -145,6 +145,7 @@ class HttpApi:
             "process": {
                 "cpu_seconds": usage.ru_utime + usage.ru_stime,
                 "max_rss_bytes": usage.ru_maxrss * 1024,
+                "rss_bytes": _current_rss_bytes(),
                 "in_flight": self.lifecycle.in_flight,
             },
             "models": {name: m.describe()["stats"] for name, m in self.models.items()},
@@ -157,3 +158,11 @@ def _readiness(model: ServedModel) -> dict[str, Any]:
     if model.start_error is not None:
         state["error"] = f"{type(model.start_error).__name__}: {model.start_error}"[:300]
     return state
+
+
+def _current_rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return None

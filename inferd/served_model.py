@@ -12,6 +12,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import Counter
 from functools import partial
 from typing import Any
 
@@ -59,6 +60,7 @@ class ServedModel:
         self.batches = 0
         self.requests_computed = 0
         self.compute_ewma_s = 0.0  # measured seconds per backend call
+        self.batch_sizes: Counter[int] = Counter()
         self._batcher_task: asyncio.Task | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------------
@@ -126,6 +128,7 @@ class ServedModel:
         self.batcher.expected_compute_s = self.compute_ewma_s
         self.batches += 1
         self.requests_computed += batch.size
+        self.batch_sizes[batch.size] += 1
         if batch.error is not None:
             error = InferenceFailed(f"inference failed: {type(batch.error).__name__}: {batch.error}"[:500])
             log.warning("model %s batch %d (%d requests) failed: %r", self.name, batch.batch_id, batch.size, batch.error)
@@ -196,6 +199,7 @@ class ServedModel:
                 "predicted_wait_ms": round(min(self.predicted_wait_s(), 1e9) * 1000, 3),
                 "flushes": dict(self.batcher.flushes),
                 "busy_gap_ms_p50": round(gaps[len(gaps) // 2] * 1000, 3) if gaps else None,
+                "batch_sizes": {str(size): n for size, n in sorted(self.batch_sizes.items())},
             },
         }
 

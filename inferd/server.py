@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import signal
 import sys
 import uvloop
@@ -113,6 +114,14 @@ async def serve(config: ServerConfig) -> None:
     await server.drain_and_stop()
 
 
+def raise_open_file_limit() -> None:
+    """Each client connection is a file descriptor; the usual soft limit of 1024 is too low for a server."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def run(config: ServerConfig) -> None:
+    raise_open_file_limit()
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(serve(config))

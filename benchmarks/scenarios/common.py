@@ -1,0 +1,155 @@
+"""What every scenario does: start inferd on a scenario config, run load steps, write the results.
+
+Each scenario is one command (`python benchmarks/scenarios/s1_seed.py`); `make bench` runs them all.
+`--quick` shortens every step (for a before/after check, not for the committed figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Iterator
+from contextlib import contextmanager
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from inferd.bench.loadgen import LoadSpec  # noqa: E402
+from inferd.bench.report import markdown_table, write_results  # noqa: E402
+from inferd.bench.runner import run_step  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results"
+BODY = b'{"input": "E equals {i}"}'
+
+
+def parse_args(description: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help="short steps: a smoke run, not for committing")
+    parser.add_argument("--out-dir", default=str(RESULTS))
+    return parser.parse_args()
+
+
+@contextmanager
+def inferd_server(config_toml: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`inferd serve` on a free loopback port; yields its base URL; drained with SIGTERM afterwards."""
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+        f.write(config_toml)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inferd", "serve", "--config", f.name, "--port", "0", "--log-level", "WARNING"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
+    )
+    try:
+        url = None
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            match = re.search(r"inferd listening on (http://\S+)", line)
+            if match:
+                url = match.group(1)
+                break
+        if url is None:
+            raise RuntimeError("inferd did not start")
+        _wait_ready(url)
+        yield url
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        os.unlink(f.name)
+
+
+def _wait_ready(url: str, timeout_s: float = 300) -> None:
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        try:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError("inferd never became ready")
+
+
+def step(url: str, *, rate: float | None = None, clients: int | None = None, duration_s: float, quick: bool,
+         engine: str | None = None, warmup_s: float = 2.0, body: bytes = BODY, processes: int = 1,
+         headers: tuple[tuple[str, str], ...] = (("Content-Type", "application/json"),), timeout_s: float = 30.0) -> dict[str, Any]:
+    """One load step against inferd's /v1/inference, with the server's own view from /v1/stats."""
+    if quick:
+        duration_s, warmup_s = min(duration_s, 3.0), min(warmup_s, 1.0)
+    spec = LoadSpec(url=f"{url}/v1/inference", body=body, rate=rate, concurrency=clients, duration_s=duration_s,
+                    processes=processes, headers=headers, timeout_s=timeout_s)
+    engine = engine or ("wrk" if clients is not None else "python")
+    result = run_step(spec, engine, f"{url}/v1/stats", warmup_s)
+    return result
+
+
+def ideal_curve(rates: list[float], batch_s: float, max_batch: int, linger_s: float, n: int = 20000) -> list[dict[str, float]]:
+    """p50/p99 an ideal zero-overhead server would give (one GPU, Poisson arrivals, linger from the oldest)."""
+    import random
+
+    points = []
+    for rate in rates:
+        rng = random.Random(7)
+        arrivals, t = [], 0.0
+        for _ in range(n):
+            t += rng.expovariate(rate)
+            arrivals.append(t)
+        latencies, i, gpu_free = [], 0, 0.0
+        while i < n:
+            ready = max(gpu_free, arrivals[i])
+            # wait for the linger from the oldest, or a full batch, whichever first
+            full_at = arrivals[i + max_batch - 1] if i + max_batch - 1 < n else float("inf")
+            start = max(ready, min(arrivals[i] + linger_s, full_at))
+            j = i
+            while j < n and j - i < max_batch and arrivals[j] <= start:
+                j += 1
+            done = start + batch_s
+            latencies.extend((done - a) * 1000 for a in arrivals[i:j])
+            i, gpu_free = j, done
+        latencies.sort()
+        points.append({"rate": rate, "p50": latencies[len(latencies) // 2], "p99": latencies[int(len(latencies) * 0.99)]})
+    return points
+
+
+def save(name: str, title: str, steps: list[dict[str, Any]], out_dir: str, **kw: Any) -> None:
+    path = Path(out_dir) / f"{name}.json"
+    write_results(path, steps, meta={"title": title, "scenario": name, "machine": _machine()}, **kw)
+    print(f"\n### {title}\n\n" + markdown_table(steps, kw.get("ceiling_rps"), kw.get("floor_ms")))
+    print(f"written: {path}")
+
+
+def _machine() -> str:
+    return f"{os.cpu_count()} cores, {sys.platform}, Python {sys.version.split()[0]}"
+
+
+def sim_config(*, latency_ms: float, workers: int = 1, max_batch: int = 100, max_wait_ms: float = 20,
+               max_queue: int = 4000, extra_server: str = "", extra_model: str = "") -> str:
+    return f"""
+[server]
+{extra_server}
+
+[[models]]
+name = "batchstring"
+backend = "inferd.backends.sim:create"
+max_batch_size = {max_batch}
+max_wait_ms = {max_wait_ms}
+workers = {workers}
+max_queue = {max_queue}
+{extra_model}
+[models.options]
+latency_ms = {latency_ms}
+max_batch_size = {max_batch}
+"""

@@ -1,0 +1,247 @@
+"""The load generator's engines: Python (open or closed loop, in one or more processes) and wrk.
+
+Open loop: send times are drawn in advance as a Poisson process (exponential gaps) and every latency is
+counted from the request's *scheduled* send time, so a server that stalls cannot hide its queue behind
+a generator that politely waited (no coordinated omission). Closed loop: N clients, each sending its
+next request when the last one returns; latency counts from the actual send.
+
+Every run is bounded: no request is scheduled past `duration_s`, and none waits more than `timeout_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import random
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import orjson
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    url: str
+    body: bytes | None = None  # may hold {i}, replaced by a per-request counter
+    method: str = "POST"
+    headers: tuple[tuple[str, str], ...] = (("Content-Type", "application/json"),)
+    rate: float | None = None  # open loop: requests per second
+    concurrency: int | None = None  # closed loop: clients
+    duration_s: float = 10.0
+    timeout_s: float = 30.0
+    processes: int = 1
+    max_connections: int = 2000  # open loop: at most this many requests in flight at once
+    seed: int = 1
+    counter_start: int = 0
+
+    @property
+    def mode(self) -> str:
+        return "open" if self.rate is not None else "closed"
+
+
+@dataclass
+class Samples:
+    """What one engine run saw: exact latencies (ms) of completed requests, and every outcome."""
+
+    latencies_ms: list[float] = field(default_factory=list)
+    sent: int = 0
+    statuses: Counter[str] = field(default_factory=Counter)  # "200", "503", "timeout", "connection_error"
+    error_codes: Counter[str] = field(default_factory=Counter)  # the JSON `error` of non-200 answers
+    wall_s: float = 0.0
+    in_window: int = 0  # answers (any status) that arrived within the step's duration
+    engine: str = "python"
+    percentiles_ms: dict[str, float] | None = None  # set by engines that do not return every sample
+
+    def merge(self, other: Samples) -> None:
+        self.latencies_ms.extend(other.latencies_ms)
+        self.sent += other.sent
+        self.statuses.update(other.statuses)
+        self.error_codes.update(other.error_codes)
+        self.wall_s = max(self.wall_s, other.wall_s)
+        self.in_window += other.in_window
+
+
+def run_load(spec: LoadSpec, engine: str = "python") -> Samples:
+    if engine == "wrk":
+        return run_wrk(spec)
+    if spec.processes <= 1:
+        return asyncio.run(_python_engine(spec, 0, 1))
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(spec.processes) as pool:
+        parts = pool.starmap(_python_engine_process, [(spec, i, spec.processes) for i in range(spec.processes)])
+    merged = Samples()
+    for part in parts:
+        merged.merge(part)
+    return merged
+
+
+def _python_engine_process(spec: LoadSpec, index: int, count: int) -> Samples:
+    return asyncio.run(_python_engine(spec, index, count))
+
+
+async def _python_engine(spec: LoadSpec, index: int, count: int) -> Samples:
+    samples = Samples()
+    loop = asyncio.get_running_loop()
+    limit = max(1, spec.max_connections // count) if spec.mode == "open" else 0
+    connector = aiohttp.TCPConnector(limit=limit, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=spec.timeout_s)
+    headers = dict(spec.headers)
+    template = spec.body
+    counter = iter(range(spec.counter_start + index, 1 << 62, count))
+
+    async def one(session: aiohttp.ClientSession, started: float) -> None:
+        i = next(counter)
+        body = template.replace(b"{i}", str(i).encode()) if template is not None else None
+        samples.sent += 1
+        try:
+            async with session.request(spec.method, spec.url, data=body, headers=headers) as resp:
+                payload = await resp.read()
+                status = resp.status
+        except asyncio.TimeoutError:
+            samples.statuses["timeout"] += 1
+            return
+        except (aiohttp.ClientError, OSError):
+            samples.statuses["connection_error"] += 1
+            return
+        now = loop.time()
+        samples.latencies_ms.append((now - started) * 1000.0)
+        samples.statuses[str(status)] += 1
+        if now <= end:
+            samples.in_window += 1
+        if status != 200:
+            samples.error_codes[_error_code(payload)] += 1
+
+    began = loop.time()
+    end = began + spec.duration_s
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        if spec.mode == "open":
+            rng = random.Random(spec.seed * 1000 + index)
+            rate = spec.rate / count  # type: ignore[operator]
+            tasks = set()
+            scheduled = began
+            while True:
+                scheduled += rng.expovariate(rate)
+                if scheduled >= end:
+                    break
+                delay = scheduled - loop.time()
+                if delay > 0.0005:
+                    await asyncio.sleep(delay)
+                task = loop.create_task(one(session, scheduled))  # latency counts from `scheduled`
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.wait(tasks)
+        else:
+            clients = spec.concurrency // count + (1 if index < spec.concurrency % count else 0)  # type: ignore[operator]
+
+            async def client() -> None:
+                while loop.time() < end:
+                    await one(session, loop.time())
+
+            await asyncio.gather(*(client() for _ in range(clients)))
+        samples.wall_s = loop.time() - began
+    return samples
+
+
+def _error_code(payload: bytes) -> str:
+    try:
+        data = orjson.loads(payload)
+        return str(data.get("error", "unknown")) if isinstance(data, dict) else "non_json"
+    except orjson.JSONDecodeError:
+        return "non_json"
+
+
+# ---- wrk: a C load generator for closed-loop runs too fast for Python ----------------------------
+
+_WRK_SCRIPT = """
+local counter = {start}
+local template = {template}
+local headers = {headers}
+statuses = {{}}
+local threads = {{}}
+local next_id = 0
+setup = function(thread)
+  thread:set("id", next_id)
+  next_id = next_id + 1
+  table.insert(threads, thread)
+end
+init = function(args) counter = counter + (id or 0) * 1000000000 end
+request = function()
+  counter = counter + 1
+  local body = nil
+  if template then body = template:gsub("{{i}}", tostring(counter)) end
+  return wrk.format("{method}", "{path}", headers, body)
+end
+response = function(status, hdrs, body)
+  statuses[status] = (statuses[status] or 0) + 1
+end
+done = function(summary, latency, requests)
+  local st = {{}}
+  for _, t in ipairs(threads) do
+    local s = t:get("statuses")
+    for k, v in pairs(s) do st[k] = (st[k] or 0) + v end
+  end
+  local parts = {{}}
+  for k, v in pairs(st) do table.insert(parts, string.format('"%d": %d', k, v)) end
+  io.write("WRK_JSON{{")
+  io.write(string.format('"requests": %d, "duration_us": %d, ', summary.requests, summary.duration))
+  io.write(string.format('"connect": %d, "read": %d, "write": %d, "timeout": %d, ',
+    summary.errors.connect, summary.errors.read, summary.errors.write, summary.errors.timeout))
+  io.write(string.format('"p50": %f, "p90": %f, "p99": %f, "p999": %f, "max": %f, "mean": %f, ',
+    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency:percentile(99.9),
+    latency.max, latency.mean))
+  io.write('"statuses": {{' .. table.concat(parts, ", ") .. '}}}}\\n')
+end
+"""
+
+
+def _lua_string(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def run_wrk(spec: LoadSpec) -> Samples:
+    """Closed loop through wrk (exact per-status counts; percentiles from wrk's histogram)."""
+    if spec.concurrency is None:
+        raise ValueError("the wrk engine runs closed loop only (--concurrency)")
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise RuntimeError("wrk is not installed (apt-get install wrk), use --engine python")
+    parts = urlsplit(spec.url)
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
+    headers = "{" + ", ".join(f"[{_lua_string(k)}] = {_lua_string(v)}" for k, v in spec.headers) + "}"
+    template = _lua_string(spec.body.decode()) if spec.body is not None else "nil"
+    script = _WRK_SCRIPT.format(start=spec.counter_start, template=template, headers=headers, method=spec.method, path=path)
+    threads = max(1, min(spec.concurrency, spec.processes, os.cpu_count() or 1))
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(script)
+    try:
+        started = time.monotonic()
+        proc = subprocess.run(
+            [wrk, f"-t{threads}", f"-c{spec.concurrency}", f"-d{max(1, round(spec.duration_s))}s",
+             f"--timeout={max(1, round(spec.timeout_s))}s", "-s", f.name, f"{parts.scheme}://{parts.netloc}"],
+            capture_output=True, text=True, timeout=spec.duration_s + spec.timeout_s + 30,
+        )
+        wall = time.monotonic() - started
+    finally:
+        os.unlink(f.name)
+    match = re.search(r"WRK_JSON(\{.*\})", proc.stdout)
+    if match is None:
+        raise RuntimeError(f"wrk failed: {proc.stdout}\n{proc.stderr}")
+    data: dict[str, Any] = orjson.loads(match.group(1))
+    samples = Samples(engine="wrk", wall_s=data["duration_us"] / 1e6 or wall)
+    samples.statuses.update({k: v for k, v in data["statuses"].items()})
+    errors = {"connection_error": data["connect"] + data["read"] + data["write"], "timeout": data["timeout"]}
+    samples.statuses.update({k: v for k, v in errors.items() if v})
+    samples.sent = sum(samples.statuses.values())
+    samples.in_window = samples.sent  # wrk stops at the end of the duration
+    samples.percentiles_ms = {k: data[k] / 1000.0 for k in ("p50", "p90", "p99", "p999", "max", "mean")}
+    return samples
