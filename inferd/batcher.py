@@ -63,10 +63,10 @@ class Batcher:
         """Requests waiting for a batch."""
         return self._queue.live
 
-    def oldest_age_s(self) -> float:
+    def oldest_age_s(self, now: float) -> float:
         with self._lock:
             oldest = self._queue.oldest()
-        return time.monotonic() - oldest.enqueued_at if oldest else 0.0
+        return now - oldest.enqueued_at if oldest else 0.0
 
     def submit(self, request: PendingRequest) -> None:
         """Queue a request; raises QueueFull when `max_queue` requests already wait."""
@@ -154,6 +154,7 @@ class Batcher:
                     worker.parked = False
                     return batch
             self._idle.append(worker)
+            worker.parked_at = now
             needs_timer = self._queue.live > 0
         if needs_timer:
             self._loop.call_soon_threadsafe(self._wake.set)

@@ -51,8 +51,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from .access_log import configure_access_logger
     from .server import run
 
+    configure_access_logger()
     try:
         config = load_config(args.config) if args.config else default_config()
     except ConfigError as exc:

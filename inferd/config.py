@@ -47,6 +47,9 @@ class ServerConfig:
     port: int = 8000
     max_body_bytes: int = 1 << 20
     grace_period_s: float = 30.0  # how long admitted requests get to finish after SIGTERM
+    metrics: bool = True  # record metrics and serve GET /metrics
+    access_log: str = "info"  # level of the JSON access log lines, or "off"
+    access_log_sample_rate: float = 0.01  # share of requests logged; 500 and 504 answers are always logged
     models: tuple[ModelConfig, ...] = ()
 
     @property
@@ -139,6 +142,10 @@ def _check_server(c: ServerConfig) -> None:
         raise ConfigError("[server] max_body_bytes must be a positive integer")
     if c.grace_period_s < 0:
         raise ConfigError("[server] grace_period_s must be >= 0")
+    if not 0.0 <= c.access_log_sample_rate <= 1.0:
+        raise ConfigError("[server] access_log_sample_rate must be between 0 and 1")
+    if c.access_log.lower() not in ("off", "debug", "info", "warning", "error"):
+        raise ConfigError("[server] access_log must be off, debug, info, warning or error")
 
 
 def _field_names(cls: type) -> set[str]:

@@ -53,6 +53,7 @@ class Worker:
         self.device = device
         self.ready = False
         self.parked = False  # set by the batcher: did the last batch come after waiting idle?
+        self.parked_at = 0.0  # when it last started waiting
         self.backend: BatchFunction | None = None
         self.busy_gaps_s: deque[float] = deque(maxlen=2048)  # end of one call to start of the next, back to back
         self.busy_s = 0.0  # total time inside backend calls
@@ -83,6 +84,11 @@ class Worker:
     def wait_for_batch(self) -> Batch | None:
         return self._handoff.get()
 
+    def busy_total_s(self, now: float) -> float:
+        """Time spent in backend calls so far, the running one included."""
+        running = self.current
+        return self.busy_s + (now - running.started_at if running is not None else 0.0)
+
     # ---- the thread ------------------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -105,10 +111,12 @@ class Worker:
             if batch is None:
                 return
             batch.worker = self.name
-            self.current = batch
             inputs = [r.input for r in batch.requests]
             batch.started_at = time.monotonic()
-            if not self.parked and last_end:
+            self.current = batch
+            if self.parked:  # how long the free worker waited for this batch to fill
+                batch.linger_s = max(0.0, batch.formed_at - max(self.parked_at, batch.requests[0].enqueued_at))
+            elif last_end:
                 self.busy_gaps_s.append(batch.started_at - last_end)
             try:
                 batch.outputs = check_outputs(fn(inputs), len(inputs))

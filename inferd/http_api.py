@@ -15,11 +15,16 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from .access_log import AccessLog
 from .admission import Admission
 from .errors import InferdError, MethodNotAllowed, ModelNotFound, NotFound, PayloadTooLarge
 from .lifecycle import Lifecycle
+from .messages import PendingRequest
+from .metrics import RequestMetrics
 from .protocol import RequestIds, dumps, parse_inference_body
-from .served_model import ServedModel
+from .served_model import DEFAULT_TIER, ServedModel
 
 JSON = "application/json"
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
@@ -50,6 +55,9 @@ class HttpApi:
         admission: Admission,
         lifecycle: Lifecycle,
         max_body_bytes: int,
+        metrics: RequestMetrics | None,
+        registry: CollectorRegistry | None,
+        access_log: AccessLog,
     ) -> None:
         self.models = models
         self.default_model = default_model
@@ -57,6 +65,9 @@ class HttpApi:
         self.lifecycle = lifecycle
         self.max_body_bytes = max_body_bytes
         self.ids = RequestIds()
+        self.metrics = metrics
+        self.registry = registry
+        self.access_log = access_log
 
         self.routes: dict[str, tuple[str, Handler]] = {
             "/v1/inference": ("POST", self.inference),
@@ -66,6 +77,8 @@ class HttpApi:
             "/v1/models": ("GET", self.list_models),
             "/v1/stats": ("GET", self.stats),
         }
+        if registry is not None:
+            self.routes["/metrics"] = ("GET", self.prometheus)
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """The low-level server's one handler: route by exact path, then method."""
@@ -86,6 +99,7 @@ class HttpApi:
         request_id = self.ids.pick(request.headers.get("X-Request-ID"))
         lifecycle = self.lifecycle
         lifecycle.enter()
+        model_name, tier, pending = "-", DEFAULT_TIER, None
         try:
             self.admission.check_open()
             try:
@@ -96,17 +110,22 @@ class HttpApi:
             model = self.models.get(call.model or self.default_model)
             if model is None:
                 raise ModelNotFound(f"no model named {call.model!r}; see GET /v1/models")
+            model_name = model.name
             pending = self.admission.admit(model, call, request_id)
             try:
                 output = await pending.future
             except asyncio.CancelledError:
                 model.abandon(pending)  # client went away: never computed if still queued
+                self._record(request_id, model_name, tier, 499, "CLIENT_DISCONNECTED", started, pending)
                 raise
         except InferdError as error:
+            if error.status in (429, 503) and self.metrics is not None:
+                self.metrics.shed[(model_name, tier, error.code.lower())] += 1
+            self._record(request_id, model_name, tier, error.status, error.code, started, pending)
             return error_response(error, request_id, close=lifecycle.draining)
         finally:
             lifecycle.leave()
-        now = time.monotonic()
+        now = self._record(request_id, model_name, tier, 200, "", started, pending)
         batch = pending.batch
         headers = {"Content-Type": JSON, "X-Request-ID": request_id}
         if batch is not None:
@@ -117,10 +136,29 @@ class HttpApi:
         payload = {
             "output": output,
             "request_id": request_id,
-            "model": model.name,
+            "model": model_name,
             "latency_ms": round((now - started) * 1000, 3),
         }
         return web.Response(body=dumps(payload), headers=headers)
+
+    def _record(
+        self, request_id: str, model: str, tier: str, status: int, error: str, started: float, pending: PendingRequest | None
+    ) -> float:
+        """Count the outcome and the stage times, and maybe log it; returns the time it was done."""
+        now = time.monotonic()
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.requests[(model, tier, status, error)] += 1
+            metrics.duration[model].observe(now - started)
+            if pending is not None:
+                metrics.admission[model].observe(pending.enqueued_at - started)
+                if pending.batch is not None and status == 200:
+                    metrics.response[model].observe(now - pending.batch.finished_at)
+        self.access_log.record(
+            request_id=request_id, model=model, tier=tier, status=status, error=error,
+            latency_s=now - started, pending=pending,
+        )
+        return now
 
     # ---- operations ------------------------------------------------------------------------------
 
@@ -137,6 +175,11 @@ class HttpApi:
     async def list_models(self, request: web.BaseRequest) -> web.Response:
         data = [m.describe() for m in self.models.values()]
         return json_response({"object": "list", "data": data}, self.ids.pick(request.headers.get("X-Request-ID")))
+
+    async def prometheus(self, request: web.BaseRequest) -> web.Response:
+        """Prometheus text format, rendered by prometheus-client from this server's registry."""
+        body = generate_latest(self.registry)  # type: ignore[arg-type]
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def stats(self, request: web.BaseRequest) -> web.Response:
         """Process-level figures a load generator reads before and after a run."""

@@ -45,6 +45,7 @@ class Batch:
     worker: str = ""
     started_at: float = 0.0
     finished_at: float = 0.0
+    linger_s: float = 0.0  # how long a free worker waited for this batch to fill
     outputs: list[Any] | None = None
     error: BaseException | None = None
 

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from functools import partial
 from typing import Any
 
@@ -23,15 +23,19 @@ from .deadlines import DeadlineWheel
 from .errors import DeadlineExceeded, InferdError, InferenceFailed
 from .executor import Worker
 from .messages import Batch, PendingRequest, RequestState
+from .metrics import Histogram, RequestMetrics
 
 log = logging.getLogger("inferd.model")
 
 _EWMA_ALPHA = 0.2
+BUSY_WINDOW_S = 10.0
+DEFAULT_TIER = "default"
 
 
 class ServedModel:
-    def __init__(self, config: ModelConfig, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, config: ModelConfig, loop: asyncio.AbstractEventLoop, metrics: RequestMetrics) -> None:
         self.config = config
+        self.metrics = metrics
         self.name = config.name
         self.loop = loop
         self.batcher = Batcher(
@@ -61,12 +65,18 @@ class ServedModel:
         self.requests_computed = 0
         self.compute_ewma_s = 0.0  # measured seconds per backend call
         self.batch_sizes: Counter[int] = Counter()
+        self.queue_wait = Histogram()
+        self.linger = Histogram()
+        self.compute = Histogram()
+        self._busy_samples: dict[str, deque[tuple[float, float]]] = {w.name: deque() for w in self.workers}
         self._batcher_task: asyncio.Task | None = None
+        self._sampler_task: asyncio.Task | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
         self._batcher_task = self.loop.create_task(self.batcher.run(), name=f"batcher-{self.name}")
+        self._sampler_task = self.loop.create_task(self._sample_every_second(), name=f"sampler-{self.name}")
         for worker in self.workers:
             worker.start()
 
@@ -86,6 +96,8 @@ class ServedModel:
             running = worker.current
             for request in running.requests if running is not None else ():
                 self._fail(request, reason)
+        if self._sampler_task is not None:
+            self._sampler_task.cancel()
         if self._batcher_task is not None:
             await asyncio.gather(self._batcher_task, return_exceptions=True)
         deadline = time.monotonic() + join_timeout_s
@@ -112,7 +124,9 @@ class ServedModel:
     def _expire(self, request: PendingRequest) -> None:
         left_queue = self.batcher.withdraw(request, RequestState.EXPIRED)
         if not request.future.done():
-            where = "while queued" if left_queue or request.state is RequestState.EXPIRED else "while computing"
+            queued = left_queue or request.state is RequestState.EXPIRED
+            self.metrics.shed[(self.name, DEFAULT_TIER, "deadline_queued" if queued else "deadline_computing")] += 1
+            where = "while queued" if queued else "while computing"
             request.future.set_exception(DeadlineExceeded(f"deadline passed {where}"))
 
     def _fail(self, request: PendingRequest, error: InferdError) -> None:
@@ -129,16 +143,21 @@ class ServedModel:
         self.batches += 1
         self.requests_computed += batch.size
         self.batch_sizes[batch.size] += 1
+        self.compute.observe(compute)
+        self.linger.observe(batch.linger_s)
+        observe_wait, started, discard = self.queue_wait.observe, batch.started_at, self.deadlines.discard
+        for request in batch.requests:
+            request.batch = batch
+            observe_wait(started - request.enqueued_at)
+            discard(request)
         if batch.error is not None:
             error = InferenceFailed(f"inference failed: {type(batch.error).__name__}: {batch.error}"[:500])
             log.warning("model %s batch %d (%d requests) failed: %r", self.name, batch.batch_id, batch.size, batch.error)
             for request in batch.requests:
-                self._fail(request, error)
+                if not request.future.done():
+                    request.future.set_exception(error)
             return
-        discard = self.deadlines.discard
         for request, output in zip(batch.requests, batch.outputs):  # type: ignore[arg-type]
-            request.batch = batch
-            discard(request)
             if not request.future.done():
                 request.future.set_result(output)
 
@@ -153,6 +172,31 @@ class ServedModel:
         self.start_error = error
 
     # ---- what it knows about itself --------------------------------------------------------------
+
+    def depth_by_tier(self, now: float) -> tuple[dict[str, int], dict[str, float]]:
+        """Waiting requests and the oldest one's age, per tier."""
+        return {DEFAULT_TIER: self.batcher.depth}, {DEFAULT_TIER: self.batcher.oldest_age_s(now)}
+
+    def sample_busy(self, now: float) -> None:
+        """Called every second or so: keeps a window of each worker's busy time for the busy ratio."""
+        for worker in self.workers:
+            samples = self._busy_samples[worker.name]
+            samples.append((now, worker.busy_total_s(now)))
+            while len(samples) > 2 and now - samples[0][0] > BUSY_WINDOW_S:
+                samples.popleft()
+
+    async def _sample_every_second(self) -> None:
+        while True:
+            self.sample_busy(time.monotonic())
+            await asyncio.sleep(1.0)
+
+    def busy_ratio(self, worker: Worker, now: float) -> float:
+        """Share of the last window (about 10 s) the worker spent inside backend calls: GPU utilisation."""
+        samples = self._busy_samples[worker.name]
+        if not samples or now - samples[0][0] <= 0:
+            return 0.0
+        then, busy_then = samples[0]
+        return max(0.0, min(1.0, (worker.busy_total_s(now) - busy_then) / (now - then)))
 
     def capacity_rps(self) -> float:
         """Requests per second the ready workers sustain with full batches at the measured batch time."""

@@ -19,7 +19,9 @@ from aiohttp import web
 from .admission import Admission
 from .config import ServerConfig
 from .errors import Draining
+from .access_log import AccessLog
 from .http_api import HttpApi
+from .metrics import InferdCollector, RequestMetrics, build_registry
 from .lifecycle import Lifecycle, Phase
 from .served_model import ServedModel
 
@@ -38,7 +40,9 @@ class InferenceServer:
         """Start the workers (they build and warm up in their threads) and start listening at once,
         so /healthz answers while the models load."""
         loop = asyncio.get_running_loop()
-        self.models = {m.name: ServedModel(m, loop) for m in self.config.models}
+        config = self.config
+        request_metrics = RequestMetrics()
+        self.models = {m.name: ServedModel(m, loop, request_metrics) for m in config.models}
         for model in self.models.values():
             model.start()
         api = HttpApi(
@@ -46,7 +50,10 @@ class InferenceServer:
             default_model=self.config.default_model,
             admission=Admission(self.lifecycle),
             lifecycle=self.lifecycle,
-            max_body_bytes=self.config.max_body_bytes,
+            max_body_bytes=config.max_body_bytes,
+            metrics=request_metrics if config.metrics else None,
+            registry=build_registry(InferdCollector(self.models, request_metrics, self.lifecycle)) if config.metrics else None,
+            access_log=AccessLog(config.access_log, config.access_log_sample_rate),
         )
         max_body = self.config.max_body_bytes
 

@@ -1,0 +1,69 @@
+"""Structured access logs: one JSON line per request, sampled so logging never becomes the bottleneck.
+
+A request that is not sampled costs one random draw. Answers that point at a server-side problem (500
+and 504) are always logged, whatever the sampling.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import sys
+from typing import Any
+
+import orjson
+
+from .messages import PendingRequest
+
+log = logging.getLogger("inferd.access")
+
+
+def configure_access_logger() -> None:
+    """Bare JSON lines on stdout, apart from the human-oriented server log."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    log.propagate = False
+    log.setLevel(logging.DEBUG)
+
+
+class AccessLog:
+    def __init__(self, level: str, sample_rate: float) -> None:
+        self.off = level.lower() == "off"
+        self.level = logging.INFO if self.off else logging.getLevelName(level.upper())
+        self.sample_rate = 0.0 if self.off else sample_rate
+        self._draw = random.random
+
+    def record(
+        self,
+        *,
+        request_id: str,
+        model: str,
+        tier: str,
+        status: int,
+        error: str,
+        latency_s: float,
+        pending: PendingRequest | None,
+    ) -> None:
+        must = status in (500, 504)
+        if not must and (self.sample_rate <= 0.0 or self._draw() >= self.sample_rate):
+            return
+        line: dict[str, Any] = {
+            "request_id": request_id,
+            "model": model,
+            "tier": tier,
+            "status": status,
+            "latency_ms": round(latency_s * 1000, 3),
+        }
+        if error:
+            line["error"] = error
+        batch = pending.batch if pending is not None else None
+        if batch is not None:
+            line.update(
+                batch_id=batch.batch_id,
+                batch_size=batch.size,
+                worker=batch.worker,
+                queue_ms=round((batch.started_at - pending.enqueued_at) * 1000, 3),  # type: ignore[union-attr]
+                compute_ms=round(batch.compute_s * 1000, 3),
+            )
+        log.log(logging.WARNING if must else self.level, orjson.dumps(line).decode())
