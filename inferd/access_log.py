@@ -7,6 +7,8 @@ and 504) are always logged, whatever the sampling.
 from __future__ import annotations
 
 import logging
+import logging.handlers
+import queue
 import random
 import sys
 from typing import Any
@@ -18,13 +20,29 @@ from .messages import PendingRequest
 log = logging.getLogger("inferd.access")
 
 
-def configure_access_logger() -> None:
-    """Bare JSON lines on stdout, apart from the human-oriented server log."""
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    log.addHandler(handler)
+class _DroppingQueueHandler(logging.handlers.QueueHandler):
+    """Never blocks the event loop: when the writer thread falls behind, lines are dropped and counted."""
+
+    dropped = 0
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        try:
+            self.queue.put_nowait(record)
+        except queue.Full:
+            _DroppingQueueHandler.dropped += 1
+
+
+def configure_access_logger(max_pending_lines: int = 10_000) -> logging.handlers.QueueListener:
+    """Bare JSON lines on stdout, written by a background thread so a slow stdout never stalls serving."""
+    writer = logging.StreamHandler(sys.stdout)
+    writer.setFormatter(logging.Formatter("%(message)s"))
+    lines: queue.Queue[logging.LogRecord] = queue.Queue(max_pending_lines)
+    log.addHandler(_DroppingQueueHandler(lines))
     log.propagate = False
     log.setLevel(logging.DEBUG)
+    listener = logging.handlers.QueueListener(lines, writer)
+    listener.start()
+    return listener
 
 
 class AccessLog:

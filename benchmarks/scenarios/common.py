@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from dataclasses import replace
@@ -58,6 +59,8 @@ def inferd_server(config_toml: str, env: dict[str, str] | None = None) -> Iterat
                 break
         if url is None:
             raise RuntimeError("inferd did not start")
+        # Keep draining its output (access log lines), or a full pipe would stall the server.
+        threading.Thread(target=proc.stdout.read, daemon=True).start()
         _wait_ready(url)
         yield url
     finally:

@@ -1,10 +1,13 @@
 """S2, overhead: one simulated GPU at 10 ms per batch, batches up to 100. Ceiling 10,000 req/s.
 
 What the HTTP and batching path costs per request: throughput and the server's CPU µs per request at
-100 and 400 closed-loop clients (wrk).
+100 and 400 closed-loop clients (wrk). Then the cost of observability: the same 400-client step with
+metrics and access logs (1% sampled) on, and with both off, alternated twice in one run.
 """
 
 from common import inferd_server, parse_args, save, sim_config, step
+
+OFF = 'metrics = false\naccess_log = "off"'
 
 if __name__ == "__main__":
     args = parse_args(__doc__)
@@ -14,3 +17,28 @@ if __name__ == "__main__":
             steps.append(step(url, clients=clients, duration_s=10, quick=args.quick, processes=2))
     save("S2", "S2: overhead, 1 simulated GPU, 10 ms/batch, max batch 100", steps, args.out_dir,
          ceiling_rps=10000, floor_ms=10)
+
+    observability = []
+    for round_ in range(2):
+        for label, extra in (("on", ""), ("off", OFF)):
+            with inferd_server(sim_config(latency_ms=10, extra_server=extra)) as url:
+                result = step(url, clients=400, duration_s=10, quick=args.quick, processes=2)
+                result["observability"] = label
+                observability.append(result)
+    on = [s for s in observability if s["observability"] == "on"]
+    off = [s for s in observability if s["observability"] == "off"]
+
+    def median(values):
+        values = sorted(values)
+        return (values[0] + values[-1]) / 2 if len(values) == 2 else values[len(values) // 2]
+
+    cpu_on = median([s["server"]["cpu_us_per_request"] for s in on])
+    cpu_off = median([s["server"]["cpu_us_per_request"] for s in off])
+    rps_on = median([s["achieved_rps"] for s in on])
+    rps_off = median([s["achieved_rps"] for s in off])
+    summary = {"cpu_us_on": cpu_on, "cpu_us_off": cpu_off, "cpu_ratio": round(cpu_on / cpu_off, 3),
+               "rps_on": rps_on, "rps_off": rps_off, "rps_ratio": round(rps_on / rps_off, 3)}
+    observability[-1]["summary"] = summary
+    save("S2_observability", "S2 at 400 clients: metrics + access logs on vs off (alternated)", observability,
+         args.out_dir, ceiling_rps=10000, floor_ms=10, plots=False)
+    print(summary)

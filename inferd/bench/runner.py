@@ -33,11 +33,16 @@ def percentile(sorted_values: list[float], q: float) -> float:
 def fetch_stats(stats_url: str | None) -> dict[str, Any] | None:
     if not stats_url:
         return None
-    try:
-        with urllib.request.urlopen(stats_url, timeout=5) as resp:
-            return json.loads(resp.read())
-    except (OSError, ValueError):
-        return None
+    error: Exception | None = None
+    for _ in range(3):
+        try:
+            with urllib.request.urlopen(stats_url, timeout=10) as resp:
+                return json.loads(resp.read())
+        except (OSError, ValueError) as exc:
+            error = exc
+            time.sleep(0.5)
+    print(f"\nno server view from {stats_url}: {error}", file=sys.stderr)
+    return None
 
 
 def server_view(before: dict | None, after: dict | None, completed: int) -> dict[str, Any] | None:
