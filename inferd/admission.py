@@ -6,8 +6,17 @@ carries `retry_after_ms`, estimated from the queue and the model's measured thro
 
 from __future__ import annotations
 
+import math
+import time
+
 from .batcher import QueueFull
-from .errors import Draining, InvalidInput, NotReady, ServiceOverloaded
+from .errors import (
+    Draining,
+    InvalidInput,
+    ModelUnavailable,
+    NotReady,
+    ServiceOverloaded,
+)
 from .lifecycle import Lifecycle
 from .messages import PendingRequest
 from .protocol import InferenceCall
@@ -27,7 +36,14 @@ class Admission:
         config = model.config
         if len(call.input) > config.max_input_chars:
             raise InvalidInput(f"`input` is {len(call.input)} characters; model {model.name} accepts at most {config.max_input_chars}")
+        unavailable_s = model.unavailable_for_s(time.monotonic())
+        if unavailable_s is not None:
+            raise ModelUnavailable(
+                f"model {model.name} is failing; its circuit breaker is open", retry_after_ms=math.ceil(unavailable_s * 1000)
+            )
         if not model.ready:
+            if model.warmed:
+                raise NotReady(f"model {model.name} has no healthy worker", retry_after_ms=1000)
             raise NotReady(f"model {model.name} is warming up", retry_after_ms=1000)
         timeout_ms = config.timeout_ms if call.timeout_ms is None else min(call.timeout_ms, config.max_timeout_ms)
         try:

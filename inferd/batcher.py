@@ -96,6 +96,11 @@ class Batcher:
         with self._lock:
             return self._queue.remove(request, new_state)
 
+    def withdraw_all(self) -> list[PendingRequest]:
+        """Remove every waiting request (the model stopped taking work)."""
+        with self._lock:
+            return list(self._queue.drain())
+
     def requeue_front(self, requests: list[PendingRequest]) -> None:
         """Put requests of a batch that must run again at the head of the queue."""
         with self._lock:

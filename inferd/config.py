@@ -7,9 +7,10 @@ mistake an operator only finds under load.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 
 class ConfigError(ValueError):
@@ -32,11 +33,25 @@ class ModelConfig:
     max_input_chars: int = 100_000
     factory: bool | None = None  # None: a factory is recognised by @backend_factory
     warmup_inputs: tuple[str, ...] = ("warmup",)
+    batch_timeout_ms: int = 10_000  # the hang watchdog's floor; the limit is max(this, 3 x measured p99)
+    max_batch_attempts: int = 3  # runs of a request (after hangs, dead workers) before it fails with 500
+    max_isolation_calls: int = 32  # extra backend calls allowed to find the poison inputs of a failed batch
+    breaker_failures: int = 5  # consecutive batches that fail outright before the model stops being fed
+    breaker_cooldown_ms: int = 5_000  # then, how long before one probe batch is let through
     options: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def worker_devices(self) -> tuple[str, ...]:
         return self.devices or tuple(f"auto:{i}" for i in range(self.workers))
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """API keys. Without an [auth] table every request is anonymous and admin endpoints are closed."""
+
+    enabled: bool = False
+    anonymous_tier: str | None = None  # None (with [auth]): anonymous requests get 401
+    admin_key_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +66,7 @@ class ServerConfig:
     access_log: str = "info"  # level of the JSON access log lines, or "off"
     access_log_sample_rate: float = 0.01  # share of requests logged; 500 and 504 answers are always logged
     models: tuple[ModelConfig, ...] = ()
+    auth: AuthConfig = AuthConfig()
 
     @property
     def default_model(self) -> str:
@@ -83,9 +99,9 @@ def load_config(path: str | Path) -> ServerConfig:
 
 
 def parse_config(raw: Mapping[str, Any]) -> ServerConfig:
-    _reject_unknown(raw, {"server", "models"}, "top level")
+    _reject_unknown(raw, {"server", "models", "auth"}, "top level")
     server = dict(raw.get("server", {}))
-    _reject_unknown(server, _field_names(ServerConfig) - {"models"}, "[server]")
+    _reject_unknown(server, _field_names(ServerConfig) - {"models", "auth"}, "[server]")
     models_raw = raw.get("models", [])
     if not isinstance(models_raw, list) or not models_raw:
         raise ConfigError("at least one [[models]] table is required")
@@ -93,9 +109,26 @@ def parse_config(raw: Mapping[str, Any]) -> ServerConfig:
     names = [m.name for m in models]
     if len(set(names)) != len(names):
         raise ConfigError(f"model names must be unique: {names}")
-    config = ServerConfig(**server, models=models)
+    config = ServerConfig(**server, models=models, auth=_parse_auth(raw.get("auth")))
     _check_server(config)
     return config
+
+
+def _parse_auth(raw: Any) -> AuthConfig:
+    if raw is None:
+        return AuthConfig()
+    if not isinstance(raw, dict):
+        raise ConfigError("[auth] must be a table")
+    _reject_unknown(raw, {"anonymous_tier", "admin_key_sha256"}, "[auth]")
+    admin = raw.get("admin_key_sha256")
+    if admin is not None:
+        _check_sha256(admin, "[auth] admin_key_sha256")
+    return AuthConfig(enabled=True, anonymous_tier=raw.get("anonymous_tier"), admin_key_sha256=admin and admin.lower())
+
+
+def _check_sha256(value: Any, where: str) -> None:
+    if not isinstance(value, str) or len(value) != 64 or any(c not in "0123456789abcdefABCDEF" for c in value):
+        raise ConfigError(f"{where} must be the 64 hex digits of a SHA-256 (keys are never stored in plain text)")
 
 
 def _parse_model(raw: Any) -> ModelConfig:
@@ -118,11 +151,16 @@ def _parse_model(raw: Any) -> ModelConfig:
 
 
 def _check_model(m: ModelConfig, where: str) -> None:
-    positive_ints = ("max_batch_size", "workers", "max_queue", "timeout_ms", "max_timeout_ms", "max_input_chars")
+    positive_ints = (
+        "max_batch_size", "workers", "max_queue", "timeout_ms", "max_timeout_ms", "max_input_chars",
+        "batch_timeout_ms", "max_batch_attempts", "breaker_failures", "breaker_cooldown_ms",
+    )
     for key in positive_ints:
         value = getattr(m, key)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ConfigError(f"{where}: `{key}` must be a positive integer, got {value!r}")
+    if not isinstance(m.max_isolation_calls, int) or m.max_isolation_calls < 0:
+        raise ConfigError(f"{where}: `max_isolation_calls` must be an integer >= 0")
     if not isinstance(m.max_wait_ms, (int, float)) or m.max_wait_ms < 0:
         raise ConfigError(f"{where}: `max_wait_ms` must be >= 0")
     if m.devices and len(m.devices) != m.workers:

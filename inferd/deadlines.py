@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from .messages import PendingRequest
 

@@ -25,6 +25,10 @@ class Unauthorized(InferdError):
     status, code = 401, "UNAUTHORIZED"
 
 
+class Forbidden(InferdError):
+    status, code = 403, "FORBIDDEN"
+
+
 class NotFound(InferdError):
     status, code = 404, "NOT_FOUND"
 
@@ -47,6 +51,10 @@ class RateLimited(InferdError):
 
 class ServiceOverloaded(InferdError):
     status, code = 503, "SERVICE_OVERLOADED"
+
+
+class ModelUnavailable(InferdError):
+    status, code = 503, "MODEL_UNAVAILABLE"
 
 
 class Draining(InferdError):

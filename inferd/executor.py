@@ -1,9 +1,15 @@
-"""Executor threads: one per GPU, each running one batch at a time.
+"""Executor threads: one per GPU, each running one backend call at a time.
 
 A worker builds its own model in its own thread (a factory gets the worker's device), runs the warm-up
 inputs, then loops: take the next batch from the batcher (pull-based: a free worker asks), call the
 backend, check the output list against the input list, and pass the finished batch to the event loop
 with one `call_soon_threadsafe` per batch. Futures are only touched on the loop.
+
+When the backend raises for a batch, the worker bisects it (calls on each half, recursively, within a
+budget of extra calls) so only the inputs that fail on their own are failed: one poison input does not
+take its 99 neighbours down with it. An exception that is not an `Exception` (SystemExit and the like)
+kills the worker: the loop is told, re-queues its batch and starts a replacement. A worker the watchdog
+gave up on (`abandoned`) exits as soon as its call returns and delivers nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from .backends import BatchFunction
 from .batcher import Batcher
@@ -48,10 +55,13 @@ class Worker:
         on_ready: Callable[[Worker], None],
         on_failed: Callable[[Worker, BaseException], None],
         on_batch_done: Callable[[Batch], None],
+        on_died: Callable[[Worker, Batch | None, BaseException], None],
+        max_isolation_calls: int = 32,
     ) -> None:
         self.name = name
         self.device = device
         self.ready = False
+        self.abandoned = False  # the watchdog gave up on it: it must never deliver again
         self.parked = False  # set by the batcher: did the last batch come after waiting idle?
         self.parked_at = 0.0  # when it last started waiting
         self.backend: BatchFunction | None = None
@@ -59,7 +69,9 @@ class Worker:
         self.busy_s = 0.0  # total time inside backend calls
         self.warmup_s = 0.0  # how long the warm-up call took: the first estimate of a batch's time
         self.batches = 0
-        self.current: Batch | None = None  # the batch inside the backend call now
+        self.current: Batch | None = None  # the batch inside the backend now
+        self.call_started_at = 0.0  # start of the backend call in progress (the watchdog's clock)
+        self.max_isolation_calls = max_isolation_calls
         self._build = build
         self._warmup_inputs = list(warmup_inputs)
         self._batcher = batcher
@@ -67,8 +79,13 @@ class Worker:
         self._on_ready = on_ready
         self._on_failed = on_failed
         self._on_batch_done = on_batch_done
+        self._on_died = on_died
         self._handoff: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"inferd-{name}", daemon=True)
+
+    @property
+    def healthy(self) -> bool:
+        return self.ready and not self.abandoned
 
     def start(self) -> None:
         self._thread.start()
@@ -105,29 +122,80 @@ class Worker:
         self.backend = fn
         self.ready = True
         self._call_loop(self._on_ready, self)
+        try:
+            self._serve(fn)
+        except BaseException as exc:  # noqa: BLE001 - the worker dies; the loop re-queues and replaces
+            if not self.abandoned:
+                log.error("worker %s died: %r", self.name, exc)
+                self._call_loop(self._on_died, self, self.current, exc)
+
+    def _serve(self, fn: BatchFunction) -> None:
         last_end = 0.0
-        while True:
+        while not self.abandoned:
             batch = self._batcher.next_batch(self)
             if batch is None:
                 return
             batch.worker = self.name
-            inputs = [r.input for r in batch.requests]
             batch.started_at = time.monotonic()
             self.current = batch
             if self.parked:  # how long the free worker waited for this batch to fill
                 batch.linger_s = max(0.0, batch.formed_at - max(self.parked_at, batch.requests[0].enqueued_at))
             elif last_end:
                 self.busy_gaps_s.append(batch.started_at - last_end)
-            try:
-                batch.outputs = check_outputs(fn(inputs), len(inputs))
-            except BaseException as exc:  # noqa: BLE001 - the batch fails, the worker lives on
-                batch.error = exc
+            for request in batch.requests:
+                request.attempts += 1
+            self._execute(fn, batch)
             last_end = batch.finished_at = time.monotonic()
             self.busy_s += last_end - batch.started_at
             self.batches += 1
             self.current = None
+            if self.abandoned:
+                return  # the watchdog already re-queued this batch: its results are discarded
             if not self._call_loop(self._on_batch_done, batch):
                 return
+
+    def _call(self, fn: BatchFunction, inputs: list[Any]) -> list[Any]:
+        self.call_started_at = time.monotonic()
+        try:
+            return check_outputs(fn(inputs), len(inputs))
+        finally:
+            self.call_started_at = 0.0
+
+    def _execute(self, fn: BatchFunction, batch: Batch) -> None:
+        inputs = [r.input for r in batch.requests]
+        try:
+            batch.outputs = self._call(fn, inputs)
+            return
+        except Exception as exc:  # noqa: BLE001 - the batch failed; find out which inputs did it
+            if len(inputs) == 1 or self.max_isolation_calls <= 0:
+                batch.error = exc
+                return
+            outputs: list[Any] = [None] * len(inputs)
+            batch.failures = self._isolate(fn, inputs, exc, outputs)
+            batch.outputs, batch.error = outputs, exc
+
+    def _isolate(self, fn: BatchFunction, inputs: list[Any], error: BaseException, outputs: list[Any]) -> dict[int, BaseException]:
+        """Bisect a failed call, breadth first: both halves of a failed range are tried before either is
+        split further, so a spent budget leaves whole clean halves answered rather than one deep probe."""
+        failures: dict[int, BaseException] = {}
+        failed = deque([(0, len(inputs), error)])
+        budget = self.max_isolation_calls
+        while failed:
+            lo, hi, error = failed.popleft()
+            if hi - lo == 1:
+                failures[lo] = error
+                continue
+            mid = (lo + hi) // 2
+            for a, b in ((lo, mid), (mid, hi)):
+                if budget <= 0 or self.abandoned:
+                    failures.update((i, error) for i in range(a, b))  # out of extra calls: fail the rest
+                    continue
+                budget -= 1
+                try:
+                    outputs[a:b] = self._call(fn, inputs[a:b])
+                except Exception as exc:  # noqa: BLE001
+                    failed.append((a, b, exc))
+        return failures
 
     def _call_loop(self, fn: Callable[..., None], *args: Any) -> bool:
         try:

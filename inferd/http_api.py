@@ -11,15 +11,23 @@ import asyncio
 import math
 import resource
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
-
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from .access_log import AccessLog
 from .admission import Admission
-from .errors import InferdError, MethodNotAllowed, ModelNotFound, NotFound, PayloadTooLarge
+from .auth import Authenticator
+from .errors import (
+    InferdError,
+    MethodNotAllowed,
+    ModelNotFound,
+    NotFound,
+    PayloadTooLarge,
+)
+from .faults import DeadLetters
 from .lifecycle import Lifecycle
 from .messages import PendingRequest
 from .metrics import RequestMetrics
@@ -58,6 +66,8 @@ class HttpApi:
         metrics: RequestMetrics | None,
         registry: CollectorRegistry | None,
         access_log: AccessLog,
+        auth: Authenticator,
+        dead_letters: DeadLetters,
     ) -> None:
         self.models = models
         self.default_model = default_model
@@ -68,6 +78,8 @@ class HttpApi:
         self.metrics = metrics
         self.registry = registry
         self.access_log = access_log
+        self.auth = auth
+        self.dead_letter_log = dead_letters
 
         self.routes: dict[str, tuple[str, Handler]] = {
             "/v1/inference": ("POST", self.inference),
@@ -76,6 +88,7 @@ class HttpApi:
             "/readyz": ("GET", self.readyz),
             "/v1/models": ("GET", self.list_models),
             "/v1/stats": ("GET", self.stats),
+            "/v1/dead-letters": ("GET", self.dead_letters),
         }
         if registry is not None:
             self.routes["/metrics"] = ("GET", self.prometheus)
@@ -176,6 +189,16 @@ class HttpApi:
         data = [m.describe() for m in self.models.values()]
         return json_response({"object": "list", "data": data}, self.ids.pick(request.headers.get("X-Request-ID")))
 
+    async def dead_letters(self, request: web.BaseRequest) -> web.Response:
+        """Poison inputs isolated by bisection (admin only): ids, hashes and lengths, never the inputs."""
+        request_id = self.ids.pick(request.headers.get("X-Request-ID"))
+        try:
+            self.auth.require_admin(request.headers)
+        except InferdError as error:
+            return error_response(error, request_id)
+        log = self.dead_letter_log
+        return json_response({"total": log.total, "entries": log.entries()}, request_id)
+
     async def prometheus(self, request: web.BaseRequest) -> web.Response:
         """Prometheus text format, rendered by prometheus-client from this server's registry."""
         body = generate_latest(self.registry)  # type: ignore[arg-type]
@@ -197,7 +220,12 @@ class HttpApi:
 
 
 def _readiness(model: ServedModel) -> dict[str, Any]:
-    state: dict[str, Any] = {"ready": model.ready, "ready_workers": model.ready_workers, "workers": len(model.workers)}
+    state: dict[str, Any] = {
+        "ready": model.ready,
+        "ready_workers": model.ready_workers,
+        "workers": len(model.workers),
+        "breaker": model.breaker.state.value,
+    }
     if model.start_error is not None:
         state["error"] = f"{type(model.start_error).__name__}: {model.start_error}"[:300]
     return state

@@ -31,6 +31,7 @@ class PendingRequest:
     deadline: float  # time.monotonic()
     future: asyncio.Future
     state: RequestState = RequestState.QUEUED
+    attempts: int = 0  # backend runs it was part of (a hung or dead worker's batch runs again)
     batch: Batch | None = None  # set when taken, for the response's timing and logs
 
 
@@ -47,7 +48,9 @@ class Batch:
     finished_at: float = 0.0
     linger_s: float = 0.0  # how long a free worker waited for this batch to fill
     outputs: list[Any] | None = None
-    error: BaseException | None = None
+    error: BaseException | None = None  # the batch's call raised (see `failures` for what isolation found)
+    failures: dict[int, BaseException] | None = None  # after bisection: the requests that failed on their own
+    abandoned: bool = False  # the watchdog gave up on it: its results, if they ever come, are discarded
 
     @property
     def size(self) -> int:

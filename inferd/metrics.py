@@ -12,10 +12,16 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from collections import defaultdict
-from typing import TYPE_CHECKING, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -48,7 +54,7 @@ class Histogram:
 
     def cumulative(self) -> list[tuple[str, float]]:
         out, running = [], 0
-        for bound, n in zip((*self.bounds, float("inf")), self.counts):
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=False):
             running += n
             out.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
         return out

@@ -8,7 +8,7 @@ a linear `deque.remove`; `live` counts only the requests still waiting.
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterator
+from collections.abc import Iterator
 
 from .messages import PendingRequest, RequestState
 

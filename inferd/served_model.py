@@ -4,6 +4,11 @@ This is where a request becomes a `PendingRequest` with a future and a deadline 
 finished batch resolves those futures on the event loop. Every path (result, backend error, deadline,
 client gone, shutdown) resolves a future at most once: all of them go through `done()` guards on the
 loop, and the request's queue state decides whether it is still allowed to run.
+
+Faults are handled here too (the decisions themselves live in `faults`): a watchdog gives up on a
+worker whose call runs past the hang limit, re-queues its batch at the front and starts a replacement;
+a dead worker is handled the same way; requests isolated as poison by the worker's bisection fail alone
+and go to the dead-letter log; a model that fails everything trips its circuit breaker.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from .backends import build_batch_function
 from .batcher import Batcher
 from .config import ModelConfig
 from .deadlines import DeadlineWheel
-from .errors import DeadlineExceeded, InferdError, InferenceFailed
+from .errors import DeadlineExceeded, InferdError, InferenceFailed, ModelUnavailable
 from .executor import Worker
+from .faults import BatchLatencies, BreakerState, CircuitBreaker, DeadLetters
 from .messages import Batch, PendingRequest, RequestState
 from .metrics import Histogram, RequestMetrics
 
@@ -33,9 +39,16 @@ DEFAULT_TIER = "default"
 
 
 class ServedModel:
-    def __init__(self, config: ModelConfig, loop: asyncio.AbstractEventLoop, metrics: RequestMetrics) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        loop: asyncio.AbstractEventLoop,
+        metrics: RequestMetrics,
+        dead_letters: DeadLetters | None = None,
+    ) -> None:
         self.config = config
         self.metrics = metrics
+        self.dead_letters = dead_letters if dead_letters is not None else DeadLetters()
         self.name = config.name
         self.loop = loop
         self.batcher = Batcher(
@@ -44,23 +57,15 @@ class ServedModel:
             max_queue=config.max_queue,
             loop=loop,
         )
-        build = partial(_build_for_device, config)
-        self.workers = [
-            Worker(
-                name=f"{config.name}-{i}",
-                device=device,
-                build=build,
-                warmup_inputs=config.warmup_inputs,
-                batcher=self.batcher,
-                loop=loop,
-                on_ready=self._on_worker_ready,
-                on_failed=self._on_worker_failed,
-                on_batch_done=self._on_batch_done,
-            )
-            for i, device in enumerate(config.worker_devices)
-        ]
+        self._build = partial(_build_for_device, config)
+        self._busy_samples: dict[str, deque[tuple[float, float]]] = {}
+        self.workers = [self._new_worker(f"{config.name}-{i}", device) for i, device in enumerate(config.worker_devices)]
         self.deadlines = DeadlineWheel(loop, self._expire)
+        self.breaker = CircuitBreaker(config.breaker_failures, config.breaker_cooldown_ms / 1000.0)
+        self.latencies = BatchLatencies(config.batch_timeout_ms / 1000.0)
+        self.warmed = False  # every configured worker has been ready once
         self.start_error: BaseException | None = None
+        self.replacements = 0
         self.batches = 0
         self.requests_computed = 0
         self.compute_ewma_s = 0.0  # measured seconds per backend call
@@ -68,25 +73,49 @@ class ServedModel:
         self.queue_wait = Histogram()
         self.linger = Histogram()
         self.compute = Histogram()
-        self._busy_samples: dict[str, deque[tuple[float, float]]] = {w.name: deque() for w in self.workers}
-        self._batcher_task: asyncio.Task | None = None
-        self._sampler_task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._stopping = False
+
+    def _new_worker(self, name: str, device: str) -> Worker:
+        self._busy_samples[name] = deque()
+        return Worker(
+            name=name,
+            device=device,
+            build=self._build,
+            warmup_inputs=self.config.warmup_inputs,
+            batcher=self.batcher,
+            loop=self.loop,
+            on_ready=self._on_worker_ready,
+            on_failed=self._on_worker_failed,
+            on_batch_done=self._on_batch_done,
+            on_died=self._on_worker_died,
+            max_isolation_calls=self.config.max_isolation_calls,
+        )
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._batcher_task = self.loop.create_task(self.batcher.run(), name=f"batcher-{self.name}")
-        self._sampler_task = self.loop.create_task(self._sample_every_second(), name=f"sampler-{self.name}")
+        self._tasks = [
+            self.loop.create_task(self.batcher.run(), name=f"batcher-{self.name}"),
+            self.loop.create_task(self._sample_every_second(), name=f"sampler-{self.name}"),
+            self.loop.create_task(self._watch_for_hangs(), name=f"watchdog-{self.name}"),
+        ]
         for worker in self.workers:
             worker.start()
 
     @property
     def ready(self) -> bool:
-        return all(w.ready for w in self.workers)
+        """Serving: all workers were warmed once, one is still healthy, and the breaker is not open."""
+        return self.warmed and self.ready_workers > 0 and self.breaker.state is not BreakerState.OPEN
 
     @property
     def ready_workers(self) -> int:
-        return sum(1 for w in self.workers if w.ready)
+        """Healthy workers: built, warm, and not given up on."""
+        return sum(1 for w in self.workers if w.healthy)
+
+    def unavailable_for_s(self, now: float) -> float | None:
+        """While the breaker is open: seconds until it lets a probe through."""
+        return self.breaker.refusal_s(now)
 
     async def stop(self, reason: InferdError, join_timeout_s: float = 2.0) -> None:
         """Stop the workers; requests still waiting get `reason`."""
@@ -96,10 +125,10 @@ class ServedModel:
             running = worker.current
             for request in running.requests if running is not None else ():
                 self._fail(request, reason)
-        if self._sampler_task is not None:
-            self._sampler_task.cancel()
-        if self._batcher_task is not None:
-            await asyncio.gather(self._batcher_task, return_exceptions=True)
+        self._stopping = True
+        for task in self._tasks[1:]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         deadline = time.monotonic() + join_timeout_s
         for worker in self.workers:  # a hung backend call must not hold the process: threads are daemons
             await self.loop.run_in_executor(None, worker.join, max(0.0, deadline - time.monotonic()))
@@ -137,9 +166,12 @@ class ServedModel:
     # ---- from the workers (on the loop) ----------------------------------------------------------
 
     def _on_batch_done(self, batch: Batch) -> None:
+        if batch.abandoned:
+            return  # the watchdog re-queued these requests; this late result is not delivered
         compute = batch.compute_s
         self.compute_ewma_s += _EWMA_ALPHA * (compute - self.compute_ewma_s)
         self.batcher.expected_compute_s = self.compute_ewma_s
+        self.latencies.observe(compute)
         self.batches += 1
         self.requests_computed += batch.size
         self.batch_sizes[batch.size] += 1
@@ -150,26 +182,99 @@ class ServedModel:
             request.batch = batch
             observe_wait(started - request.enqueued_at)
             discard(request)
-        if batch.error is not None:
-            error = InferenceFailed(f"inference failed: {type(batch.error).__name__}: {batch.error}"[:500])
-            log.warning("model %s batch %d (%d requests) failed: %r", self.name, batch.batch_id, batch.size, batch.error)
-            for request in batch.requests:
+        if batch.error is None:
+            self.breaker.record(True, batch.finished_at)
+            for request, output in zip(batch.requests, batch.outputs, strict=False):  # type: ignore[arg-type]
                 if not request.future.done():
-                    request.future.set_exception(error)
+                    request.future.set_result(output)
             return
-        for request, output in zip(batch.requests, batch.outputs):  # type: ignore[arg-type]
+        failures = batch.failures if batch.failures is not None else dict.fromkeys(range(batch.size), batch.error)
+        log.warning("model %s batch %d: %d of %d requests failed: %r", self.name, batch.batch_id, len(failures),
+                    batch.size, batch.error)
+        for i, request in enumerate(batch.requests):
+            error = failures.get(i)
+            if error is None:
+                if not request.future.done():
+                    request.future.set_result(batch.outputs[i])  # type: ignore[index]
+                continue
+            if batch.failures is not None:  # isolated: this input fails on its own
+                self.dead_letters.add(request, self.name, error)
             if not request.future.done():
-                request.future.set_result(output)
+                request.future.set_exception(InferenceFailed(f"inference failed: {type(error).__name__}: {error}"[:500]))
+        if self.breaker.record(len(failures) < batch.size, batch.finished_at):
+            self._open_breaker()
+
+    def _open_breaker(self) -> None:
+        """Fail what waits now, quickly, rather than feeding it to a model that fails everything."""
+        cooldown_ms = self.config.breaker_cooldown_ms
+        log.error("model %s: circuit breaker open for %d ms after repeated failures", self.name, cooldown_ms)
+        error = ModelUnavailable(f"model {self.name} is failing; retry later or elsewhere", retry_after_ms=cooldown_ms)
+        for request in self.batcher.withdraw_all():
+            self.metrics.shed[(self.name, DEFAULT_TIER, "breaker_open")] += 1
+            self._fail(request, error)
+
+    # ---- hangs and dead workers (on the loop) ----------------------------------------------------
+
+    async def _watch_for_hangs(self) -> None:
+        while True:
+            await asyncio.sleep(min(0.05, self.latencies.limit_s / 4))
+            now = time.monotonic()
+            limit = self.latencies.limit_s
+            for worker in list(self.workers):
+                started = worker.call_started_at
+                if worker.healthy and started and now - started > limit and worker.current is not None:
+                    log.error("model %s: worker %s stuck in a call for %.2f s (limit %.2f s); replacing it",
+                              self.name, worker.name, now - started, limit)
+                    self._give_up_on(worker, worker.current)
+
+    def _on_worker_died(self, worker: Worker, batch: Batch | None, error: BaseException) -> None:
+        self._give_up_on(worker, batch)
+
+    def _give_up_on(self, worker: Worker, batch: Batch | None) -> None:
+        """Take a worker out of rotation, run its batch again elsewhere, and start a replacement."""
+        worker.abandoned = True
+        if batch is not None and not batch.abandoned:
+            batch.abandoned = True
+            self._requeue(batch.requests)
+        if self._stopping:
+            return
+        self.replacements += 1
+        replacement = self._new_worker(f"{worker.name.split('.')[0]}.{self.replacements}", worker.device)
+        self.workers[self.workers.index(worker)] = replacement
+        self._busy_samples.pop(worker.name, None)
+        replacement.start()
+
+    def _requeue(self, requests: list[PendingRequest]) -> None:
+        again = []
+        for request in requests:
+            if request.future.done():
+                continue
+            if request.attempts >= self.config.max_batch_attempts:
+                self.deadlines.discard(request)
+                if time.monotonic() >= request.deadline:
+                    request.future.set_exception(DeadlineExceeded("deadline passed while retrying"))
+                else:
+                    request.future.set_exception(
+                        InferenceFailed(f"inference failed: gave up after {request.attempts} attempts")
+                    )
+                continue
+            again.append(request)
+        if again:
+            self.batcher.requeue_front(again)
 
     def _on_worker_ready(self, worker: Worker) -> None:
         if not self.compute_ewma_s:  # the warm-up call is the first measurement
             self.compute_ewma_s = worker.warmup_s
             self.batcher.expected_compute_s = self.compute_ewma_s
-        if self.ready:
+        if not self.warmed and all(w.ready for w in self.workers):
+            self.warmed = True
             log.info("model %s ready: %d workers", self.name, len(self.workers))
 
     def _on_worker_failed(self, worker: Worker, error: BaseException) -> None:
-        self.start_error = error
+        if not self.warmed:
+            self.start_error = error  # the model never came up
+        else:
+            log.error("model %s: replacement worker %s failed to start: %r", self.name, worker.name, error)
 
     # ---- what it knows about itself --------------------------------------------------------------
 
@@ -180,7 +285,7 @@ class ServedModel:
     def sample_busy(self, now: float) -> None:
         """Called every second or so: keeps a window of each worker's busy time for the busy ratio."""
         for worker in self.workers:
-            samples = self._busy_samples[worker.name]
+            samples = self._busy_samples.setdefault(worker.name, deque())
             samples.append((now, worker.busy_total_s(now)))
             while len(samples) > 2 and now - samples[0][0] > BUSY_WINDOW_S:
                 samples.popleft()
@@ -192,7 +297,7 @@ class ServedModel:
 
     def busy_ratio(self, worker: Worker, now: float) -> float:
         """Share of the last window (about 10 s) the worker spent inside backend calls: GPU utilisation."""
-        samples = self._busy_samples[worker.name]
+        samples = self._busy_samples.get(worker.name)
         if not samples or now - samples[0][0] <= 0:
             return 0.0
         then, busy_then = samples[0]
@@ -233,6 +338,9 @@ class ServedModel:
             "max_timeout_ms": c.max_timeout_ms,
             "ready": self.ready,
             "ready_workers": self.ready_workers,
+            "breaker": self.breaker.state.value,
+            "workers_replaced": self.replacements,
+            "batch_timeout_ms": round(self.latencies.limit_s * 1000, 1),
             "stats": {
                 "batches": self.batches,
                 "requests_computed": self.requests_computed,

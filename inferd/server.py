@@ -13,16 +13,19 @@ import logging
 import resource
 import signal
 import sys
+
 import uvloop
 from aiohttp import web
 
+from .access_log import AccessLog
 from .admission import Admission
+from .auth import Authenticator
 from .config import ServerConfig
 from .errors import Draining
-from .access_log import AccessLog
+from .faults import DeadLetters
 from .http_api import HttpApi
-from .metrics import InferdCollector, RequestMetrics, build_registry
 from .lifecycle import Lifecycle, Phase
+from .metrics import InferdCollector, RequestMetrics, build_registry
 from .served_model import ServedModel
 
 log = logging.getLogger("inferd.server")
@@ -42,7 +45,8 @@ class InferenceServer:
         loop = asyncio.get_running_loop()
         config = self.config
         request_metrics = RequestMetrics()
-        self.models = {m.name: ServedModel(m, loop, request_metrics) for m in config.models}
+        self.dead_letters = DeadLetters()
+        self.models = {m.name: ServedModel(m, loop, request_metrics, self.dead_letters) for m in config.models}
         for model in self.models.values():
             model.start()
         api = HttpApi(
@@ -54,6 +58,8 @@ class InferenceServer:
             metrics=request_metrics if config.metrics else None,
             registry=build_registry(InferdCollector(self.models, request_metrics, self.lifecycle)) if config.metrics else None,
             access_log=AccessLog(config.access_log, config.access_log_sample_rate),
+            auth=Authenticator(config.auth),
+            dead_letters=self.dead_letters,
         )
         max_body = self.config.max_body_bytes
 

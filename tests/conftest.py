@@ -8,9 +8,10 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest

@@ -7,8 +7,8 @@ import json
 import logging
 import shutil
 import socket
-import time
 import subprocess
+import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families

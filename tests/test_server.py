@@ -16,7 +16,7 @@ async def test_2000_concurrent_requests_each_get_their_own_output(http):
     async with running_server(sim_model(latency_ms=20, max_batch_size=100, max_queue=5000)) as srv:
         inputs = [f"input-{i}-{'x' * (i % 37)}" for i in range(2000)]
         results = await asyncio.gather(*(infer(http, srv.url, {"input": text}) for text in inputs))
-        for text, (status, body, headers) in zip(inputs, results):
+        for text, (status, body, headers) in zip(inputs, results, strict=False):
             assert status == 200, body
             assert body["output"] == expected_output(text)
             assert body["model"] == "m"
@@ -118,7 +118,7 @@ async def test_disconnected_client_is_removed_from_the_queue(http):
         await asyncio.sleep(0.05)
         try:
             await infer(http, srv.url, {"input": "goes-away"}, timeout=aiohttp.ClientTimeout(total=0.1))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         await asyncio.sleep(0.05)
         assert srv.models["m"].batcher.depth == 0  # removed at once, not when its turn came

@@ -7,7 +7,6 @@ Each scenario is one command (`python benchmarks/scenarios/s1_seed.py`); `make b
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import signal
@@ -17,10 +16,10 @@ import tempfile
 import threading
 import time
 import urllib.request
-from dataclasses import replace
-from pathlib import Path
-from typing import Any, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))

@@ -19,7 +19,7 @@ if __name__ == "__main__":
          ceiling_rps=10000, floor_ms=10)
 
     observability = []
-    for round_ in range(2):
+    for _round in range(2):
         for label, extra in (("on", ""), ("off", OFF)):
             with inferd_server(sim_config(latency_ms=10, extra_server=extra)) as url:
                 result = step(url, clients=400, duration_s=10, quick=args.quick, processes=2)

@@ -8,6 +8,7 @@ import threading
 import time
 
 from common import inferd_server, parse_args, save, sim_config, step
+
 from inferd.bench.runner import fetch_stats
 
 if __name__ == "__main__":

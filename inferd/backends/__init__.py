@@ -11,7 +11,8 @@ A config names one as "package.module:name". The object found there is either
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 BatchFunction = Callable[[list[Any]], Sequence[Any]]
 BackendFactory = Callable[[str, Mapping[str, Any]], BatchFunction]

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from . import backend_factory
 from .sim import SimulatedGPU, sim_options

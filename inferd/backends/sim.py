@@ -15,7 +15,8 @@ import hashlib
 import threading
 import time
 from collections import Counter
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from . import backend_factory
 

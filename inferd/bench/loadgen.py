@@ -106,7 +106,7 @@ async def _python_engine(spec: LoadSpec, index: int, count: int) -> Samples:
             async with session.request(spec.method, spec.url, data=body, headers=headers) as resp:
                 payload = await resp.read()
                 status = resp.status
-        except asyncio.TimeoutError:
+        except TimeoutError:
             samples.statuses["timeout"] += 1
             return
         except (aiohttp.ClientError, OSError):
