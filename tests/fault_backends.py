@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from inferd.backends import backend_factory
 from inferd.backends.sim import SimulatedGPU

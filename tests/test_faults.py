@@ -69,7 +69,7 @@ async def test_a_poison_input_fails_alone_in_a_batch_of_100_and_is_dead_lettered
         statuses = [status for status, _, _ in results]
         assert statuses.count(200) == 99 and results[-1][0] == 500
         assert results[-1][1]["error"] == "INFERENCE_FAILED"
-        for text, (status, body, _) in zip(inputs[:99], results[:99]):
+        for text, (_status, body, _) in zip(inputs[:99], results[:99]):
             assert body["output"] == expected_output(text)
         assert srv.models["m"].batch_sizes[100] == 1  # they really were one batch
         async with http.get(f"{srv.url}/v1/dead-letters") as resp:
