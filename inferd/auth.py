@@ -10,8 +10,9 @@ import hashlib
 import hmac
 from collections.abc import Mapping
 
-from .config import AuthConfig
+from .config import ServerConfig
 from .errors import Forbidden, Unauthorized
+from .rate_limits import Identity, RateLimiter
 
 
 def key_digest(key: str) -> str:
@@ -29,8 +30,35 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
 
 
 class Authenticator:
-    def __init__(self, config: AuthConfig) -> None:
-        self.config = config
+    def __init__(self, config: ServerConfig, limiter: RateLimiter) -> None:
+        self.config = config.auth
+        self._by_digest: dict[str, tuple[str, Identity]] = {
+            t.key_sha256: (t.key_sha256, limiter.identity(t.name, t.tier, t.rate_per_s, t.burst)) for t in config.tenants
+        }
+        if not self.config.enabled:
+            lowest = config.tiers[-1].name
+            self._anonymous: Identity | None = limiter.identity("anonymous", lowest)
+        elif self.config.anonymous_tier is not None:
+            self._anonymous = limiter.identity("anonymous", self.config.anonymous_tier)
+        else:
+            self._anonymous = None
+
+    def identify(self, headers: Mapping[str, str]) -> Identity:
+        """The caller's tenant and tier; raises Unauthorized for a wrong key, or a missing one when
+        anonymous requests are refused. Without [auth], everyone is anonymous and keys are ignored."""
+        if not self.config.enabled:
+            return self._anonymous  # type: ignore[return-value]
+        key = presented_key(headers)
+        if key is None:
+            if self._anonymous is None:
+                raise Unauthorized("an API key is required (Authorization: Bearer KEY or X-API-Key)")
+            return self._anonymous
+        digest = key_digest(key)
+        stored, who = self._by_digest.get(digest, ("", None))
+        # Looked up by digest (which reveals nothing usable about the key), then compared in constant time.
+        if who is None or not hmac.compare_digest(digest, stored):
+            raise Unauthorized("unknown API key")
+        return who
 
     def require_admin(self, headers: Mapping[str, str]) -> None:
         """Admin endpoints: the admin key, and nothing else, opens them."""
@@ -40,3 +68,4 @@ class Authenticator:
             raise Unauthorized("this endpoint needs the admin key (Authorization: Bearer KEY)")
         if expected is None or not hmac.compare_digest(key_digest(key), expected):
             raise Forbidden("this key may not use admin endpoints")
+

@@ -21,6 +21,7 @@ import itertools
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from .messages import Batch, PendingRequest, RequestState
@@ -42,6 +43,7 @@ class Batcher:
         max_wait_ms: float,
         max_queue: int,
         loop: asyncio.AbstractEventLoop,
+        tiers: Iterable[tuple[str, float | None]] = (("default", None),),
     ) -> None:
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000.0
@@ -50,7 +52,7 @@ class Batcher:
         self.flushes: Counter[str] = Counter()  # batches by trigger
         self._loop = loop
         self._lock = threading.Lock()
-        self._queue = RequestQueue()
+        self._queue = RequestQueue(tiers)
         self._idle: deque[Worker] = deque()
         self._wake = asyncio.Event()
         self._batch_ids = itertools.count(1)
@@ -62,6 +64,17 @@ class Batcher:
     def depth(self) -> int:
         """Requests waiting for a batch."""
         return self._queue.live
+
+    def depth_by_tier(self) -> dict[str, int]:
+        return self._queue.live_by_tier()
+
+    def depth_ahead_of(self, tier: str) -> int:
+        """Requests a new request of `tier` would wait behind."""
+        return self._queue.live_ahead_of(tier)
+
+    def oldest_age_by_tier(self, now: float) -> dict[str, float]:
+        with self._lock:
+            return self._queue.oldest_age_by_tier(now)
 
     def oldest_age_s(self, now: float) -> float:
         with self._lock:

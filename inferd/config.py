@@ -54,6 +54,32 @@ class AuthConfig:
     admin_key_sha256: str | None = None
 
 
+DEFAULT_TIER_PRIORITIES = {"enterprise": 2, "paid": 1, "free": 0}
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """A class of service. Batches are filled from the highest priority down."""
+
+    name: str
+    priority: int = 0  # defaults: enterprise 2, paid 1, free 0, anything else 0
+    rate_per_s: float | None = None  # token bucket per tenant and model (None: unlimited), at full capacity
+    burst: float | None = None  # bucket size; default max(1, rate_per_s)
+    max_predicted_wait_ms: float | None = None  # refuse new requests past this predicted wait (None: deadline only)
+    promote_after_ms: float | None = None  # starvation guard: waiting this long, a request is served first
+
+
+@dataclass(frozen=True)
+class TenantConfig:
+    """An API key's owner."""
+
+    name: str
+    tier: str
+    key_sha256: str
+    rate_per_s: float | None = None  # overrides the tier's
+    burst: float | None = None
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """The process: where it listens, and the models it serves (the first one is the default)."""
@@ -67,6 +93,8 @@ class ServerConfig:
     access_log_sample_rate: float = 0.01  # share of requests logged; 500 and 504 answers are always logged
     models: tuple[ModelConfig, ...] = ()
     auth: AuthConfig = AuthConfig()
+    tiers: tuple[TierConfig, ...] = (TierConfig("default"),)
+    tenants: tuple[TenantConfig, ...] = ()
 
     @property
     def default_model(self) -> str:
@@ -99,9 +127,9 @@ def load_config(path: str | Path) -> ServerConfig:
 
 
 def parse_config(raw: Mapping[str, Any]) -> ServerConfig:
-    _reject_unknown(raw, {"server", "models", "auth"}, "top level")
+    _reject_unknown(raw, {"server", "models", "auth", "tiers", "tenants"}, "top level")
     server = dict(raw.get("server", {}))
-    _reject_unknown(server, _field_names(ServerConfig) - {"models", "auth"}, "[server]")
+    _reject_unknown(server, _field_names(ServerConfig) - {"models", "auth", "tiers", "tenants"}, "[server]")
     models_raw = raw.get("models", [])
     if not isinstance(models_raw, list) or not models_raw:
         raise ConfigError("at least one [[models]] table is required")
@@ -109,9 +137,58 @@ def parse_config(raw: Mapping[str, Any]) -> ServerConfig:
     names = [m.name for m in models]
     if len(set(names)) != len(names):
         raise ConfigError(f"model names must be unique: {names}")
-    config = ServerConfig(**server, models=models, auth=_parse_auth(raw.get("auth")))
+    tiers = _parse_tiers(raw.get("tiers"))
+    config = ServerConfig(
+        **server,
+        models=models,
+        auth=_parse_auth(raw.get("auth")),
+        tiers=tiers,
+        tenants=_parse_tenants(raw.get("tenants", []), {t.name for t in tiers}),
+    )
     _check_server(config)
     return config
+
+
+def _parse_tiers(raw: Any) -> tuple[TierConfig, ...]:
+    if raw is None:
+        return (TierConfig("default"),)
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError("[tiers] must hold at least one [tiers.NAME] table")
+    tiers = []
+    for name, table in raw.items():
+        where = f"[tiers.{name}]"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where} must be a table")
+        _reject_unknown(table, _field_names(TierConfig) - {"name"}, where)
+        tier = TierConfig(name=name, **{"priority": DEFAULT_TIER_PRIORITIES.get(name, 0), **table})
+        for key in ("rate_per_s", "burst", "max_predicted_wait_ms", "promote_after_ms"):
+            value = getattr(tier, key)
+            if value is not None and (not isinstance(value, (int, float)) or value <= 0):
+                raise ConfigError(f"{where}: `{key}` must be a positive number")
+        tiers.append(tier)
+    return tuple(sorted(tiers, key=lambda t: -t.priority))
+
+
+def _parse_tenants(raw: Any, tier_names: set[str]) -> tuple[TenantConfig, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError("[[tenants]] must be an array of tables")
+    tenants = []
+    for table in raw:
+        where = f"[[tenants]] {table.get('name', '?')!r}" if isinstance(table, dict) else "[[tenants]]"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where} must be a table")
+        _reject_unknown(table, _field_names(TenantConfig), where)
+        for key in ("name", "tier", "key_sha256"):
+            if not isinstance(table.get(key), str):
+                raise ConfigError(f"{where}: `{key}` is required")
+        if table["tier"] not in tier_names:
+            raise ConfigError(f"{where}: unknown tier {table['tier']!r}; tiers: {sorted(tier_names)}")
+        _check_sha256(table["key_sha256"], f"{where} key_sha256")
+        tenants.append(TenantConfig(**{**table, "key_sha256": table["key_sha256"].lower()}))
+    digests = [t.key_sha256 for t in tenants]
+    if len(set(digests)) != len(digests):
+        raise ConfigError("two [[tenants]] share one key")
+    return tuple(tenants)
 
 
 def _parse_auth(raw: Any) -> AuthConfig:
@@ -180,6 +257,12 @@ def _check_server(c: ServerConfig) -> None:
         raise ConfigError("[server] max_body_bytes must be a positive integer")
     if c.grace_period_s < 0:
         raise ConfigError("[server] grace_period_s must be >= 0")
+    tier_names = {t.name for t in c.tiers}
+    anonymous = c.auth.anonymous_tier
+    if anonymous is not None and anonymous not in tier_names:
+        raise ConfigError(f"[auth] anonymous_tier {anonymous!r} is not a tier; tiers: {sorted(tier_names)}")
+    if not c.auth.enabled and "default" not in tier_names:
+        raise ConfigError("[tiers] without [auth]: say which tier anonymous requests get ([auth] anonymous_tier)")
     if not 0.0 <= c.access_log_sample_rate <= 1.0:
         raise ConfigError("[server] access_log_sample_rate must be between 0 and 1")
     if c.access_log.lower() not in ("off", "debug", "info", "warning", "error"):

@@ -11,10 +11,11 @@ class InferdError(Exception):
     status: int = 500
     code: str = "INTERNAL_ERROR"
 
-    def __init__(self, message: str, *, retry_after_ms: int | None = None) -> None:
+    def __init__(self, message: str, *, retry_after_ms: int | None = None, reason: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.retry_after_ms = retry_after_ms
+        self.reason = reason or self.code.lower()  # finer than the code, for metrics (never sent)
 
 
 class InvalidInput(InferdError):

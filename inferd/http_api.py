@@ -32,7 +32,8 @@ from .lifecycle import Lifecycle
 from .messages import PendingRequest
 from .metrics import RequestMetrics
 from .protocol import RequestIds, dumps, parse_inference_body
-from .served_model import DEFAULT_TIER, ServedModel
+from .rate_limits import RateLimiter
+from .served_model import ServedModel
 
 JSON = "application/json"
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
@@ -67,6 +68,7 @@ class HttpApi:
         registry: CollectorRegistry | None,
         access_log: AccessLog,
         auth: Authenticator,
+        limiter: RateLimiter,
         dead_letters: DeadLetters,
     ) -> None:
         self.models = models
@@ -79,6 +81,7 @@ class HttpApi:
         self.registry = registry
         self.access_log = access_log
         self.auth = auth
+        self.limiter = limiter
         self.dead_letter_log = dead_letters
 
         self.routes: dict[str, tuple[str, Handler]] = {
@@ -89,6 +92,7 @@ class HttpApi:
             "/v1/models": ("GET", self.list_models),
             "/v1/stats": ("GET", self.stats),
             "/v1/dead-letters": ("GET", self.dead_letters),
+            "/v1/limits": ("GET", self.limits),
         }
         if registry is not None:
             self.routes["/metrics"] = ("GET", self.prometheus)
@@ -112,9 +116,11 @@ class HttpApi:
         request_id = self.ids.pick(request.headers.get("X-Request-ID"))
         lifecycle = self.lifecycle
         lifecycle.enter()
-        model_name, tier, pending = "-", DEFAULT_TIER, None
+        model_name, tier, pending = "-", "-", None
         try:
             self.admission.check_open()
+            who = self.auth.identify(request.headers)
+            tier = who.tier
             try:
                 body = await request.read()
             except web.HTTPRequestEntityTooLarge:
@@ -124,7 +130,7 @@ class HttpApi:
             if model is None:
                 raise ModelNotFound(f"no model named {call.model!r}; see GET /v1/models")
             model_name = model.name
-            pending = self.admission.admit(model, call, request_id)
+            pending = self.admission.admit(model, call, request_id, who)
             try:
                 output = await pending.future
             except asyncio.CancelledError:
@@ -133,7 +139,7 @@ class HttpApi:
                 raise
         except InferdError as error:
             if error.status in (429, 503) and self.metrics is not None:
-                self.metrics.shed[(model_name, tier, error.code.lower())] += 1
+                self.metrics.shed[(model_name, tier, error.reason)] += 1
             self._record(request_id, model_name, tier, error.status, error.code, started, pending)
             return error_response(error, request_id, close=lifecycle.draining)
         finally:
@@ -188,6 +194,27 @@ class HttpApi:
     async def list_models(self, request: web.BaseRequest) -> web.Response:
         data = [m.describe() for m in self.models.values()]
         return json_response({"object": "list", "data": data}, self.ids.pick(request.headers.get("X-Request-ID")))
+
+    async def limits(self, request: web.BaseRequest) -> web.Response:
+        """The caller's tier, and per model its rate limit now (scaled by capacity) and what is left."""
+        request_id = self.ids.pick(request.headers.get("X-Request-ID"))
+        try:
+            who = self.auth.identify(request.headers)
+        except InferdError as error:
+            return error_response(error, request_id)
+        now = time.monotonic()
+        models = {}
+        for name, model in self.models.items():
+            scale = model.capacity_scale()
+            remaining = self.limiter.remaining(who, name, scale, now)
+            models[name] = {
+                "rate_per_s": None if who.rate_per_s is None else round(who.rate_per_s * scale, 3),
+                "nominal_rate_per_s": who.rate_per_s,
+                "burst": who.burst,
+                "remaining": None if remaining is None else round(remaining, 3),
+                "capacity_scale": round(scale, 3),
+            }
+        return json_response({"tenant": who.tenant, "tier": who.tier, "models": models}, request_id)
 
     async def dead_letters(self, request: web.BaseRequest) -> web.Response:
         """Poison inputs isolated by bisection (admin only): ids, hashes and lengths, never the inputs."""

@@ -33,6 +33,8 @@ class PendingRequest:
     state: RequestState = RequestState.QUEUED
     attempts: int = 0  # backend runs it was part of (a hung or dead worker's batch runs again)
     batch: Batch | None = None  # set when taken, for the response's timing and logs
+    tier: str = "default"
+    tenant: str = "anonymous"
 
 
 @dataclass(slots=True, eq=False)

@@ -23,7 +23,7 @@ from typing import Any
 
 from .backends import build_batch_function
 from .batcher import Batcher
-from .config import ModelConfig
+from .config import ModelConfig, TierConfig
 from .deadlines import DeadlineWheel
 from .errors import DeadlineExceeded, InferdError, InferenceFailed, ModelUnavailable
 from .executor import Worker
@@ -35,7 +35,6 @@ log = logging.getLogger("inferd.model")
 
 _EWMA_ALPHA = 0.2
 BUSY_WINDOW_S = 10.0
-DEFAULT_TIER = "default"
 
 
 class ServedModel:
@@ -45,6 +44,7 @@ class ServedModel:
         loop: asyncio.AbstractEventLoop,
         metrics: RequestMetrics,
         dead_letters: DeadLetters | None = None,
+        tiers: tuple[TierConfig, ...] = (TierConfig("default"),),
     ) -> None:
         self.config = config
         self.metrics = metrics
@@ -56,6 +56,7 @@ class ServedModel:
             max_wait_ms=config.max_wait_ms,
             max_queue=config.max_queue,
             loop=loop,
+            tiers=[(t.name, t.promote_after_ms / 1000.0 if t.promote_after_ms else None) for t in tiers],
         )
         self._build = partial(_build_for_device, config)
         self._busy_samples: dict[str, deque[tuple[float, float]]] = {}
@@ -69,6 +70,7 @@ class ServedModel:
         self.batches = 0
         self.requests_computed = 0
         self.compute_ewma_s = 0.0  # measured seconds per backend call
+        self.peak_capacity_rps = 0.0  # the reference the rate limits are scaled against
         self.batch_sizes: Counter[int] = Counter()
         self.queue_wait = Histogram()
         self.linger = Histogram()
@@ -136,10 +138,10 @@ class ServedModel:
 
     # ---- requests --------------------------------------------------------------------------------
 
-    def submit(self, request_id: str, value: Any, timeout_s: float) -> PendingRequest:
+    def submit(self, request_id: str, value: Any, timeout_s: float, tier: str = "default", tenant: str = "anonymous") -> PendingRequest:
         """Queue one input; raises batcher.QueueFull. The caller awaits `.future`."""
         now = time.monotonic()
-        request = PendingRequest(request_id, value, now, now + timeout_s, self.loop.create_future())
+        request = PendingRequest(request_id, value, now, now + timeout_s, self.loop.create_future(), tier=tier, tenant=tenant)
         self.batcher.submit(request)
         self.deadlines.add(request)
         return request
@@ -154,7 +156,7 @@ class ServedModel:
         left_queue = self.batcher.withdraw(request, RequestState.EXPIRED)
         if not request.future.done():
             queued = left_queue or request.state is RequestState.EXPIRED
-            self.metrics.shed[(self.name, DEFAULT_TIER, "deadline_queued" if queued else "deadline_computing")] += 1
+            self.metrics.shed[(self.name, request.tier, "deadline_queued" if queued else "deadline_computing")] += 1
             where = "while queued" if queued else "while computing"
             request.future.set_exception(DeadlineExceeded(f"deadline passed {where}"))
 
@@ -210,7 +212,7 @@ class ServedModel:
         log.error("model %s: circuit breaker open for %d ms after repeated failures", self.name, cooldown_ms)
         error = ModelUnavailable(f"model {self.name} is failing; retry later or elsewhere", retry_after_ms=cooldown_ms)
         for request in self.batcher.withdraw_all():
-            self.metrics.shed[(self.name, DEFAULT_TIER, "breaker_open")] += 1
+            self.metrics.shed[(self.name, request.tier, "breaker_open")] += 1
             self._fail(request, error)
 
     # ---- hangs and dead workers (on the loop) ----------------------------------------------------
@@ -280,7 +282,7 @@ class ServedModel:
 
     def depth_by_tier(self, now: float) -> tuple[dict[str, int], dict[str, float]]:
         """Waiting requests and the oldest one's age, per tier."""
-        return {DEFAULT_TIER: self.batcher.depth}, {DEFAULT_TIER: self.batcher.oldest_age_s(now)}
+        return self.batcher.depth_by_tier(), self.batcher.oldest_age_by_tier(now)
 
     def sample_busy(self, now: float) -> None:
         """Called every second or so: keeps a window of each worker's busy time for the busy ratio."""
@@ -304,21 +306,36 @@ class ServedModel:
         return max(0.0, min(1.0, (worker.busy_total_s(now) - busy_then) / (now - then)))
 
     def capacity_rps(self) -> float:
-        """Requests per second the ready workers sustain with full batches at the measured batch time."""
+        """Requests/s the healthy workers sustain: full batches at the measured batch time, per worker."""
         if not self.compute_ewma_s:
             return 0.0
-        return self.ready_workers * self.config.max_batch_size / self.compute_ewma_s
+        capacity = self.ready_workers * self.config.max_batch_size / self.compute_ewma_s
+        self.peak_capacity_rps = max(self.peak_capacity_rps, capacity)
+        return capacity
 
-    def predicted_wait_s(self) -> float:
-        """How long a request queued now would wait before its batch starts."""
+    def capacity_scale(self) -> float:
+        """Capacity now as a share of the best measured: what rate limits are multiplied by."""
         capacity = self.capacity_rps()
-        depth = self.batcher.depth
-        if capacity <= 0:
-            return math.inf if depth else 0.0
-        return depth / capacity
+        return capacity / self.peak_capacity_rps if self.peak_capacity_rps else 1.0
 
-    def retry_after_ms(self) -> int:
-        wait = self.predicted_wait_s()
+    def predicted_wait_s(self, tier: str | None = None, now: float | None = None) -> float:
+        """How long a request of `tier` (default: the lowest) queued now would wait before its batch starts:
+        until a worker frees, then one batch time per full round of the requests ahead of it."""
+        healthy = self.ready_workers
+        if healthy == 0 or not self.compute_ewma_s:
+            return math.inf if self.batcher.depth else 0.0
+        now = time.monotonic() if now is None else now
+        ahead = self.batcher.depth if tier is None else self.batcher.depth_ahead_of(tier)
+        busy = [w.current for w in self.workers if w.healthy and w.current is not None]
+        if len(busy) < healthy:
+            first_free = 0.0
+        else:
+            first_free = min(max(0.0, self.compute_ewma_s - (now - b.started_at)) for b in busy)
+        rounds = ahead // (self.config.max_batch_size * healthy)
+        return first_free + rounds * self.compute_ewma_s
+
+    def retry_after_ms(self, tier: str | None = None) -> int:
+        wait = self.predicted_wait_s(tier)
         if math.isinf(wait):
             return 1000
         return max(1, min(60_000, math.ceil(wait * 1000)))

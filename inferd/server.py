@@ -26,6 +26,7 @@ from .faults import DeadLetters
 from .http_api import HttpApi
 from .lifecycle import Lifecycle, Phase
 from .metrics import InferdCollector, RequestMetrics, build_registry
+from .rate_limits import RateLimiter
 from .served_model import ServedModel
 
 log = logging.getLogger("inferd.server")
@@ -46,19 +47,23 @@ class InferenceServer:
         config = self.config
         request_metrics = RequestMetrics()
         self.dead_letters = DeadLetters()
-        self.models = {m.name: ServedModel(m, loop, request_metrics, self.dead_letters) for m in config.models}
+        self.models = {
+            m.name: ServedModel(m, loop, request_metrics, self.dead_letters, config.tiers) for m in config.models
+        }
+        limiter = RateLimiter(config)
         for model in self.models.values():
             model.start()
         api = HttpApi(
             models=self.models,
             default_model=self.config.default_model,
-            admission=Admission(self.lifecycle),
+            admission=Admission(self.lifecycle, limiter, config.tiers),
             lifecycle=self.lifecycle,
             max_body_bytes=config.max_body_bytes,
             metrics=request_metrics if config.metrics else None,
             registry=build_registry(InferdCollector(self.models, request_metrics, self.lifecycle)) if config.metrics else None,
             access_log=AccessLog(config.access_log, config.access_log_sample_rate),
-            auth=Authenticator(config.auth),
+            auth=Authenticator(config, limiter),
+            limiter=limiter,
             dead_letters=self.dead_letters,
         )
         max_body = self.config.max_body_bytes

@@ -15,7 +15,7 @@ from . import fault_backends
 from .conftest import infer, running_server, sim_model
 
 ADMIN_KEY = "admin-secret-key"
-ADMIN = AuthConfig(enabled=True, anonymous_tier="free", admin_key_sha256=hashlib.sha256(ADMIN_KEY.encode()).hexdigest())
+ADMIN = AuthConfig(enabled=True, anonymous_tier="default", admin_key_sha256=hashlib.sha256(ADMIN_KEY.encode()).hexdigest())
 
 
 @pytest.fixture(autouse=True)

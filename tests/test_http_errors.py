@@ -82,26 +82,42 @@ async def test_full_queue_gets_503_with_retry_after_and_nothing_hangs(http):
                 assert int(headers["Retry-After"]) >= 1
 
 
+def slow_on_marker(**kw):
+    """Batches holding SLOW take 600 ms more than the model's usual 20 ms: a request admitted on the usual
+    figure then waits far longer than predicted."""
+    return sim_model(backend="inferd.backends.faulty:create", latency_ms=20, max_batch_size=1, max_wait_ms=0,
+                     options={"slow_marker": "SLOW", "slow_ms": 600}, **kw)
+
+
 async def test_deadline_gives_504_and_the_expired_request_is_never_computed(http):
-    model = sim_model(latency_ms=300, max_batch_size=1, max_wait_ms=0)
-    async with running_server(model) as srv:
-        busy = asyncio.create_task(infer(http, srv.url, {"input": "occupies-the-worker"}))
+    async with running_server(slow_on_marker()) as srv:
+        busy = asyncio.create_task(infer(http, srv.url, {"input": "SLOW occupies-the-worker"}))
         await asyncio.sleep(0.05)
-        status, payload, _ = await infer(http, srv.url, {"input": "too-late", "timeout_ms": 100})
+        status, payload, _ = await infer(http, srv.url, {"input": "too-late", "timeout_ms": 200})
         assert_error(status, payload, 504, "DEADLINE_EXCEEDED")
+        assert "while queued" in payload["message"]
         assert (await busy)[0] == 200
         await infer(http, srv.url, {"input": "next"})
         assert backend_of(srv).computed["too-late"] == 0
 
 
+async def test_a_request_that_cannot_meet_its_deadline_is_refused_at_once(http):
+    async with running_server(sim_model(latency_ms=200, max_batch_size=1, max_wait_ms=0)) as srv:
+        status, payload, headers = await infer(http, srv.url, {"input": "hopeless", "timeout_ms": 50})
+        assert_error(status, payload, 503, "SERVICE_OVERLOADED")
+        assert "deadline" in payload["message"] and payload["retry_after_ms"] >= 1
+        assert backend_of(srv).computed["hopeless"] == 0
+
+
 async def test_timeout_above_the_maximum_is_capped(http):
-    model = sim_model(latency_ms=300, max_batch_size=1, max_wait_ms=0, timeout_ms=100, max_timeout_ms=150)
-    async with running_server(model) as srv:
-        busy = asyncio.create_task(infer(http, srv.url, {"input": "busy", "timeout_ms": 150}))
+    async with running_server(slow_on_marker(timeout_ms=100, max_timeout_ms=150)) as srv:
+        busy = asyncio.create_task(infer(http, srv.url, {"input": "SLOW busy", "timeout_ms": 150}))
         await asyncio.sleep(0.02)
+        started = asyncio.get_running_loop().time()
         status, payload, _ = await infer(http, srv.url, {"input": "capped", "timeout_ms": 10**9})
         assert_error(status, payload, 504, "DEADLINE_EXCEEDED")
-        assert (await busy)[0] == 504  # its own 150 ms ran out during the 300 ms batch
+        assert asyncio.get_running_loop().time() - started < 0.5  # 150 ms, not a billion
+        assert (await busy)[0] == 504  # its own 150 ms ran out during the 620 ms batch
 
 
 async def test_backend_error_gives_500_for_that_batch_only(http):

@@ -69,9 +69,10 @@ async def test_shed_and_expired_requests_are_counted(http):
         )
         statuses = sorted(s for s, _, _ in results)
         f = await scrape(http, srv.url)
-        shed = sum(s.value for s in f["inferd_shed"] if s.labels.get("reason") == "service_overloaded")
+        overload_reasons = {"queue_full", "deadline_infeasible", "tier_predicted_wait"}
+        shed = sum(s.value for s in f["inferd_shed"] if s.labels.get("reason") in overload_reasons)
         assert shed == statuses.count(503) > 0
-        expired = sum(s.value for s in f["inferd_shed"] if s.labels.get("reason", "").startswith("deadline"))
+        expired = sum(s.value for s in f["inferd_shed"] if s.labels.get("reason") in ("deadline_queued", "deadline_computing"))
         assert expired == statuses.count(504)
 
 
