@@ -66,7 +66,7 @@ async def soak(url: str, rate: float, duration_s: float, poison_share: float) ->
             async with session.post(f"{url}/v1/inference", json={"input": text}, headers={"X-Request-ID": rid}) as resp:
                 body = await resp.json(content_type=None)
                 status = resp.status
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             tally[f"no_answer:{type(exc).__name__}"] += 1
             return
         tally[str(status)] += 1

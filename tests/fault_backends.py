@@ -34,6 +34,7 @@ def switchable(device: str, options: Mapping[str, Any]):
     gpu = SimulatedGPU(latency_ms=float(options.get("latency_ms", 20)), max_batch_size=int(options.get("max_batch_size", 100)),
                        name=device, record_inputs=True)
     hang_s = float(options.get("hang_s", 3600))
+    time.sleep(float(options.get("startup_delay_ms", 0)) / 1000.0)
 
     def run(inputs: list[str]) -> list[str]:
         if any("HANG" in text for text in inputs) and not hung_once.is_set():
