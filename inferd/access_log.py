@@ -83,5 +83,6 @@ class AccessLog:
                 worker=batch.worker,
                 queue_ms=round((batch.started_at - pending.enqueued_at) * 1000, 3),  # type: ignore[union-attr]
                 compute_ms=round(batch.compute_s * 1000, 3),
+                bucket=pending.bucket,  # type: ignore[union-attr]
             )
         log.log(logging.WARNING if must else self.level, orjson.dumps(line).decode())

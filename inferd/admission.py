@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 from .batcher import QueueFull
 from .config import TierConfig
@@ -34,7 +35,8 @@ class Admission:
         if self.lifecycle.draining:
             raise Draining("server is shutting down; retry on another instance", retry_after_ms=1000)
 
-    def admit(self, model: ServedModel, call: InferenceCall, request_id: str, who: Identity) -> PendingRequest:
+    def check(self, model: ServedModel, call: InferenceCall, who: Identity) -> float:
+        """Every refusal that needs no work on the input; returns the request's timeout in seconds."""
         self.check_open()
         config = model.config
         if len(call.input) > config.max_input_chars:
@@ -55,11 +57,17 @@ class Admission:
         timeout_ms = config.timeout_ms if call.timeout_ms is None else min(call.timeout_ms, config.max_timeout_ms)
         self.limiter.check(who, model.name, model.capacity_scale(), now)
         self._shed_by_predicted_wait(model, who.tier, timeout_ms / 1000.0, now)
+        return timeout_ms / 1000.0
+
+    def enqueue(
+        self, model: ServedModel, request_id: str, who: Identity, timeout_s: float, value: Any, bucket: int, raw: str
+    ) -> PendingRequest:
+        """Queue the (prepared) input; the queue bound is checked atomically here."""
         try:
-            return model.submit(request_id, call.input, timeout_ms / 1000.0, who.tier, who.tenant)
+            return model.submit(request_id, value, timeout_s, who.tier, who.tenant, bucket, raw if value is not raw else None)
         except QueueFull:
             raise ServiceOverloaded(
-                f"model {model.name} has {config.max_queue} requests waiting",
+                f"model {model.name} has {model.config.max_queue} requests waiting",
                 retry_after_ms=model.retry_after_ms(who.tier),
                 reason="queue_full",
             ) from None

@@ -12,6 +12,10 @@ with the same rule (`_due`) under one lock:
 
 The linger is counted from the oldest waiting request, so a request that already waited while the
 workers were busy is not made to wait again.
+
+Requests carry a bucket key (e.g. a token-length bucket, from the backend's `prepare`); each bucket
+has its own queue and a batch never mixes buckets. A full bucket goes first, otherwise the bucket
+holding the oldest request.
 """
 
 from __future__ import annotations
@@ -52,7 +56,8 @@ class Batcher:
         self.flushes: Counter[str] = Counter()  # batches by trigger
         self._loop = loop
         self._lock = threading.Lock()
-        self._queue = RequestQueue(tiers)
+        self._tiers = list(tiers)
+        self._queues: dict[int, RequestQueue] = {0: RequestQueue(self._tiers)}  # by bucket
         self._idle: deque[Worker] = deque()
         self._wake = asyncio.Event()
         self._batch_ids = itertools.count(1)
@@ -63,23 +68,25 @@ class Batcher:
     @property
     def depth(self) -> int:
         """Requests waiting for a batch."""
-        return self._queue.live
+        return sum(q.live for q in self._queues.values())
 
     def depth_by_tier(self) -> dict[str, int]:
-        return self._queue.live_by_tier()
+        totals: Counter[str] = Counter()
+        for q in self._queues.values():
+            totals.update(q.live_by_tier())
+        return dict(totals)
 
     def depth_ahead_of(self, tier: str) -> int:
         """Requests a new request of `tier` would wait behind."""
-        return self._queue.live_ahead_of(tier)
+        return sum(q.live_ahead_of(tier) for q in self._queues.values())
 
     def oldest_age_by_tier(self, now: float) -> dict[str, float]:
+        ages: dict[str, float] = {}
         with self._lock:
-            return self._queue.oldest_age_by_tier(now)
-
-    def oldest_age_s(self, now: float) -> float:
-        with self._lock:
-            oldest = self._queue.oldest()
-        return now - oldest.enqueued_at if oldest else 0.0
+            for q in self._queues.values():
+                for tier, age in q.oldest_age_by_tier(now).items():
+                    ages[tier] = max(age, ages.get(tier, 0.0))
+        return ages
 
     def submit(self, request: PendingRequest) -> None:
         """Queue a request; raises QueueFull when `max_queue` requests already wait."""
@@ -87,16 +94,18 @@ class Batcher:
         batch: Batch | None = None
         wake = False
         with self._lock:
-            queue = self._queue
-            if queue.live >= self.max_queue:
+            if self.depth >= self.max_queue:
                 raise QueueFull
+            queue = self._queues.get(request.bucket)
+            if queue is None:
+                queue = self._queues[request.bucket] = RequestQueue(self._tiers)
             queue.append(request)
             if self._idle:
-                trigger = self._due(request.enqueued_at, "linger")[0]
+                trigger, _, due_queue = self._due(request.enqueued_at, "linger")
                 if trigger is None:
-                    wake = queue.live == 1  # the first waiting request starts the linger clock
+                    wake = queue.live == 1  # the first waiting request of a bucket may start the linger clock
                 else:
-                    batch = self._take(trigger, request.enqueued_at)
+                    batch = self._take(trigger, request.enqueued_at, due_queue)
                     if batch is not None:
                         worker = self._idle.popleft()
         if worker is not None:
@@ -107,17 +116,18 @@ class Batcher:
     def withdraw(self, request: PendingRequest, new_state: RequestState) -> bool:
         """Remove a request that is still waiting (client gone, deadline passed). False if it left already."""
         with self._lock:
-            return self._queue.remove(request, new_state)
+            return self._queues[request.bucket].remove(request, new_state)
 
     def withdraw_all(self) -> list[PendingRequest]:
         """Remove every waiting request (the model stopped taking work)."""
         with self._lock:
-            return list(self._queue.drain())
+            return [r for q in self._queues.values() for r in q.drain()]
 
     def requeue_front(self, requests: list[PendingRequest]) -> None:
         """Put requests of a batch that must run again at the head of the queue."""
         with self._lock:
-            self._queue.appendleft(requests)
+            for bucket in {r.bucket for r in requests}:
+                self._queues[bucket].appendleft([r for r in requests if r.bucket == bucket])
         self._wake.set()
 
     def stop(self) -> list[PendingRequest]:
@@ -125,7 +135,7 @@ class Batcher:
         with self._lock:
             self._stopped = True
             idle, self._idle = list(self._idle), deque()
-            leftover = list(self._queue.drain())
+            leftover = [r for q in self._queues.values() for r in q.drain()]
         for worker in idle:
             worker.give(None)
         self._wake.set()
@@ -140,11 +150,11 @@ class Batcher:
                 now = time.monotonic()
                 worker = batch = None
                 with self._lock:
-                    if not self._idle or not self._queue.live:
+                    if not self._idle or not self.depth:
                         break
-                    trigger, due_at = self._due(now, "linger")
+                    trigger, due_at, due_queue = self._due(now, "linger")
                     if trigger is not None:
-                        batch = self._take(trigger, now)
+                        batch = self._take(trigger, now, due_queue)
                         if batch is not None:
                             worker = self._idle.popleft()
                 if trigger is not None:
@@ -165,15 +175,15 @@ class Batcher:
         with self._lock:
             if self._stopped:
                 return None
-            trigger = self._due(now, "idle_worker")[0]
+            trigger, _, due_queue = self._due(now, "idle_worker")
             if trigger is not None:
-                batch = self._take(trigger, now)
+                batch = self._take(trigger, now, due_queue)
                 if batch is not None:
                     worker.parked = False
                     return batch
             self._idle.append(worker)
             worker.parked_at = now
-            needs_timer = self._queue.live > 0
+            needs_timer = self.depth > 0
         if needs_timer:
             self._loop.call_soon_threadsafe(self._wake.set)
         worker.parked = True
@@ -181,27 +191,31 @@ class Batcher:
 
     # ---- the rule (lock held) --------------------------------------------------------------------
 
-    def _due(self, now: float, on_linger: str) -> tuple[str | None, float]:
-        """(trigger, when): the trigger if a batch is due now, else None and the time it will be."""
-        queue = self._queue
-        if queue.live >= self.max_batch_size:
-            return "full", now
-        oldest = queue.oldest()
+    def _due(self, now: float, on_linger: str) -> tuple[str | None, float, RequestQueue | None]:
+        """(trigger, when, bucket queue): the trigger if a batch is due now, else None and when it will be."""
+        oldest: PendingRequest | None = None
+        oldest_queue: RequestQueue | None = None
+        for queue in self._queues.values():
+            if queue.live >= self.max_batch_size:
+                return "full", now, queue
+            head = queue.oldest() if queue.live else None
+            if head is not None and (oldest is None or head.enqueued_at < oldest.enqueued_at):
+                oldest, oldest_queue = head, queue
         if oldest is None:
-            return None, float("inf")
+            return None, float("inf"), None
         linger_end = oldest.enqueued_at + self.max_wait_s
         if now >= linger_end:
-            return on_linger, now
+            return on_linger, now, oldest_queue
         # Flush early if lingering on would make the oldest request miss a deadline it can still meet.
         deadline_end = oldest.deadline - self.expected_compute_s
         if deadline_end <= oldest.enqueued_at:
-            return None, linger_end  # it cannot be met even at once: lingering changes nothing
+            return None, linger_end, None  # it cannot be met even at once: lingering changes nothing
         if now >= deadline_end:
-            return "deadline", now
-        return None, min(linger_end, deadline_end)
+            return "deadline", now, oldest_queue
+        return None, min(linger_end, deadline_end), None
 
-    def _take(self, trigger: str, now: float) -> Batch | None:
-        requests = self._queue.take(self.max_batch_size, now)
+    def _take(self, trigger: str, now: float, queue: RequestQueue | None) -> Batch | None:
+        requests = queue.take(self.max_batch_size, now) if queue is not None else []
         if not requests:
             return None  # everything due had expired
         self.flushes[trigger] += 1

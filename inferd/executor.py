@@ -111,9 +111,11 @@ class Worker:
     def _run(self) -> None:
         try:
             fn = self._build(self.device)
-            if self._warmup_inputs:
+            warmups = getattr(fn, "warmup_batches", None)
+            batches = warmups() if warmups is not None else [self._warmup_inputs] if self._warmup_inputs else []
+            for batch in batches:  # e.g. one per length bucket: every shape is compiled before serving
                 started = time.monotonic()
-                check_outputs(fn(list(self._warmup_inputs)), len(self._warmup_inputs))
+                check_outputs(fn(list(batch)), len(batch))
                 self.warmup_s = time.monotonic() - started
         except BaseException as exc:  # noqa: BLE001 - reported to the loop, the model stays not ready
             log.exception("worker %s failed to start", self.name)

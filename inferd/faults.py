@@ -94,7 +94,8 @@ class DeadLetters:
         self.total = 0
 
     def add(self, request: PendingRequest, model: str, error: BaseException) -> None:
-        text = request.input if isinstance(request.input, str) else repr(request.input)
+        text = request.raw if request.raw is not None else request.input
+        text = text if isinstance(text, str) else repr(text)
         self.total += 1
         self._entries.append(
             {

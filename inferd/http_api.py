@@ -130,7 +130,12 @@ class HttpApi:
             if model is None:
                 raise ModelNotFound(f"no model named {call.model!r}; see GET /v1/models")
             model_name = model.name
-            pending = self.admission.admit(model, call, request_id, who)
+            timeout_s = self.admission.check(model, call, who)
+            if model.preparer is None:
+                value, bucket = call.input, 0
+            else:
+                value, bucket = await model.prepare(call.input)
+            pending = self.admission.enqueue(model, request_id, who, timeout_s, value, bucket, call.input)
             try:
                 output = await pending.future
             except asyncio.CancelledError:

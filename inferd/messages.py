@@ -35,6 +35,8 @@ class PendingRequest:
     batch: Batch | None = None  # set when taken, for the response's timing and logs
     tier: str = "default"
     tenant: str = "anonymous"
+    bucket: int = 0  # batches never mix buckets (e.g. token-length buckets)
+    raw: str | None = None  # the client's input, when `input` is what the backend's `prepare` made of it
 
 
 @dataclass(slots=True, eq=False)

@@ -58,4 +58,5 @@ class RequestIds:
 
 
 def dumps(payload: Any) -> bytes:
-    return orjson.dumps(payload)
+    """JSON bytes; numpy arrays (e.g. embeddings) are written directly, without a list of floats in between."""
+    return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -25,7 +25,7 @@ from .backends import build_batch_function
 from .batcher import Batcher
 from .config import ModelConfig, TierConfig
 from .deadlines import DeadlineWheel
-from .errors import DeadlineExceeded, InferdError, InferenceFailed, ModelUnavailable
+from .errors import DeadlineExceeded, InferdError, InferenceFailed, InvalidInput, ModelUnavailable
 from .executor import Worker
 from .faults import BatchLatencies, BreakerState, CircuitBreaker, DeadLetters
 from .messages import Batch, PendingRequest, RequestState
@@ -65,6 +65,7 @@ class ServedModel:
         self.breaker = CircuitBreaker(config.breaker_failures, config.breaker_cooldown_ms / 1000.0)
         self.latencies = BatchLatencies(config.batch_timeout_ms / 1000.0)
         self.warmed = False  # every configured worker has been ready once
+        self.preparer: Any = None  # the backend's `prepare(text) -> (input, bucket)`, if it tokenises on the way in
         self.start_error: BaseException | None = None
         self.replacements = 0
         self.batches = 0
@@ -138,10 +139,33 @@ class ServedModel:
 
     # ---- requests --------------------------------------------------------------------------------
 
-    def submit(self, request_id: str, value: Any, timeout_s: float, tier: str = "default", tenant: str = "anonymous") -> PendingRequest:
+    async def prepare(self, text: str) -> tuple[Any, int]:
+        """Run `prepare` on the loop for short inputs, in a thread for long ones (it costs per character)."""
+        prepare = self.preparer
+        if prepare is None:
+            return text, 0  # (callers skip the await when there is no preparer)
+        try:
+            if len(text) < 2000:
+                return prepare(text)
+            return await self.loop.run_in_executor(None, prepare, text)
+        except Exception as exc:  # noqa: BLE001 - the input is at fault
+            raise InvalidInput(f"model {self.name} cannot read this input: {type(exc).__name__}: {exc}"[:300]) from None
+
+    def submit(
+        self,
+        request_id: str,
+        value: Any,
+        timeout_s: float,
+        tier: str = "default",
+        tenant: str = "anonymous",
+        bucket: int = 0,
+        raw: str | None = None,
+    ) -> PendingRequest:
         """Queue one input; raises batcher.QueueFull. The caller awaits `.future`."""
         now = time.monotonic()
-        request = PendingRequest(request_id, value, now, now + timeout_s, self.loop.create_future(), tier=tier, tenant=tenant)
+        request = PendingRequest(
+            request_id, value, now, now + timeout_s, self.loop.create_future(), tier=tier, tenant=tenant, bucket=bucket, raw=raw
+        )
         self.batcher.submit(request)
         self.deadlines.add(request)
         return request
@@ -268,6 +292,8 @@ class ServedModel:
         if not self.compute_ewma_s:  # the warm-up call is the first measurement
             self.compute_ewma_s = worker.warmup_s
             self.batcher.expected_compute_s = self.compute_ewma_s
+        if self.preparer is None:
+            self.preparer = getattr(worker.backend, "prepare", None)
         if not self.warmed and all(w.ready for w in self.workers):
             self.warmed = True
             log.info("model %s ready: %d workers", self.name, len(self.workers))
