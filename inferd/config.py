@@ -88,6 +88,9 @@ class ServerConfig:
     port: int = 8000
     max_body_bytes: int = 1 << 20
     grace_period_s: float = 30.0  # how long admitted requests get to finish after SIGTERM
+    lame_duck_s: float = 0.0  # after SIGTERM, keep serving this long while health checks notice /readyz 503
+    agent_port: int | None = None  # HAProxy agent-check port (weight from predicted wait); None: off
+    agent_full_wait_ms: float = 1000.0  # predicted wait at which the agent's weight bottoms out at 1%
     metrics: bool = True  # record metrics and serve GET /metrics
     access_log: str = "info"  # level of the JSON access log lines, or "off"
     access_log_sample_rate: float = 0.01  # share of requests logged; 500 and 504 answers are always logged
@@ -255,8 +258,10 @@ def _check_server(c: ServerConfig) -> None:
         raise ConfigError(f"[server] port out of range: {c.port!r}")
     if not isinstance(c.max_body_bytes, int) or c.max_body_bytes <= 0:
         raise ConfigError("[server] max_body_bytes must be a positive integer")
-    if c.grace_period_s < 0:
-        raise ConfigError("[server] grace_period_s must be >= 0")
+    if c.grace_period_s < 0 or c.lame_duck_s < 0:
+        raise ConfigError("[server] grace_period_s and lame_duck_s must be >= 0")
+    if c.agent_port is not None and (not isinstance(c.agent_port, int) or not 0 <= c.agent_port < 65536):
+        raise ConfigError("[server] agent_port out of range")
     tier_names = {t.name for t in c.tiers}
     anonymous = c.auth.anonymous_tier
     if anonymous is not None and anonymous not in tier_names:

@@ -113,7 +113,8 @@ class HttpApi:
 
     async def inference(self, request: web.BaseRequest) -> web.Response:
         started = time.monotonic()
-        request_id = self.ids.pick(request.headers.get("X-Request-ID"))
+        headers = request.headers
+        request_id = self.ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key"))
         lifecycle = self.lifecycle
         lifecycle.enter()
         model_name, tier, pending = "-", "-", None
@@ -192,7 +193,7 @@ class HttpApi:
     async def readyz(self, request: web.BaseRequest) -> web.Response:
         request_id = self.ids.pick(request.headers.get("X-Request-ID"))
         models = {name: _readiness(m) for name, m in self.models.items()}
-        ready = not self.lifecycle.draining and all(m.ready for m in self.models.values())
+        ready = self.lifecycle.serving and all(m.ready for m in self.models.values())
         payload = {"ready": ready, "phase": self.lifecycle.phase.value, "models": models}
         return json_response(payload, request_id, status=200 if ready else 503)
 

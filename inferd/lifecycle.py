@@ -9,7 +9,8 @@ from enum import Enum
 class Phase(Enum):
     STARTING = "starting"
     SERVING = "serving"
-    DRAINING = "draining"
+    LAME_DUCK = "lame_duck"  # after SIGTERM: not ready (health checks notice), still serving
+    DRAINING = "draining"  # new requests refused; admitted ones finish
 
 
 class Lifecycle:
@@ -22,6 +23,11 @@ class Lifecycle:
     @property
     def draining(self) -> bool:
         return self.phase is Phase.DRAINING
+
+    @property
+    def serving(self) -> bool:
+        """Should load balancers send traffic here (readiness)?"""
+        return self.phase is Phase.SERVING
 
     def enter(self) -> None:
         self.in_flight += 1

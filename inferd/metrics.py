@@ -152,7 +152,7 @@ class InferdCollector(Collector):
         yield GaugeMetricFamily("inferd_predicted_wait_max_seconds", "Worst predicted wait across models.",
                                 value=min(worst_wait, 1e9))
         yield GaugeMetricFamily("inferd_ready", "1 when every model is ready and the server is not draining.",
-                                value=float(not self.lifecycle.draining and all(m.ready for m in models.values())))
+                                value=float(self.lifecycle.serving and all(m.ready for m in models.values())))
 
 
 def _histograms(name: str, doc: str, per_model: dict[str, Histogram]) -> HistogramMetricFamily:

@@ -18,6 +18,7 @@ import uvloop
 from aiohttp import web
 
 from .access_log import AccessLog
+from .agent_check import start_agent_check
 from .admission import Admission
 from .auth import Authenticator
 from .config import ServerConfig
@@ -38,6 +39,7 @@ class InferenceServer:
         self.lifecycle = Lifecycle()
         self.models: dict[str, ServedModel] = {}
         self._runner: web.ServerRunner | None = None
+        self._agent: asyncio.Server | None = None
         self._stopped = False
 
     async def start(self) -> None:
@@ -76,6 +78,10 @@ class InferenceServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port, backlog=4096, reuse_address=True)
         await site.start()
+        if self.config.agent_port is not None:
+            self._agent = await start_agent_check(
+                self.config.host, self.config.agent_port, self.models, self.lifecycle, self.config.agent_full_wait_ms
+            )
         self.lifecycle.phase = Phase.SERVING
         log.info("inferd listening on %s", self.url)
 
@@ -105,6 +111,10 @@ class InferenceServer:
         if self._stopped:
             return True
         self._stopped = True
+        if self.config.lame_duck_s > 0:
+            self.lifecycle.phase = Phase.LAME_DUCK
+            log.info("lame duck: /readyz 503, serving on for %.1f s", self.config.lame_duck_s)
+            await asyncio.sleep(self.config.lame_duck_s)
         self.lifecycle.phase = Phase.DRAINING
         log.info("draining: %d requests in flight, grace period %.1f s", self.lifecycle.in_flight, self.config.grace_period_s)
         drained = await self.lifecycle.wait_idle(self.config.grace_period_s)
@@ -113,6 +123,8 @@ class InferenceServer:
         reason = Draining("server shut down before this request ran; retry on another instance", retry_after_ms=1000)
         await asyncio.gather(*(m.stop(reason) for m in self.models.values()))
         await self.lifecycle.wait_idle(1.0)  # let handlers write those last answers
+        if self._agent is not None:
+            self._agent.close()
         if self._runner is not None:
             await self._runner.cleanup()
         log.info("stopped")
