@@ -39,8 +39,9 @@ async def test_lame_duck_keeps_serving_while_not_ready(http):
         await asyncio.sleep(0.05)
         async with http.get(f"{url}/readyz") as resp:
             assert resp.status == 503 and (await resp.json())["phase"] == "lame_duck"
+        await asyncio.sleep(0.25)
         served = asyncio.create_task(infer(http, url, {"input": "still served"}))  # in flight past the lame duck
-        await asyncio.sleep(0.45)
+        await asyncio.sleep(0.2)
         status, body, _ = await infer(http, url, {"input": "now refused"})
         assert (status, body["error"]) == (503, "DRAINING")
         assert (await served)[0] == 200
