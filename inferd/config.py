@@ -23,6 +23,7 @@ class ModelConfig:
 
     name: str
     backend: str  # "package.module:callable", or "package.module" for its `create` factory
+    kind: str = "batch"  # "batch": our batcher and executor threads; "generation": a vLLM engine
     max_batch_size: int = 32
     max_wait_ms: float = 5.0  # linger, counted from the oldest waiting request
     workers: int = 1  # executor threads, one per GPU
@@ -38,6 +39,8 @@ class ModelConfig:
     max_isolation_calls: int = 32  # extra backend calls allowed to find the poison inputs of a failed batch
     breaker_failures: int = 5  # consecutive batches that fail outright before the model stops being fed
     breaker_cooldown_ms: int = 5_000  # then, how long before one probe batch is let through
+    max_waiting_requests: int = 256  # generation: requests without a first token yet, before 503
+    max_waiting_prompt_tokens: int = 65_536  # generation: their prompt tokens, before 503
     options: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -234,7 +237,10 @@ def _check_model(m: ModelConfig, where: str) -> None:
     positive_ints = (
         "max_batch_size", "workers", "max_queue", "timeout_ms", "max_timeout_ms", "max_input_chars",
         "batch_timeout_ms", "max_batch_attempts", "breaker_failures", "breaker_cooldown_ms",
+        "max_waiting_requests", "max_waiting_prompt_tokens",
     )
+    if m.kind not in ("batch", "generation"):
+        raise ConfigError(f"{where}: `kind` must be batch or generation")
     for key in positive_ints:
         value = getattr(m, key)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -12,8 +12,9 @@ import math
 import resource
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -34,6 +35,9 @@ from .metrics import RequestMetrics
 from .protocol import RequestIds, dumps, parse_inference_body
 from .rate_limits import RateLimiter
 from .served_model import ServedModel
+
+if TYPE_CHECKING:
+    from .generation import GenerationModel
 
 JSON = "application/json"
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
@@ -60,6 +64,7 @@ class HttpApi:
         self,
         *,
         models: dict[str, ServedModel],
+        generators: dict[str, GenerationModel],
         default_model: str,
         admission: Admission,
         lifecycle: Lifecycle,
@@ -72,6 +77,7 @@ class HttpApi:
         dead_letters: DeadLetters,
     ) -> None:
         self.models = models
+        self.generators = generators
         self.default_model = default_model
         self.admission = admission
         self.lifecycle = lifecycle
@@ -96,6 +102,17 @@ class HttpApi:
         }
         if registry is not None:
             self.routes["/metrics"] = ("GET", self.prometheus)
+        self.generation = None
+        if generators:
+            from .http_generation import GenerationApi
+
+            self.generation = GenerationApi(
+                models=generators, admission=admission, auth=auth,
+                tier_priority={t: -p for t, p in admission.tier_priorities.items()},
+                max_body_bytes=max_body_bytes, record=self._record_simple, error_response=error_response,
+            )
+            self.routes["/v1/completions"] = ("POST", self.generation.completions)
+            self.routes["/v1/chat/completions"] = ("POST", self.generation.chat_completions)
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """The low-level server's one handler: route by exact path, then method."""
@@ -128,6 +145,9 @@ class HttpApi:
                 raise PayloadTooLarge(f"body exceeds {self.max_body_bytes} bytes") from None
             call = parse_inference_body(body)
             model = self.models.get(call.model or self.default_model)
+            if model is None and self.generation is not None and (call.model or self.default_model) in self.generators:
+                generator = self.generators[call.model or self.default_model]
+                return await self.generation.inference(request, generator, orjson.loads(body), request_id, started)
             if model is None:
                 raise ModelNotFound(f"no model named {call.model!r}; see GET /v1/models")
             model_name = model.name
@@ -166,6 +186,9 @@ class HttpApi:
         }
         return web.Response(body=dumps(payload), headers=headers)
 
+    def _record_simple(self, request_id: str, model: str, tier: str, status: int, error: str, started: float) -> None:
+        self._record(request_id, model, tier, status, error, started, None)
+
     def _record(
         self, request_id: str, model: str, tier: str, status: int, error: str, started: float, pending: PendingRequest | None
     ) -> float:
@@ -193,12 +216,19 @@ class HttpApi:
     async def readyz(self, request: web.BaseRequest) -> web.Response:
         request_id = self.ids.pick(request.headers.get("X-Request-ID"))
         models = {name: _readiness(m) for name, m in self.models.items()}
-        ready = self.lifecycle.serving and all(m.ready for m in self.models.values())
+        for name, g in self.generators.items():
+            models[name] = {"ready": g.ready, "kind": "generation"}
+            if g.start_error is not None:
+                models[name]["error"] = f"{type(g.start_error).__name__}: {g.start_error}"[:300]
+        ready = self.lifecycle.serving and all(m.ready for m in (*self.models.values(), *self.generators.values()))
         payload = {"ready": ready, "phase": self.lifecycle.phase.value, "models": models}
         return json_response(payload, request_id, status=200 if ready else 503)
 
     async def list_models(self, request: web.BaseRequest) -> web.Response:
-        data = [m.describe() for m in self.models.values()]
+        """Every model, in a shape the OpenAI client's models.list() also reads (id, object)."""
+        data = [{"id": m.name, "object": "model", "owned_by": "inferd", "kind": "batch", **m.describe()}
+                for m in self.models.values()]
+        data += [g.describe() for g in self.generators.values()]
         return json_response({"object": "list", "data": data}, self.ids.pick(request.headers.get("X-Request-ID")))
 
     async def limits(self, request: web.BaseRequest) -> web.Response:

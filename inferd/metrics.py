@@ -25,6 +25,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from .generation import GenerationModel
     from .lifecycle import Lifecycle
     from .served_model import ServedModel
 
@@ -72,10 +73,17 @@ class RequestMetrics:
 
 
 class InferdCollector(Collector):
-    def __init__(self, models: dict[str, ServedModel], requests: RequestMetrics, lifecycle: Lifecycle) -> None:
+    def __init__(
+        self,
+        models: dict[str, ServedModel],
+        requests: RequestMetrics,
+        lifecycle: Lifecycle,
+        generators: dict[str, GenerationModel] | None = None,
+    ) -> None:
         self.models = models
         self.requests = requests
         self.lifecycle = lifecycle
+        self.generators = generators or {}
 
     def collect(self) -> Iterator[Metric]:
         now = time.monotonic()
@@ -147,12 +155,45 @@ class InferdCollector(Collector):
                 busy.add_metric([name, worker.name], m.busy_ratio(worker, now))
         yield from families.values()
         yield busy
+        if self.generators:
+            yield from self._generation_families()
+            waiting += sum(len(g.waiting) for g in self.generators.values())
+            running += sum(g.running for g in self.generators.values())
         yield GaugeMetricFamily("inferd_requests_waiting", "Admitted requests not yet in a batch (all models).", value=waiting)
         yield GaugeMetricFamily("inferd_requests_running", "Requests inside executing batches (all models).", value=running)
         yield GaugeMetricFamily("inferd_predicted_wait_max_seconds", "Worst predicted wait across models.",
                                 value=min(worst_wait, 1e9))
         yield GaugeMetricFamily("inferd_ready", "1 when every model is ready and the server is not draining.",
-                                value=float(self.lifecycle.serving and all(m.ready for m in models.values())))
+                                value=float(self.lifecycle.serving and all(m.ready for m in models.values())
+                                            and all(g.ready for g in self.generators.values())))
+
+    def _generation_families(self) -> Iterator[Metric]:
+        gens = self.generators
+        yield _histograms("inferd_generation_time_to_first_token_seconds", "From arrival to the first generated token.",
+                          {n: g.metrics.ttft for n, g in gens.items()})
+        yield _histograms("inferd_generation_time_per_output_token_seconds", "Time between generated tokens.",
+                          {n: g.metrics.time_per_output_token for n, g in gens.items()})
+        tokens = CounterMetricFamily("inferd_generation_tokens", "Tokens processed (rate: tokens per second).",
+                                     labels=["model", "kind"])
+        aborts = CounterMetricFamily("inferd_generation_aborts", "Requests aborted in the engine, by reason.",
+                                     labels=["model", "reason"])
+        requests = GaugeMetricFamily("inferd_generation_requests", "Requests by state: waiting means no token yet.",
+                                     labels=["model", "state"])
+        engine = GaugeMetricFamily("inferd_generation_engine_requests", "The engine scheduler's own counts.",
+                                   labels=["model", "state"])
+        kv = GaugeMetricFamily("inferd_generation_kv_cache_usage_ratio", "Share of the KV cache in use.", labels=["model"])
+        for name, g in gens.items():
+            tokens.add_metric([name, "output"], g.metrics.output_tokens)
+            tokens.add_metric([name, "prompt"], g.metrics.prompt_tokens)
+            for reason, n in list(g.metrics.aborts.items()):
+                aborts.add_metric([name, reason], n)
+            requests.add_metric([name, "waiting"], len(g.waiting))
+            requests.add_metric([name, "running"], g.running)
+            stats = g.engine.stats
+            engine.add_metric([name, "waiting"], stats.waiting)
+            engine.add_metric([name, "running"], stats.running)
+            kv.add_metric([name], stats.kv_cache_usage)
+        yield from (tokens, aborts, requests, engine, kv)
 
 
 def _histograms(name: str, doc: str, per_model: dict[str, Histogram]) -> HistogramMetricFamily:

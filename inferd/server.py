@@ -13,15 +13,16 @@ import logging
 import resource
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 import uvloop
 from aiohttp import web
 
 from .access_log import AccessLog
-from .agent_check import start_agent_check
 from .admission import Admission
+from .agent_check import start_agent_check
 from .auth import Authenticator
-from .config import ServerConfig
+from .config import ModelConfig, ServerConfig
 from .errors import Draining
 from .faults import DeadLetters
 from .http_api import HttpApi
@@ -30,6 +31,9 @@ from .metrics import InferdCollector, RequestMetrics, build_registry
 from .rate_limits import RateLimiter
 from .served_model import ServedModel
 
+if TYPE_CHECKING:
+    from .generation import GenerationModel
+
 log = logging.getLogger("inferd.server")
 
 
@@ -37,7 +41,8 @@ class InferenceServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.lifecycle = Lifecycle()
-        self.models: dict[str, ServedModel] = {}
+        self.models: dict[str, ServedModel] = {}  # batch models
+        self.generators: dict[str, GenerationModel] = {}  # generation models (vLLM)
         self._runner: web.ServerRunner | None = None
         self._agent: asyncio.Server | None = None
         self._stopped = False
@@ -50,19 +55,23 @@ class InferenceServer:
         request_metrics = RequestMetrics()
         self.dead_letters = DeadLetters()
         self.models = {
-            m.name: ServedModel(m, loop, request_metrics, self.dead_letters, config.tiers) for m in config.models
+            m.name: ServedModel(m, loop, request_metrics, self.dead_letters, config.tiers)
+            for m in config.models
+            if m.kind == "batch"
         }
+        self.generators = {m.name: _generation_model(m, loop) for m in config.models if m.kind == "generation"}
         limiter = RateLimiter(config)
-        for model in self.models.values():
+        for model in (*self.models.values(), *self.generators.values()):
             model.start()
         api = HttpApi(
             models=self.models,
+            generators=self.generators,
             default_model=self.config.default_model,
             admission=Admission(self.lifecycle, limiter, config.tiers),
             lifecycle=self.lifecycle,
             max_body_bytes=config.max_body_bytes,
             metrics=request_metrics if config.metrics else None,
-            registry=build_registry(InferdCollector(self.models, request_metrics, self.lifecycle)) if config.metrics else None,
+            registry=build_registry(InferdCollector(self.models, request_metrics, self.lifecycle, self.generators)) if config.metrics else None,
             access_log=AccessLog(config.access_log, config.access_log_sample_rate),
             auth=Authenticator(config, limiter),
             limiter=limiter,
@@ -98,8 +107,9 @@ class InferenceServer:
         """Wait until every model's workers are built and warm (tests, benchmarks)."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + timeout_s
-        while not all(m.ready for m in self.models.values()):
-            failed = [m for m in self.models.values() if m.start_error is not None]
+        everything = [*self.models.values(), *self.generators.values()]
+        while not all(m.ready for m in everything):
+            failed = [m for m in everything if m.start_error is not None]
             if failed:
                 raise RuntimeError(f"model {failed[0].name} failed to start: {failed[0].start_error!r}")
             if loop.time() > give_up:
@@ -121,7 +131,7 @@ class InferenceServer:
         if not drained:
             log.warning("grace period over with %d requests in flight; answering them 503 DRAINING", self.lifecycle.in_flight)
         reason = Draining("server shut down before this request ran; retry on another instance", retry_after_ms=1000)
-        await asyncio.gather(*(m.stop(reason) for m in self.models.values()))
+        await asyncio.gather(*(m.stop(reason) for m in self.models.values()), *(g.stop() for g in self.generators.values()))
         await self.lifecycle.wait_idle(1.0)  # let handlers write those last answers
         if self._agent is not None:
             self._agent.close()
@@ -129,6 +139,12 @@ class InferenceServer:
             await self._runner.cleanup()
         log.info("stopped")
         return drained
+
+
+def _generation_model(config: ModelConfig, loop: asyncio.AbstractEventLoop) -> GenerationModel:
+    from .generation import GenerationModel  # imports vLLM's wrapper only when a generation model is served
+
+    return GenerationModel(config, loop)
 
 
 async def serve(config: ServerConfig) -> None:

@@ -1,0 +1,181 @@
+"""Generation with vLLM: an `AsyncLLM` engine driven from the server's own event loop.
+
+vLLM does the batching itself, per token step (continuous batching), and owns the KV cache; no static
+batcher stands in front of it. This module is everything around the engine: start-up off the event
+loop, tokenising (and the chat template), sampling defaults, per-request priority, streaming deltas,
+aborting a request in the engine when its deadline passes or its client goes away, and the engine's
+own figures (running and waiting requests, KV-cache usage) for /metrics.
+
+Options (`[models.options]` of a model with `kind = "generation"`): `model_path` (a local folder),
+`dtype`, `max_model_len`, `kv_cache_memory_bytes`, `max_num_seqs`, sampling defaults `max_tokens`,
+`temperature`, `top_p`, `seed`, and `engine_args` (any other AsyncEngineArgs field).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+for _key, _value in (("HF_HUB_OFFLINE", "1"), ("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1")):
+    os.environ.setdefault(_key, _value)
+
+_OPTIONS = {
+    "model_path", "dtype", "max_model_len", "kv_cache_memory_bytes", "max_num_seqs",
+    "max_tokens", "temperature", "top_p", "seed", "engine_args",
+}
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+@dataclass
+class EngineStats:
+    """The engine's latest scheduler figures, recorded by its stat logger."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+
+
+@dataclass
+class Delta:
+    """One step of a generation: new text, and how it ended when it did."""
+
+    text: str
+    token_count: int
+    finished: bool
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class SamplingDefaults:
+    max_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class VllmEngine:
+    """One AsyncLLM. `start()` blocks (seconds): call it in a thread."""
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        unknown = set(options) - _OPTIONS
+        if unknown:
+            raise ValueError(f"inferd.backends.vllm: unknown options {sorted(unknown)}")
+        if "model_path" not in options:
+            raise ValueError("inferd.backends.vllm: `model_path` (a local model folder) is required")
+        self.options = dict(options)
+        self.defaults = SamplingDefaults(
+            max_tokens=int(options.get("max_tokens", 64)),
+            temperature=float(options.get("temperature", 1.0)),
+            top_p=float(options.get("top_p", 1.0)),
+            seed=options.get("seed"),
+        )
+        self.max_model_len = int(options.get("max_model_len", 512))
+        self.stats = EngineStats()
+        self.engine: Any = None
+        self.tokenizer: Any = None
+
+    def start(self) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        stats = self.stats
+
+        args = AsyncEngineArgs(
+            model=str(self.options["model_path"]),
+            dtype=self.options.get("dtype", "auto"),
+            max_model_len=self.max_model_len,
+            kv_cache_memory_bytes=self.options.get("kv_cache_memory_bytes", 64 << 20),
+            max_num_seqs=int(self.options.get("max_num_seqs", 64)),
+            enforce_eager=True,
+            scheduling_policy="priority",
+            **dict(self.options.get("engine_args", {})),
+        )
+        self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(stats)])
+        self.tokenizer = self.engine.get_tokenizer()
+        if not getattr(self.tokenizer, "chat_template", None):
+            self.tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+
+    # ---- on the way in ---------------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text)["input_ids"])
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding
+            ids = ids["input_ids"]
+        return list(ids)
+
+    def sampling(self, overrides: Mapping[str, Any]) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        d = self.defaults
+        seed = overrides.get("seed", d.seed)
+        return SamplingParams(
+            max_tokens=int(overrides.get("max_tokens") or d.max_tokens),
+            temperature=float(overrides.get("temperature", d.temperature)),
+            top_p=float(overrides.get("top_p", d.top_p)),
+            seed=None if seed is None else int(seed),
+            stop=overrides.get("stop"),
+            ignore_eos=bool(overrides.get("ignore_eos", False)),
+            output_kind=RequestOutputKind.DELTA,
+        )
+
+    # ---- generating ------------------------------------------------------------------------------
+
+    async def generate(self, prompt_ids: list[int], sampling: Any, request_id: str, priority: int) -> AsyncIterator[Delta]:
+        """Deltas as the engine makes them. Stopping the iteration early (or cancelling the task that
+        drives it) aborts the request inside the engine."""
+        completion = 0
+        stream = self.engine.generate({"prompt_token_ids": prompt_ids}, sampling, request_id, priority=priority)
+        try:
+            async for out in stream:
+                piece = out.outputs[0]
+                completion += len(piece.token_ids)
+                yield Delta(piece.text, len(piece.token_ids), out.finished, piece.finish_reason,
+                            len(prompt_ids), completion)
+                if out.finished:
+                    return
+        finally:
+            await stream.aclose()
+            if self.engine is not None:
+                await self.engine.abort(request_id)  # a no-op when it already finished
+
+    def unfinished_requests(self) -> int:
+        """Requests the engine still holds (running or waiting)."""
+        if self.engine is None:
+            return 0
+        return self.engine.output_processor.get_num_unfinished_requests()
+
+
+def _stat_logger_factory(stats: EngineStats):
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class InferdStatLogger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+            if scheduler_stats is not None:
+                stats.running = scheduler_stats.num_running_reqs
+                stats.waiting = scheduler_stats.num_waiting_reqs
+                stats.kv_cache_usage = scheduler_stats.kv_cache_usage
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return InferdStatLogger
