@@ -52,7 +52,7 @@ def k8s_documents() -> list[dict]:
 def test_built_in_kubernetes_objects_validate_against_their_schemas():
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     checked = set()
-    for name, doc in k8s_documents():
+    for _name, doc in k8s_documents():
         if doc["apiVersion"].split("/")[0] in ("keda.sh", "inference.networking.k8s.io"):
             continue
         kubernetes_validate.validate(doc, "1.33.0", strict=True)
@@ -73,7 +73,7 @@ def test_custom_resources_validate_against_their_crds():
             )
     custom = [(n, d) for n, d in k8s_documents() if (d["apiVersion"], d["kind"]) in schemas]
     assert {d["kind"] for _, d in custom} == {"ScaledObject", "InferencePool"}
-    for name, doc in custom:
+    for _name, doc in custom:
         jsonschema.validate(doc, schemas[(doc["apiVersion"], doc["kind"])])
     broken = dict(custom[0][1], spec={"triggers": []})  # no scaleTargetRef / selector: must be refused
     with pytest.raises(jsonschema.ValidationError):

@@ -61,26 +61,30 @@ def start_balancer(lab: Lab, kind: str, workdir: Path) -> subprocess.Popen:
 
 
 def run_scenario(lab: Lab, workdir: Path, balancer: str, fault: str, *, rate: float = 200, duration_s: float = 12,
-                 fault_at_s: float = 4, latency_ms: float = 50) -> dict:
+                 fault_at_s: float = 4, latency_ms: float = 50, hosts_used: tuple[str, ...] = HOSTS) -> dict:
+    """balancer "none": the client talks to the first host directly (the single-host baseline)."""
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "host.toml"
     config.write_text(HOST_CONFIG.format(latency_ms=latency_ms, max_queue=4000 if fault != "overload" else 50))
-    hosts = {h: lab.start_inferd(h, config, workdir / f"{h}.log") for h in HOSTS}
+    hosts = {h: lab.start_inferd(h, config, workdir / f"{h}.log") for h in hosts_used}
     lb_proc = None
     try:
-        for h in HOSTS:
+        for h in hosts_used:
             lab.wait_http("client", f"http://{lab.target(lab.addresses[h])}:8000/readyz")
-        lb_proc = start_balancer(lab, balancer, workdir)
-        lb_url = f"http://{lab.target(lab.addresses['lb'])}:8080"
-        lab.wait_http("client", f"{lb_url}/readyz")
-        time.sleep(1.5)  # every host seen healthy by the balancer's checks
+        if balancer == "none":
+            lb_url = f"http://{lab.target(lab.addresses[hosts_used[0]])}:8000"
+        else:
+            lb_proc = start_balancer(lab, balancer, workdir)
+            lb_url = f"http://{lab.target(lab.addresses['lb'])}:8080"
+            lab.wait_http("client", f"{lb_url}/readyz")
+            time.sleep(1.5)  # every host seen healthy by the balancer's checks
         out = workdir / "client.json"
         client = lab.start("client", [sys.executable, "-m", "tests.multihost.client", "--url", lb_url, "--rate",
                                       str(rate), "--duration", str(duration_s), "--timeout", "20", "--out", str(out)],
                            workdir / "client.log")
-        time.sleep(fault_at_s)
+        time.sleep(min(fault_at_s, duration_s))
         fault_time = time.time()
-        victim = hosts["h1"]
+        victim = hosts[hosts_used[0]]
         if fault in ("sigterm", "restart"):
             lab.signal(victim, signal.SIGTERM)
         elif fault == "sigkill":
@@ -121,14 +125,17 @@ def analyse(result: dict, workdir: Path, fault_time: float, balancer: str, fault
     records = result["records"]
     computed: dict[str, list[str]] = {}
     served_by_host: dict[str, int] = {}
+    batches_by_host: dict[str, dict[int, int]] = {}
     for log in sorted(workdir.glob("h*.log")):
         host = log.stem.split("-")[0]
         for line in log.read_text(errors="replace").splitlines():
             if line.startswith("{") and '"status":200' in line:
-                rid = json.loads(line)["request_id"]
+                entry = json.loads(line)
+                rid = entry["request_id"]
                 if rid.startswith("mh-"):
                     computed.setdefault(rid, []).append(host)
                     served_by_host[host] = served_by_host.get(host, 0) + 1
+                    batches_by_host.setdefault(log.stem, {})[entry.get("batch_id", 0)] = entry.get("batch_size", 0)
     ok = [r for r in records if r["status"] == 200]
     lost = [r for r in records if r["status"] == 0 or r.get("error") == "NOT_FROM_INFERD"
             or r["status"] not in (200, 503, 504, 500)]
@@ -148,5 +155,7 @@ def analyse(result: dict, workdir: Path, fault_time: float, balancer: str, fault
         "p99_ms": round(latencies[int(len(latencies) * 0.99) - 1] * 1000, 1) if latencies else None,
         "sent_after_fault": len(after),
         "served_by_host": served_by_host,
+        "mean_batch_by_host": {h: round(sum(b.values()) / len(b), 1) for h, b in batches_by_host.items() if b},
+        "p50_ms": round(latencies[len(latencies) // 2] * 1000, 1) if latencies else None,
         "requests_h1_served": len(to_h1_after),
     }
