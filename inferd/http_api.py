@@ -110,9 +110,10 @@ class HttpApi:
                 models=generators, admission=admission, auth=auth,
                 tier_priority={t: -p for t, p in admission.tier_priorities.items()},
                 max_body_bytes=max_body_bytes, record=self._record_simple, error_response=error_response,
+                pick_id=self.ids.pick,
             )
-            self.routes["/v1/completions"] = ("POST", self.generation.completions)
-            self.routes["/v1/chat/completions"] = ("POST", self.generation.chat_completions)
+            self.routes["/v1/completions"] = ("POST", self._counted(self.generation.completions))
+            self.routes["/v1/chat/completions"] = ("POST", self._counted(self.generation.chat_completions))
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """The low-level server's one handler: route by exact path, then method."""
@@ -185,6 +186,19 @@ class HttpApi:
             "latency_ms": round((now - started) * 1000, 3),
         }
         return web.Response(body=dumps(payload), headers=headers)
+
+    def _counted(self, handler: Handler) -> Handler:
+        """Count a handler's requests as in flight, so a drain waits for them too."""
+        lifecycle = self.lifecycle
+
+        async def counted(request: web.BaseRequest) -> web.StreamResponse:
+            lifecycle.enter()
+            try:
+                return await handler(request)
+            finally:
+                lifecycle.leave()
+
+        return counted
 
     def _record_simple(self, request_id: str, model: str, tier: str, status: int, error: str, started: float) -> None:
         self._record(request_id, model, tier, status, error, started, None)

@@ -41,6 +41,7 @@ class GenerationApi:
         max_body_bytes: int,
         record: Record,
         error_response: ErrorResponse,
+        pick_id: Callable[[str | None], str],
     ) -> None:
         self.models = models
         self.admission = admission
@@ -49,6 +50,7 @@ class GenerationApi:
         self.max_body_bytes = max_body_bytes
         self.record = record
         self.error_response = error_response
+        self.pick_id = pick_id
 
     # ---- the three request shapes ----------------------------------------------------------------
 
@@ -77,7 +79,7 @@ class GenerationApi:
 
     async def _openai(self, request: web.BaseRequest, chat: bool) -> web.StreamResponse:
         started = time.monotonic()
-        request_id = request.headers.get("X-Request-ID") or f"{'chatcmpl' if chat else 'cmpl'}-{time.monotonic_ns():x}"
+        request_id = self.pick_id(request.headers.get("X-Request-ID") or request.headers.get("Idempotency-Key"))
         try:
             body = await _read_json(request, self.max_body_bytes)
             model = self.models.get(body.get("model") or "")

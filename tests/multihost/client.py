@@ -28,10 +28,12 @@ async def run(url: str, rate: float, duration_s: float, timeout_s: float, prefix
         try:
             async with session.post(f"{url}/v1/inference", json={"input": rid}, headers={"X-Request-ID": rid}) as resp:
                 record["status"] = resp.status
+                text = await resp.text()
                 try:
-                    body = await resp.json(content_type=None)
+                    body = json.loads(text)
                 except ValueError:  # not inferd's answer: the load balancer's own error page
-                    body = {"error": "NOT_FROM_INFERD"}
+                    body = {"error": "NOT_FROM_INFERD", "detail": text[:200]}
+                    record["detail"] = body["detail"]
                 record["right"] = resp.status != 200 or (body.get("output") == expected_output(rid)
                                                          and body.get("request_id") == rid)
                 record["error"] = body.get("error") if resp.status != 200 else None

@@ -149,7 +149,7 @@ def analyse(result: dict, workdir: Path, fault_time: float, balancer: str, fault
         "answered_200": len(ok),
         "refused_503": sum(1 for r in records if r["status"] == 503),
         "lost": len(lost),
-        "lost_examples": [(r["id"], r["status"], r.get("error")) for r in lost[:5]],
+        "lost_examples": [(r["id"], r["status"], r.get("error"), r.get("detail")) for r in lost[:5]],
         "wrong": sum(1 for r in records if r["status"] == 200 and not r["right"]),
         "computed_twice": sum(1 for hs in computed.values() if len(hs) > 1),
         "p99_ms": round(latencies[int(len(latencies) * 0.99) - 1] * 1000, 1) if latencies else None,
