@@ -48,7 +48,7 @@ async def server(tiny_model):
         tiers=(TierConfig("enterprise", priority=2), TierConfig("free", priority=0)),
         tenants=tuple(TenantConfig(f"{t}-co", t, hashlib.sha256(k.encode()).hexdigest()) for t, k in KEYS.items()),
     )
-    async with running_server(model, **config) as srv:
+    async with running_server(model, ready_timeout_s=300, **config) as srv:  # a cold engine start can take a while
         yield srv
 
 
