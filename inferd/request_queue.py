@@ -66,11 +66,7 @@ class RequestQueue:
         return ahead
 
     def append(self, request: PendingRequest) -> None:
-        tier = self._by_name[request.tier]
-        items = tier.tenants.get(request.tenant)
-        if items is None:
-            items = tier.tenants[request.tenant] = deque()
-            tier.turns.append(request.tenant)
+        tier, items = self._tenant_queue(request, front=False)
         items.append(request)
         tier.live += 1
         self.live += 1
@@ -79,14 +75,22 @@ class RequestQueue:
         """Put requests back at the head of their tenants' queues, oldest first (a batch to run again)."""
         for request in reversed(requests):
             request.state = _QUEUED
-            tier = self._by_name[request.tier]
-            items = tier.tenants.get(request.tenant)
-            if items is None:
-                items = tier.tenants[request.tenant] = deque()
-                tier.turns.appendleft(request.tenant)
+            tier, items = self._tenant_queue(request, front=True)
             items.appendleft(request)
             tier.live += 1
             self.live += 1
+
+    def _tenant_queue(self, request: PendingRequest, front: bool) -> tuple[_TierQueue, deque[PendingRequest]]:
+        """The FIFO of the request's tenant in its tier; a tenant new to the tier joins the turns."""
+        tier = self._by_name[request.tier]
+        items = tier.tenants.get(request.tenant)
+        if items is None:
+            items = tier.tenants[request.tenant] = deque()
+            if front:
+                tier.turns.appendleft(request.tenant)
+            else:
+                tier.turns.append(request.tenant)
+        return tier, items
 
     def remove(self, request: PendingRequest, new_state: RequestState) -> bool:
         """Take a still-queued request out; False if it already left (taken, expired, cancelled)."""
