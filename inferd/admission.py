@@ -56,7 +56,8 @@ class Admission:
             state = "has no healthy worker" if model.warmed else "is warming up"
             raise NotReady(f"model {model.name} {state}", retry_after_ms=1000)
         timeout_ms = config.timeout_ms if call.timeout_ms is None else min(call.timeout_ms, config.max_timeout_ms)
-        self.limiter.check(who, model.name, model.capacity_scale(), now)
+        if who.rate_per_s is not None:  # (measuring capacity costs a little: only for limited callers)
+            self.limiter.check(who, model.name, model.capacity_scale(), now)
         self._shed_by_predicted_wait(model, who.tier, timeout_ms / 1000.0, now)
         return timeout_ms / 1000.0
 
