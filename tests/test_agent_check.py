@@ -33,7 +33,7 @@ async def test_agent_weight_follows_the_predicted_wait_and_drains_on_sigterm(htt
 
 
 async def test_lame_duck_keeps_serving_while_not_ready(http):
-    async with running_server(sim_model(latency_ms=300, max_wait_ms=0), lame_duck_s=0.4) as srv:
+    async with running_server(sim_model(latency_ms=600, max_wait_ms=0), lame_duck_s=0.4) as srv:
         url = srv.url
         drain = asyncio.create_task(srv.drain_and_stop())
         await asyncio.sleep(0.05)

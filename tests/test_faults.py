@@ -42,7 +42,7 @@ async def test_a_hung_worker_is_replaced_and_its_batch_served_by_the_other(http)
             assert status == 200, body
             assert body["output"] == expected_output(text)
         # the watchdog limit (300 ms) plus one batch on the other worker, with room for a loaded CI box
-        assert elapsed < 0.3 + 0.05 + 0.6, elapsed
+        assert elapsed < 1.3, elapsed  # the hung call itself only returns at 1.5 s
         assert served.replacements == 1
         await srv.wait_ready(10)
         for _ in range(100):  # the replacement builds and warms up

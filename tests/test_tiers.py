@@ -121,7 +121,9 @@ async def test_under_2x_overload_enterprise_is_served_and_free_is_shed_first(htt
     enterprise = by_tier["acme"]
     assert [s for s, _ in enterprise] == [200] * len(enterprise)
     p99 = sorted(lat for _, lat in enterprise)[int(len(enterprise) * 0.99) - 1]
-    assert p99 < 0.35, p99  # target: a few batch times, whatever the overload
+    # A few batch times, whatever the overload; without priority (FIFO behind ~2,000 queued) it would be
+    # seconds. The bound leaves room for a loaded CI machine: client and server share this event loop.
+    assert p99 < 1.0, p99
 
     def shed(t):
         return sum(1 for s, _ in by_tier[t] if s == 503) / len(by_tier[t])
@@ -150,7 +152,7 @@ async def test_a_tenant_ten_times_bigger_cannot_take_the_small_ones_slots(http):
         shared = await small_tenant(srv)
         await asyncio.gather(*flood)
     # Behind a FIFO the small tenant would wait ~3 s for the backlog; taking turns it waits a batch or two.
-    assert shared < alone + 0.25, (alone, shared)
+    assert shared < alone + 0.5, (alone, shared)
 
 
 async def test_losing_a_worker_lowers_budgets_and_its_return_restores_them(http):
@@ -188,4 +190,4 @@ async def test_the_starvation_guard_promotes_old_free_requests(http):
         await asyncio.gather(*paid)
     assert status == 200
     # 120 paid requests are 1.8 s of work ahead of it; promoted after 300 ms it runs within a batch or two.
-    assert waited < 0.3 + 0.3, waited
+    assert waited < 0.3 + 0.7, waited
