@@ -32,6 +32,11 @@ class _DroppingQueueHandler(logging.handlers.QueueHandler):
             _DroppingQueueHandler.dropped += 1
 
 
+def dropped_lines() -> int:
+    """Access log lines dropped because the writer thread fell behind (exported to /metrics)."""
+    return _DroppingQueueHandler.dropped
+
+
 def configure_access_logger(max_pending_lines: int = 10_000) -> logging.handlers.QueueListener:
     """Bare JSON lines on stdout, written by a background thread so a slow stdout never stalls serving."""
     writer = logging.StreamHandler(sys.stdout)

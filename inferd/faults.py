@@ -34,7 +34,6 @@ class CircuitBreaker:
         self.state = BreakerState.CLOSED
         self.consecutive_failures = 0
         self.opened_at = 0.0
-        self.opened_count = 0
 
     def refusal_s(self, now: float) -> float | None:
         """Seconds until requests may come again, or None when they may come now."""
@@ -53,8 +52,6 @@ class CircuitBreaker:
             return False
         self.consecutive_failures += 1
         if self.state is BreakerState.HALF_OPEN or self.consecutive_failures >= self.failures_to_open:
-            if self.state is not BreakerState.OPEN:
-                self.opened_count += 1
             self.state = BreakerState.OPEN
             self.opened_at = now
             return True

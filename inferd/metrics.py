@@ -24,6 +24,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from .access_log import dropped_lines
+
 if TYPE_CHECKING:
     from .generation import GenerationModel
     from .lifecycle import Lifecycle
@@ -163,6 +165,8 @@ class InferdCollector(Collector):
         yield GaugeMetricFamily("inferd_requests_running", "Requests inside executing batches (all models).", value=running)
         yield GaugeMetricFamily("inferd_predicted_wait_max_seconds", "Worst predicted wait across models.",
                                 value=min(worst_wait, 1e9))
+        yield CounterMetricFamily("inferd_access_log_dropped_lines", "Access log lines dropped: the writer fell behind.",
+                                  value=dropped_lines())
         yield GaugeMetricFamily("inferd_ready", "1 when every model is ready and the server is not draining.",
                                 value=float(self.lifecycle.serving and all(m.ready for m in models.values())
                                             and all(g.ready for g in self.generators.values())))
