@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "scenarios"))
 from common import RESULTS, inferd_server  # noqa: E402
 
 from inferd.backends.sim import expected_output  # noqa: E402
+from inferd.bench.loadgen import open_loop  # noqa: E402
 
 CONFIG = """
 [server]
@@ -56,8 +57,6 @@ async def soak(url: str, rate: float, duration_s: float, poison_share: float) ->
     tally: Counter[str] = Counter()
     wrong: list[str] = []
     rng = random.Random(5)
-    loop = asyncio.get_running_loop()
-
     async def one(session: aiohttp.ClientSession, i: int) -> None:
         poison = rng.random() < poison_share
         text = f"{'POISON ' if poison else ''}soak {i}"
@@ -81,21 +80,7 @@ async def soak(url: str, rate: float, duration_s: float, poison_share: float) ->
 
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=3000)) as session:
-        tasks = set()
-        began = loop.time()
-        t, i = began, 0
-        while True:
-            t += rng.expovariate(rate)
-            if t - began >= duration_s:
-                break
-            if t > loop.time():
-                await asyncio.sleep(t - loop.time())
-            task = loop.create_task(one(session, i))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-            i += 1
-        if tasks:
-            await asyncio.wait(tasks)
+        i = await open_loop(rate, duration_s, rng, lambda i, _: one(session, i))
     answered = sum(v for k, v in tally.items() if k.isdigit())
     return {"sent": i, "answered": answered, "unanswered": i - answered, "wrong": len(wrong),
             "wrong_examples": wrong[:10], "statuses": dict(tally)}

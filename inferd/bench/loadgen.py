@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -84,6 +85,31 @@ def run_load(spec: LoadSpec, engine: str = "python") -> Samples:
     return merged
 
 
+async def open_loop(rate: float, duration_s: float, rng: random.Random,
+                    send: Callable[[int, float], Awaitable[None]], began: float | None = None) -> int:
+    """Start `send(i, scheduled)` at Poisson arrival times (`rate` per second) for `duration_s`, never
+    waiting for an answer before the next send, so a slow server cannot slow the arrivals. `scheduled` is
+    the loop time the send was due. Returns how many were sent, once every one of them has finished."""
+    loop = asyncio.get_running_loop()
+    began = loop.time() if began is None else began
+    tasks: set[asyncio.Task] = set()
+    scheduled, sent = began, 0
+    while True:
+        scheduled += rng.expovariate(rate)
+        if scheduled - began >= duration_s:
+            break
+        delay = scheduled - loop.time()
+        if delay > 0.0005:
+            await asyncio.sleep(delay)
+        task = loop.create_task(send(sent, scheduled))  # type: ignore[arg-type]
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        sent += 1
+    if tasks:
+        await asyncio.wait(tasks)
+    return sent
+
+
 def _python_engine_process(spec: LoadSpec, index: int, count: int) -> Samples:
     return asyncio.run(_python_engine(spec, index, count))
 
@@ -126,20 +152,8 @@ async def _python_engine(spec: LoadSpec, index: int, count: int) -> Samples:
         if spec.mode == "open":
             rng = random.Random(spec.seed * 1000 + index)
             rate = spec.rate / count  # type: ignore[operator]
-            tasks = set()
-            scheduled = began
-            while True:
-                scheduled += rng.expovariate(rate)
-                if scheduled >= end:
-                    break
-                delay = scheduled - loop.time()
-                if delay > 0.0005:
-                    await asyncio.sleep(delay)
-                task = loop.create_task(one(session, scheduled))  # latency counts from `scheduled`
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            if tasks:
-                await asyncio.wait(tasks)
+            # latency counts from `scheduled`
+            await open_loop(rate, spec.duration_s, rng, lambda _, scheduled: one(session, scheduled), began=began)
         else:
             clients = spec.concurrency // count + (1 if index < spec.concurrency % count else 0)  # type: ignore[operator]
 

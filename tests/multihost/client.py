@@ -15,6 +15,7 @@ import time
 import aiohttp
 
 from inferd.backends.sim import expected_output
+from inferd.bench.loadgen import open_loop
 
 
 async def run(url: str, rate: float, duration_s: float, timeout_s: float, prefix: str) -> dict:
@@ -45,19 +46,9 @@ async def run(url: str, rate: float, duration_s: float, timeout_s: float, prefix
 
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=2000)) as session:
-        tasks = []
-        began = t = loop.time()
-        i = 0
-        while True:
-            t += rng.expovariate(rate)
-            if t - began >= duration_s:
-                break
-            if t > loop.time():
-                await asyncio.sleep(t - loop.time())
-            tasks.append(asyncio.create_task(one(session, i, t)))
-            i += 1
-        await asyncio.gather(*tasks)
-    return {"sent": i, "records": records, "wall_s": round(loop.time() - began, 2)}
+        began = loop.time()
+        sent = await open_loop(rate, duration_s, rng, lambda i, scheduled: one(session, i, scheduled), began=began)
+    return {"sent": sent, "records": records, "wall_s": round(loop.time() - began, 2)}
 
 
 def main() -> None:
