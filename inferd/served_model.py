@@ -7,7 +7,8 @@ loop, and the request's queue state decides whether it is still allowed to run.
 
 Faults are handled here too (the decisions themselves live in `faults`): a watchdog gives up on a
 worker whose call runs past the hang limit, re-queues its batch at the front and starts a replacement;
-a dead worker is handled the same way; requests isolated as poison by the worker's bisection fail alone
+a dead worker is handled the same way, and a replacement that fails to start is tried again with
+backoff; requests isolated as poison by the worker's bisection fail alone
 and go to the dead-letter log; a model that fails everything trips its circuit breaker.
 """
 
@@ -35,6 +36,10 @@ log = logging.getLogger("inferd.model")
 
 _EWMA_ALPHA = 0.2
 BUSY_WINDOW_S = 10.0
+# A replacement worker that fails to start (a device out of memory a moment, a driver restarting) is
+# tried again after this long, doubling up to the maximum, until one starts.
+REBUILD_FIRST_S = 1.0
+REBUILD_MAX_S = 60.0
 
 
 class ServedModel:
@@ -78,6 +83,9 @@ class ServedModel:
         self.compute = Histogram()
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
+        self.build_failures = 0  # replacement workers that failed to start
+        self._rebuild_delay_s: dict[str, float] = {}  # per worker slot ("m-0"): the next retry's delay
+        self._rebuild_timers: set[asyncio.TimerHandle] = set()
 
     def _new_worker(self, name: str, device: str) -> Worker:
         self._busy_samples[name] = deque()
@@ -129,6 +137,8 @@ class ServedModel:
             for request in running.requests if running is not None else ():
                 self._fail(request, reason)
         self._stopping = True
+        for timer in self._rebuild_timers:
+            timer.cancel()
         for task in self._tasks[1:]:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -262,10 +272,14 @@ class ServedModel:
         if batch is not None and not batch.abandoned:
             batch.abandoned = True
             self._requeue(batch.requests)
-        if self._stopping:
+        self._replace(worker)
+
+    def _replace(self, worker: Worker) -> None:
+        """Start a new worker on the same device in `worker`'s place."""
+        if self._stopping or worker not in self.workers:
             return
         self.replacements += 1
-        replacement = self._new_worker(f"{worker.name.split('.')[0]}.{self.replacements}", worker.device)
+        replacement = self._new_worker(f"{_slot(worker)}.{self.replacements}", worker.device)
         self.workers[self.workers.index(worker)] = replacement
         self._busy_samples.pop(worker.name, None)
         replacement.start()
@@ -289,6 +303,7 @@ class ServedModel:
             self.batcher.requeue_front(again)
 
     def _on_worker_ready(self, worker: Worker) -> None:
+        self._rebuild_delay_s.pop(_slot(worker), None)
         if not self.compute_ewma_s:  # the warm-up call is the first measurement
             self.compute_ewma_s = worker.warmup_s
             self.batcher.expected_compute_s = self.compute_ewma_s
@@ -301,8 +316,21 @@ class ServedModel:
     def _on_worker_failed(self, worker: Worker, error: BaseException) -> None:
         if not self.warmed:
             self.start_error = error  # the model never came up
-        else:
-            log.error("model %s: replacement worker %s failed to start: %r", self.name, worker.name, error)
+            return
+        self.build_failures += 1
+        if self._stopping:
+            return
+        delay = self._rebuild_delay_s.get(_slot(worker), REBUILD_FIRST_S)
+        self._rebuild_delay_s[_slot(worker)] = min(REBUILD_MAX_S, delay * 2)
+        log.error("model %s: replacement worker %s failed to start: %r; trying again in %.0f s",
+                  self.name, worker.name, error, delay)
+
+        def rebuild() -> None:
+            self._rebuild_timers.discard(timer)
+            self._replace(worker)
+
+        timer = self.loop.call_later(delay, rebuild)
+        self._rebuild_timers.add(timer)
 
     # ---- what it knows about itself --------------------------------------------------------------
 
@@ -383,6 +411,7 @@ class ServedModel:
             "ready_workers": self.ready_workers,
             "breaker": self.breaker.state.value,
             "workers_replaced": self.replacements,
+            "worker_build_failures": self.build_failures,
             "batch_timeout_ms": round(self.latencies.limit_s * 1000, 1),
             "stats": {
                 "batches": self.batches,
@@ -397,6 +426,11 @@ class ServedModel:
                 "batch_sizes": {str(size): n for size, n in sorted(self.batch_sizes.items())},
             },
         }
+
+
+def _slot(worker: Worker) -> str:
+    """The configured worker a replacement stands in for: "m-0" for "m-0", "m-0.3"..."""
+    return worker.name.split(".")[0]
 
 
 def _build_for_device(config: ModelConfig, device: str):

@@ -13,6 +13,7 @@ from inferd.backends.sim import SimulatedGPU
 hung_once = threading.Event()  # set once a call has hung: later calls run normally
 died_once = threading.Event()
 failing = threading.Event()  # while set, every call raises
+build_failing = threading.Event()  # while set, building a worker raises (a device out of memory)
 late_results: list[list[str]] = []  # outputs of calls that returned after hanging
 
 
@@ -24,15 +25,18 @@ def reset() -> None:
     hung_once.clear()
     died_once.clear()
     failing.clear()
+    build_failing.clear()
     late_results.clear()
 
 
 @backend_factory
 def switchable(device: str, options: Mapping[str, Any]):
     """A simulated GPU; the first batch holding HANG hangs for `hang_s`, the first holding DIE kills the
-    worker, and every call fails while `failing` is set."""
+    worker, and every call fails while `failing` is set; building fails while `build_failing` is set."""
     gpu = SimulatedGPU(latency_ms=float(options.get("latency_ms", 20)), max_batch_size=int(options.get("max_batch_size", 100)),
                        name=device, record_inputs=True)
+    if build_failing.is_set():
+        raise RuntimeError("CUDA out of memory (simulated)")
     hang_s = float(options.get("hang_s", 3600))
     time.sleep(float(options.get("startup_delay_ms", 0)) / 1000.0)
 

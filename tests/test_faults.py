@@ -137,6 +137,29 @@ async def test_a_dead_worker_is_replaced_and_its_batch_runs_again(http):
         assert srv.models["m"].ready_workers == 1
 
 
+async def test_a_replacement_that_fails_to_start_is_tried_again_until_one_starts(http):
+    model = switchable(latency_ms=20, max_batch_size=8, max_wait_ms=10)
+    async with running_server(model) as srv:
+        served = srv.models["m"]
+        fault_backends.build_failing.set()
+        # The only worker dies on this batch; the request waits in the queue while replacements fail.
+        waiting = asyncio.ensure_future(infer(http, srv.url, {"input": "DIE-now", "timeout_ms": 20000}))
+        for _ in range(100):
+            if served.build_failures >= 2:  # the first try, and the retry a second later
+                break
+            await asyncio.sleep(0.05)
+        assert served.build_failures >= 2
+        async with http.get(f"{srv.url}/readyz") as resp:
+            assert resp.status == 503  # no worker: balancers send the traffic elsewhere meanwhile
+        assert not waiting.done()
+        fault_backends.build_failing.clear()  # the device recovers: the next retry (2 s later) starts
+        status, body, _ = await asyncio.wait_for(waiting, 10)
+        assert status == 200 and body["output"] == expected_output("DIE-now")
+        assert served.ready_workers == 1
+        async with http.get(f"{srv.url}/readyz") as resp:
+            assert resp.status == 200
+
+
 async def test_retries_are_bounded(http):
     model = sim_model(backend="inferd.backends.faulty:create", latency_ms=20, workers=2, max_batch_size=1,
                       max_wait_ms=0, batch_timeout_ms=200, max_batch_attempts=2,
