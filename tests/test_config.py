@@ -44,6 +44,7 @@ def test_workers_default_to_auto_devices():
         (lambda r: r["models"].append(dict(r["models"][0])), "unique"),
         (lambda r: r["models"].clear(), "at least one"),
         (lambda r: r["models"][0].pop("backend"), "backend"),
+        (lambda r: r.update(server={"gc_threshold": -1}), "gc_threshold"),
     ],
 )
 def test_bad_configs_are_refused_with_a_clear_message(mutate, message):
