@@ -11,7 +11,13 @@ with the same rule (`_due`) under one lock:
   waiting request has lingered `max_wait_ms`, or until that request's deadline forces an early flush.
 
 The linger is counted from the oldest waiting request, so a request that already waited while the
-workers were busy is not made to wait again.
+workers were busy is not made to wait again. One exception: closed-loop clients (each sends again as
+soon as it is answered) whose number is near the batch size can split into two groups whose batches
+alternate half full, forever, since each group is stale when a worker frees. The batcher watches for
+that echo: when most of a finished batch's requests come back within `max_wait_ms` of it and the rest
+of the cycle is quiet, a worker that frees with a stale, partial queue waits up to `max_wait_ms` for
+the echo of the batch it just finished, so the groups merge. Open-loop traffic arrives at the same rate
+inside and outside that window, so it is never held.
 
 Requests carry a bucket key (e.g. a token-length bucket, from the backend's `prepare`); each bucket
 has its own queue and a batch never mixes buckets. A full bucket goes first, otherwise the bucket
@@ -33,6 +39,10 @@ from .request_queue import RequestQueue
 
 if TYPE_CHECKING:
     from .executor import Worker
+
+
+ECHO_SCORE_TO_HOLD = 0.5  # the EWMA of "this cycle echoed" past which a worker waits for the echo
+_ECHO_ALPHA = 0.3
 
 
 class QueueFull(Exception):
@@ -62,6 +72,14 @@ class Batcher:
         self._wake = asyncio.Event()
         self._batch_ids = itertools.count(1)
         self._stopped = False
+        # The echo of finished batches (see the module docstring), all under the lock.
+        self.echo_score = 0.0
+        self.echo_holds = 0
+        self._hold_until = 0.0
+        self._cycle_start = 0.0  # when the last batch finished
+        self._cycle_size = 0  # how many requests it answered
+        self._arrived_in_window = 0  # arrivals within max_wait of that...
+        self._arrived_after = 0  # ...and after, until the next batch finished
 
     # ---- event loop side -------------------------------------------------------------------------
 
@@ -100,6 +118,11 @@ class Batcher:
             if queue is None:
                 queue = self._queues[request.bucket] = RequestQueue(self._tiers)
             queue.append(request)
+            if self._cycle_start:
+                if request.enqueued_at - self._cycle_start <= self.max_wait_s:
+                    self._arrived_in_window += 1
+                else:
+                    self._arrived_after += 1
             if self._idle:
                 trigger, _, due_queue = self._due(request.enqueued_at, "linger")
                 if trigger is None:
@@ -166,8 +189,9 @@ class Batcher:
 
     # ---- worker thread side ----------------------------------------------------------------------
 
-    def next_batch(self, worker: Worker) -> Batch | None:
-        """Called by a free worker: the next due batch at once, else park until one is handed over.
+    def next_batch(self, worker: Worker, finished: int = 0) -> Batch | None:
+        """Called by a free worker (that just answered `finished` requests): the next due batch at once,
+        else park until one is handed over.
 
         Returns None when the batcher stops.
         """
@@ -175,7 +199,14 @@ class Batcher:
         with self._lock:
             if self._stopped:
                 return None
+            if finished:
+                self._end_cycle(now, finished)
             trigger, _, due_queue = self._due(now, "idle_worker")
+            if trigger == "idle_worker" and finished and self.echo_score >= ECHO_SCORE_TO_HOLD:
+                # Stale and partial: the clients of the batch just finished are about to send again.
+                self._hold_until = now + self.max_wait_s
+                self.echo_holds += 1
+                trigger = None
             if trigger is not None:
                 batch = self._take(trigger, now, due_queue)
                 if batch is not None:
@@ -191,6 +222,17 @@ class Batcher:
 
     # ---- the rule (lock held) --------------------------------------------------------------------
 
+    def _end_cycle(self, now: float, finished: int) -> None:
+        """Score the cycle since the previous batch finished, and start the next one."""
+        length = now - self._cycle_start
+        if self._cycle_start and self._cycle_size and length > 2 * self.max_wait_s > 0:
+            rate_in = self._arrived_in_window / self.max_wait_s
+            rate_after = self._arrived_after / (length - self.max_wait_s)
+            echoed = self._arrived_in_window >= self._cycle_size / 2 and rate_in >= 4 * rate_after
+            self.echo_score += _ECHO_ALPHA * (float(echoed) - self.echo_score)
+        self._cycle_start, self._cycle_size = now, finished
+        self._arrived_in_window = self._arrived_after = 0
+
     def _due(self, now: float, on_linger: str) -> tuple[str | None, float, RequestQueue | None]:
         """(trigger, when, bucket queue): the trigger if a batch is due now, else None and when it will be."""
         oldest: PendingRequest | None = None
@@ -203,7 +245,7 @@ class Batcher:
                 oldest, oldest_queue = head, queue
         if oldest is None:
             return None, float("inf"), None
-        linger_end = oldest.enqueued_at + self.max_wait_s
+        linger_end = max(oldest.enqueued_at + self.max_wait_s, self._hold_until)
         if now >= linger_end:
             return on_linger, now, oldest_queue
         # Flush early if lingering on would make the oldest request miss a deadline it can still meet.
@@ -219,4 +261,5 @@ class Batcher:
         if not requests:
             return None  # everything due had expired
         self.flushes[trigger] += 1
+        self._hold_until = 0.0
         return Batch(next(self._batch_ids), requests, trigger, now)

@@ -133,8 +133,9 @@ class Worker:
 
     def _serve(self, fn: BatchFunction) -> None:
         last_end = 0.0
+        finished = 0
         while not self.abandoned:
-            batch = self._batcher.next_batch(self)
+            batch = self._batcher.next_batch(self, finished)
             if batch is None:
                 return
             batch.worker = self.name
@@ -150,6 +151,7 @@ class Worker:
             last_end = batch.finished_at = time.monotonic()
             self.busy_s += last_end - batch.started_at
             self.batches += 1
+            finished = len(batch.requests)
             self.current = None
             if self.abandoned:
                 return  # the watchdog already re-queued this batch: its results are discarded

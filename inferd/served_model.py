@@ -422,6 +422,7 @@ class ServedModel:
                 "queue_depth": self.batcher.depth,
                 "predicted_wait_ms": round(min(self.predicted_wait_s(), 1e9) * 1000, 3),
                 "flushes": dict(self.batcher.flushes),
+                "echo_holds": self.batcher.echo_holds,
                 "busy_gap_ms_p50": round(gaps[len(gaps) // 2] * 1000, 3) if gaps else None,
                 "batch_sizes": {str(size): n for size, n in sorted(self.batch_sizes.items())},
             },

@@ -74,6 +74,28 @@ async def test_requests_that_waited_do_not_linger_again(http):
         assert srv.models["m"].batcher.flushes["idle_worker"] >= 1
 
 
+async def test_closed_loop_clients_split_in_two_groups_merge_back_into_full_batches(http):
+    """Two groups of closed-loop clients, one batch together, started out of step: each group would run
+    half a batch in turn for ever (each is stale when the worker frees); the worker instead waits for
+    the echo of the batch it just finished, and the groups merge."""
+    async with running_server(sim_model(latency_ms=150, max_batch_size=20, max_wait_ms=40)) as srv:
+        stop_at = time.monotonic() + 3.0
+
+        async def client(i: int) -> None:
+            while time.monotonic() < stop_at:
+                status, body, _ = await infer(http, srv.url, {"input": f"c{i}"})
+                assert status == 200 and body["output"] == expected_output(f"c{i}")
+
+        group_a = [asyncio.create_task(client(i)) for i in range(10)]
+        await asyncio.sleep(0.1)  # past the 40 ms linger: the first batch leaves without group B
+        group_b = [asyncio.create_task(client(i)) for i in range(10, 20)]
+        await asyncio.gather(*group_a, *group_b)
+        sizes = [size for _, _, size in backend_of(srv).calls]
+        assert 10 in sizes[:4], sizes  # they really were split
+        assert srv.models["m"].batcher.echo_holds >= 1
+        assert sizes[-4:].count(20) >= 3, sizes  # merged: the last batches are full
+
+
 async def test_any_plain_batch_function_works(http):
     model = sim_model(backend="inferd.backends.sim:batchstring", options={})
     async with running_server(model) as srv:
