@@ -61,6 +61,25 @@ async def test_counters_and_histograms_match_the_traffic_exactly(http):
             assert sample.labels == {}  # pod totals: one series, no labels
 
 
+async def test_pod_totals_are_served_at_once_while_a_worker_is_stuck_in_a_long_call(http):
+    """Routers scrape the pod totals every 50 ms: a scrape must never wait for a worker."""
+    model = sim_model(latency_ms=1500, max_batch_size=8, max_wait_ms=5)
+    async with running_server(model) as srv:
+        running = asyncio.gather(*(infer(http, srv.url, {"input": f"slow{i}"}) for i in range(8)))
+        await asyncio.sleep(0.3)  # the batch of 8 is inside its 1.5 s call now
+        queued = asyncio.gather(*(infer(http, srv.url, {"input": f"next{i}"}) for i in range(3)))
+        await asyncio.sleep(0.1)
+        for _ in range(5):
+            started = time.monotonic()
+            f = await scrape(http, srv.url)
+            assert time.monotonic() - started < 0.5
+            assert value(f, "inferd_requests_running") == 8
+            assert value(f, "inferd_requests_waiting") == 3
+            assert value(f, "inferd_predicted_wait_max_seconds") > 0.5  # the running call has ~1 s left
+            await asyncio.sleep(0.05)
+        assert all(status == 200 for status, _, _ in await running + await queued)
+
+
 async def test_shed_and_expired_requests_are_counted(http):
     model = sim_model(latency_ms=200, max_batch_size=1, max_wait_ms=0, max_queue=1)
     async with running_server(model) as srv:
