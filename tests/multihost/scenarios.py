@@ -164,7 +164,8 @@ def ejection_times(workdir: Path, fault_time: float) -> dict:
     if not path.exists():
         return {"balancer_states": [], "eject_s": None, "ejected_as": None, "host_back_s": None, "rejoin_s": None}
     events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    after = [e for e in events if e["t"] >= fault_time]
+    # A poll that could not reach the balancer says nothing about the host.
+    after = [e for e in events if e["t"] >= fault_time and not e["state"].startswith("unreachable")]
     ejected = next((e for e in after if e["what"] == "balancer" and e["state"] != "up"), None)
     back = None
     if ejected is not None:
