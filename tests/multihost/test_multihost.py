@@ -44,3 +44,13 @@ def test_losing_a_host_loses_no_request(lab, tmp_path, balancer, fault):
         assert any("active_hc" in state or state.startswith("DOWN") for state in result["balancer_states"]), result
     if fault == "restart":
         assert result["rejoin_s"] is not None and result["rejoin_s"] < 5, result
+
+
+@pytest.mark.parametrize("balancer", BALANCERS)
+@pytest.mark.parametrize("fault", ["link_down", "sigstop"])
+def test_a_cut_off_or_frozen_host_is_ejected_and_rejoins_when_it_is_back(lab, tmp_path, balancer, fault):
+    """What is in flight on the host waits for it (3 s here) and is answered; the rest goes elsewhere."""
+    result = run_scenario(lab, tmp_path, balancer, fault, rate=150, duration_s=9, fault_at_s=2, restore_after_s=3)
+    assert result["lost"] == 0 and result["wrong"] == 0, result
+    assert result["eject_s"] is not None and result["eject_s"] < 3, result  # before the host is back
+    assert result["rejoin_s"] is not None and result["rejoin_s"] < 5, result
