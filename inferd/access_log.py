@@ -57,9 +57,12 @@ class AccessLog:
         self.sample_rate = 0.0 if self.off else sample_rate
         self._draw = random.random
 
+    def wants(self, status: int) -> bool:
+        """Whether this answer is logged: 500 and 504 always, others by sampling (one random draw)."""
+        return status == 500 or status == 504 or (self.sample_rate > 0.0 and self._draw() < self.sample_rate)
+
     def record(
         self,
-        *,
         request_id: str,
         model: str,
         tier: str,
@@ -68,9 +71,8 @@ class AccessLog:
         latency_s: float,
         pending: PendingRequest | None,
     ) -> None:
+        """Write one line (callers ask `wants` first)."""
         must = status in (500, 504)
-        if not must and (self.sample_rate <= 0.0 or self._draw() >= self.sample_rate):
-            return
         line: dict[str, Any] = {
             "request_id": request_id,
             "model": model,

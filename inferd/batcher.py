@@ -67,7 +67,9 @@ class Batcher:
         self._loop = loop
         self._lock = threading.Lock()
         self._tiers = list(tiers)
+        self._single_tier = len(self._tiers) == 1
         self._queues: dict[int, RequestQueue] = {0: RequestQueue(self._tiers)}  # by bucket
+        self._depth = 0  # live requests over every bucket
         self._idle: deque[Worker] = deque()
         self._wake = asyncio.Event()
         self._batch_ids = itertools.count(1)
@@ -85,8 +87,8 @@ class Batcher:
 
     @property
     def depth(self) -> int:
-        """Requests waiting for a batch."""
-        return sum(q.live for q in self._queues.values())
+        """Requests waiting for a batch (kept as a count: read per request by admission)."""
+        return self._depth
 
     def depth_by_tier(self) -> dict[str, int]:
         totals: Counter[str] = Counter()
@@ -96,6 +98,8 @@ class Batcher:
 
     def depth_ahead_of(self, tier: str) -> int:
         """Requests a new request of `tier` would wait behind."""
+        if self._single_tier:
+            return self._depth
         return sum(q.live_ahead_of(tier) for q in self._queues.values())
 
     def oldest_age_by_tier(self, now: float) -> dict[str, float]:
@@ -112,25 +116,27 @@ class Batcher:
         batch: Batch | None = None
         wake = False
         with self._lock:
-            if self.depth >= self.max_queue:
+            if self._depth >= self.max_queue:
                 raise QueueFull
             queue = self._queues.get(request.bucket)
             if queue is None:
                 queue = self._queues[request.bucket] = RequestQueue(self._tiers)
             queue.append(request)
+            self._depth += 1
             if self._cycle_start:
                 if request.enqueued_at - self._cycle_start <= self.max_wait_s:
                     self._arrived_in_window += 1
                 else:
                     self._arrived_after += 1
             if self._idle:
-                trigger, _, due_queue = self._due(request.enqueued_at, "linger")
-                if trigger is None:
-                    wake = queue.live == 1  # the first waiting request of a bucket may start the linger clock
-                else:
-                    batch = self._take(trigger, request.enqueued_at, due_queue)
+                # A new request can make its bucket full; a linger or deadline running out is the
+                # batcher coroutine's to time (it sleeps until the earliest of them).
+                if queue.live >= self.max_batch_size:
+                    batch = self._take("full", request.enqueued_at, queue)
                     if batch is not None:
                         worker = self._idle.popleft()
+                else:
+                    wake = queue.live == 1  # the first waiting request of a bucket may start the linger clock
         if worker is not None:
             worker.give(batch)
         elif wake:
@@ -139,18 +145,23 @@ class Batcher:
     def withdraw(self, request: PendingRequest, new_state: RequestState) -> bool:
         """Remove a request that is still waiting (client gone, deadline passed). False if it left already."""
         with self._lock:
-            return self._queues[request.bucket].remove(request, new_state)
+            removed = self._queues[request.bucket].remove(request, new_state)
+            self._depth -= removed
+            return removed
 
     def withdraw_all(self) -> list[PendingRequest]:
         """Remove every waiting request (the model stopped taking work)."""
         with self._lock:
-            return [r for q in self._queues.values() for r in q.drain()]
+            removed = [r for q in self._queues.values() for r in q.drain()]
+            self._depth = 0
+            return removed
 
     def requeue_front(self, requests: list[PendingRequest]) -> None:
         """Put requests of a batch that must run again at the head of the queue."""
         with self._lock:
             for bucket in {r.bucket for r in requests}:
                 self._queues[bucket].appendleft([r for r in requests if r.bucket == bucket])
+            self._depth += len(requests)
         self._wake.set()
 
     def stop(self) -> list[PendingRequest]:
@@ -159,6 +170,7 @@ class Batcher:
             self._stopped = True
             idle, self._idle = list(self._idle), deque()
             leftover = [r for q in self._queues.values() for r in q.drain()]
+            self._depth = 0
         for worker in idle:
             worker.give(None)
         self._wake.set()
@@ -173,7 +185,7 @@ class Batcher:
                 now = time.monotonic()
                 worker = batch = None
                 with self._lock:
-                    if not self._idle or not self.depth:
+                    if not self._idle or not self._depth:
                         break
                     trigger, due_at, due_queue = self._due(now, "linger")
                     if trigger is not None:
@@ -214,7 +226,7 @@ class Batcher:
                     return batch
             self._idle.append(worker)
             worker.parked_at = now
-            needs_timer = self.depth > 0
+            needs_timer = self._depth > 0
         if needs_timer:
             self._loop.call_soon_threadsafe(self._wake.set)
         worker.parked = True
@@ -257,7 +269,11 @@ class Batcher:
         return None, min(linger_end, deadline_end), None
 
     def _take(self, trigger: str, now: float, queue: RequestQueue | None) -> Batch | None:
-        requests = queue.take(self.max_batch_size, now) if queue is not None else []
+        if queue is None:
+            return None
+        live = queue.live
+        requests = queue.take(self.max_batch_size, now)
+        self._depth -= live - queue.live  # taken, and any found expired on the way
         if not requests:
             return None  # everything due had expired
         self.flushes[trigger] += 1

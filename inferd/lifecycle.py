@@ -31,7 +31,8 @@ class Lifecycle:
 
     def enter(self) -> None:
         self.in_flight += 1
-        self._idle.clear()
+        if self.in_flight == 1:
+            self._idle.clear()
 
     def leave(self) -> None:
         self.in_flight -= 1
