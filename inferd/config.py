@@ -98,6 +98,7 @@ class ServerConfig:
     access_log: str = "info"  # level of the JSON access log lines, or "off"
     access_log_sample_rate: float = 0.01  # share of requests logged; 500 and 504 answers are always logged
     gc_threshold: int = 50_000  # cyclic GC after this many new objects (Python's default: 700); 0 keeps Python's
+    gil_switch_interval_ms: float = 0.2  # longest an executor thread waits for the GIL a busy loop holds (Python: 5)
     models: tuple[ModelConfig, ...] = ()
     auth: AuthConfig = AuthConfig()
     tiers: tuple[TierConfig, ...] = (TierConfig("default"),)
@@ -277,6 +278,8 @@ def _check_server(c: ServerConfig) -> None:
         raise ConfigError("[tiers] without [auth]: say which tier anonymous requests get ([auth] anonymous_tier)")
     if not 0.0 <= c.access_log_sample_rate <= 1.0:
         raise ConfigError("[server] access_log_sample_rate must be between 0 and 1")
+    if not isinstance(c.gil_switch_interval_ms, (int, float)) or not 0 < c.gil_switch_interval_ms <= 100:
+        raise ConfigError("[server] gil_switch_interval_ms must be a number of ms in (0, 100]")
     if not isinstance(c.gc_threshold, int) or c.gc_threshold < 0:
         raise ConfigError("[server] gc_threshold must be an integer >= 0")
     if c.access_log.lower() not in ("off", "debug", "info", "warning", "error"):

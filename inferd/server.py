@@ -184,6 +184,10 @@ def raise_open_file_limit() -> None:
 
 def run(config: ServerConfig) -> None:
     raise_open_file_limit()
+    # An executor thread coming back from the GPU (or a sleep, or any call that let go of the GIL) waits
+    # for the GIL the busy event loop holds until this interval forces a switch. Python's 5 ms is most of
+    # a batch: the GPU idles meanwhile. Measured: benchmarks/results/S9.md and gil_interference.md.
+    sys.setswitchinterval(config.gil_switch_interval_ms / 1000.0)
     if config.gc_threshold:
         # Each request allocates a few hundred short-lived objects, nearly all freed by reference
         # counting; at Python's default (a collection per 700) the collector runs thousands of times a
