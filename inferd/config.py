@@ -32,6 +32,7 @@ class ModelConfig:
     timeout_ms: int = 10_000  # default deadline of a request
     max_timeout_ms: int = 60_000  # a client's timeout_ms is capped at this
     max_input_chars: int = 100_000
+    max_inputs_per_call: int = 2048  # items of one /v1/embeddings call (each batched as a request)
     factory: bool | None = None  # None: a factory is recognised by @backend_factory
     warmup_inputs: tuple[str, ...] = ("warmup",)
     batch_timeout_ms: int = 10_000  # the hang watchdog's floor; the limit is max(this, 3 x measured p99)
@@ -237,7 +238,7 @@ def _parse_model(raw: Any) -> ModelConfig:
 
 def _check_model(m: ModelConfig, where: str) -> None:
     positive_ints = (
-        "max_batch_size", "workers", "max_queue", "timeout_ms", "max_timeout_ms", "max_input_chars",
+        "max_batch_size", "workers", "max_queue", "timeout_ms", "max_timeout_ms", "max_input_chars", "max_inputs_per_call",
         "batch_timeout_ms", "max_batch_attempts", "breaker_failures", "breaker_cooldown_ms",
         "max_waiting_requests", "max_waiting_prompt_tokens",
     )

@@ -67,7 +67,8 @@ class Worker:
         self.backend: BatchFunction | None = None
         self.busy_gaps_s: deque[float] = deque(maxlen=2048)  # end of one call to start of the next, back to back
         self.busy_s = 0.0  # total time inside backend calls
-        self.warmup_s = 0.0  # how long the warm-up call took: the first estimate of a batch's time
+        self.warmup_s = 0.0  # how long the last warm-up call took: the first estimate of a batch's time
+        self.warmup_report: dict[str, Any] = {}  # what warming up did and took (GET /v1/models)
         self.batches = 0
         self.current: Batch | None = None  # the batch inside the backend now
         self.call_started_at = 0.0  # start of the backend call in progress (the watchdog's clock)
@@ -111,12 +112,17 @@ class Worker:
     def _run(self) -> None:
         try:
             fn = self._build(self.device)
+            started = time.monotonic()
+            warmup = getattr(fn, "warmup", None)
+            if warmup is not None:  # e.g. CUDA graph capture
+                self.warmup_report = dict(warmup() or {})
             warmups = getattr(fn, "warmup_batches", None)
             batches = warmups() if warmups is not None else [self._warmup_inputs] if self._warmup_inputs else []
             for batch in batches:  # e.g. one per length bucket: every shape is compiled before serving
-                started = time.monotonic()
+                call_started = time.monotonic()
                 check_outputs(fn(list(batch)), len(batch))
-                self.warmup_s = time.monotonic() - started
+                self.warmup_s = time.monotonic() - call_started
+            self.warmup_report["warmup_s"] = round(time.monotonic() - started, 3)
         except BaseException as exc:  # noqa: BLE001 - reported to the loop, the model stays not ready
             log.exception("worker %s failed to start", self.name)
             self._call_loop(self._on_failed, self, exc)

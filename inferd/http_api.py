@@ -21,8 +21,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from .access_log import AccessLog
 from .admission import Admission
 from .auth import Authenticator
+from .embeddings import embeddings_payload, openai_error, parse_embeddings_body
 from .errors import (
     InferdError,
+    InvalidInput,
     MethodNotAllowed,
     ModelNotFound,
     NotFound,
@@ -32,7 +34,7 @@ from .faults import DeadLetters
 from .lifecycle import Lifecycle
 from .messages import PendingRequest
 from .metrics import RequestMetrics
-from .protocol import RequestIds, dumps, parse_inference_body
+from .protocol import RequestIds, dumps, encode_vector, parse_inference_body
 from .rate_limits import RateLimiter
 from .served_model import ServedModel
 
@@ -43,12 +45,17 @@ JSON = "application/json"
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
-def error_response(error: InferdError, request_id: str, *, close: bool = False) -> web.Response:
-    payload: dict[str, Any] = {"error": error.code, "message": error.message, "request_id": request_id}
-    headers = {"Content-Type": JSON, "X-Request-ID": request_id}
-    if error.retry_after_ms is not None:
-        payload["retry_after_ms"] = error.retry_after_ms
-        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_ms / 1000)))
+def error_response(error: InferdError, request_id: str, *, close: bool = False, openai: bool = False) -> web.Response:
+    """inferd's error shape (`{"error": CODE, "message", "request_id"}`), or OpenAI's with `openai`."""
+    if openai:
+        payload, headers = openai_error(error, request_id)
+    else:
+        payload = {"error": error.code, "message": error.message, "request_id": request_id}
+        headers = {"X-Request-ID": request_id}
+        if error.retry_after_ms is not None:
+            payload["retry_after_ms"] = error.retry_after_ms
+            headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_ms / 1000)))
+    headers["Content-Type"] = JSON
     response = web.Response(body=dumps(payload), status=error.status, headers=headers)
     if close:
         response.force_close()
@@ -83,6 +90,7 @@ class HttpApi:
         self.lifecycle = lifecycle
         self.max_body_bytes = max_body_bytes
         self.ids = RequestIds()
+        self.created = int(time.time())  # `created` of every model in GET /v1/models (OpenAI's list shape)
         self.metrics = metrics
         self.registry = registry
         self.access_log = access_log
@@ -93,6 +101,7 @@ class HttpApi:
         self.routes: dict[str, tuple[str, Handler]] = {
             "/v1/inference": ("POST", self.inference),
             "/api/inference": ("POST", self.inference),
+            "/v1/embeddings": ("POST", self.embeddings),
             "/healthz": ("GET", self.healthz),
             "/readyz": ("GET", self.readyz),
             "/v1/models": ("GET", self.list_models),
@@ -137,27 +146,18 @@ class HttpApi:
         lifecycle.enter()
         model_name, tier, pending = "-", "-", None
         try:
-            self.admission.check_open()
-            who = self.auth.identify(request.headers)
+            who = self.auth.identify(headers)
             tier = who.tier
-            try:
-                body = await request.read()
-            except web.HTTPRequestEntityTooLarge:
-                raise PayloadTooLarge(f"body exceeds {self.max_body_bytes} bytes") from None
+            body = await self.read_body(request)
             call = parse_inference_body(body)
-            model = self.models.get(call.model or self.default_model)
-            if model is None and self.generation is not None and (call.model or self.default_model) in self.generators:
-                generator = self.generators[call.model or self.default_model]
-                return await self.generation.inference(request, generator, orjson.loads(body), request_id, started)
+            name = call.model or self.default_model
+            model = self.models.get(name)
             if model is None:
-                raise ModelNotFound(f"no model named {call.model!r}; see GET /v1/models")
-            model_name = model.name
-            timeout_s = self.admission.check(model, call, who)
-            if model.preparer is None:
-                value, bucket = call.input, 0
-            else:
-                value, bucket = await model.prepare(call.input)
-            pending = self.admission.enqueue(model, request_id, who, timeout_s, value, bucket, call.input)
+                if self.generation is not None and name in self.generators:
+                    return await self.generation.inference(request, self.generators[name], orjson.loads(body), request_id, started)
+                raise ModelNotFound(f"no model named {name!r}; see GET /v1/models")
+            model_name = name
+            pending = self.admission.admit(model, request_id, call.input, who, call.timeout_ms)
             try:
                 output = await pending.future
             except asyncio.CancelledError:
@@ -179,6 +179,8 @@ class HttpApi:
                 f"queue;dur={(batch.started_at - pending.enqueued_at) * 1000:.3f}, "
                 f"compute;dur={batch.compute_s * 1000:.3f}"
             )
+        if call.base64:
+            output = encode_vector(output, base64=True)
         payload = {
             "output": output,
             "request_id": request_id,
@@ -186,6 +188,63 @@ class HttpApi:
             "latency_ms": round((now - started) * 1000, 3),
         }
         return web.Response(body=dumps(payload), headers=headers)
+
+    async def embeddings(self, request: web.BaseRequest) -> web.Response:
+        """OpenAI's `POST /v1/embeddings`: each item batched like a request of its own, answered in order."""
+        started = time.monotonic()
+        headers = request.headers
+        request_id = self.ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key"))
+        lifecycle = self.lifecycle
+        lifecycle.enter()
+        model_name, tier, model, items = "-", "-", None, []
+        try:
+            who = self.auth.identify(headers)
+            tier = who.tier
+            call = parse_embeddings_body(await self.read_body(request))
+            name = call.model or self.default_model
+            model = self.models.get(name)
+            if model is None:
+                raise ModelNotFound(f"no embedding model named {name!r}; see GET /v1/models")
+            model_name = name
+            if model.ready and model.output_kind != "embedding":
+                raise InvalidInput(f"model {name} does not produce embeddings")
+            cap = model.config.max_inputs_per_call
+            if len(call.items) > cap:
+                raise InvalidInput(f"`input` holds {len(call.items)} items; model {name} takes at most {cap} per call")
+            items = self.admission.admit_many(model, request_id, call.items, who, call.timeout_ms)
+            try:
+                vectors = await asyncio.gather(*(item.future for item in items))
+            except asyncio.CancelledError:
+                self._record(request_id, model_name, tier, 499, "CLIENT_DISCONNECTED", started, None)
+                raise
+        except InferdError as error:
+            if error.status in (429, 503) and self.metrics is not None:
+                self.metrics.shed[(model_name, tier, error.reason)] += 1
+            self._record(request_id, model_name, tier, error.status, error.code, started, None)
+            return error_response(error, request_id, close=lifecycle.draining, openai=True)
+        finally:
+            lifecycle.leave()
+            for item in items:  # the rest of a call that failed or was given up: never computed if still queued
+                if not item.future.done() or item.future.cancelled():  # (a cancelled gather cancels them)
+                    model.abandon(item)  # type: ignore[union-attr]
+        self._record(request_id, model_name, tier, 200, "", started, None)
+        payload = embeddings_payload(model_name, vectors, sum(item.tokens for item in items), call.base64)
+        return web.Response(body=dumps(payload), headers={"Content-Type": JSON, "X-Request-ID": request_id})
+
+    async def read_body(self, request: web.BaseRequest) -> bytes:
+        """The whole body, at most `max_body_bytes`. A small body has usually arrived with the headers:
+        then it is taken from the buffer at once, without the two awaits of `request.read()`."""
+        content = request.content
+        if content.is_eof():
+            body = content.read_nowait()
+        else:
+            parts = bytearray(content.read_nowait())
+            while not content.is_eof() and len(parts) <= self.max_body_bytes:
+                parts += await content.readany()
+            body = bytes(parts)
+        if len(body) > self.max_body_bytes:
+            raise PayloadTooLarge(f"body exceeds {self.max_body_bytes} bytes")
+        return body
 
     def _counted(self, handler: Handler) -> Handler:
         """Count a handler's requests as in flight, so a drain waits for them too."""
@@ -216,10 +275,8 @@ class HttpApi:
                 metrics.admission[model].observe(pending.enqueued_at - started)
                 if pending.batch is not None and status == 200:
                     metrics.response[model].observe(now - pending.batch.finished_at)
-        self.access_log.record(
-            request_id=request_id, model=model, tier=tier, status=status, error=error,
-            latency_s=now - started, pending=pending,
-        )
+        if self.access_log.wants(status):
+            self.access_log.record(request_id, model, tier, status, error, now - started, pending)
         return now
 
     # ---- operations ------------------------------------------------------------------------------
@@ -240,8 +297,8 @@ class HttpApi:
 
     async def list_models(self, request: web.BaseRequest) -> web.Response:
         """Every model, in a shape the OpenAI client's models.list() also reads (id, object)."""
-        data = [{"id": m.name, "object": "model", "owned_by": "inferd", "kind": "batch", **m.describe()}
-                for m in self.models.values()]
+        data = [{"id": m.name, "object": "model", "created": self.created, "owned_by": "inferd", "kind": "batch",
+                 **m.describe()} for m in self.models.values()]
         data += [g.describe() for g in self.generators.values()]
         return json_response({"object": "list", "data": data}, self.ids.pick(request.headers.get("X-Request-ID")))
 

@@ -1,9 +1,10 @@
 """The records that travel down the data path: one per request, one per batch.
 
-A request's `state` is only changed under its model queue's lock, which is what lets the event loop
+A queued request's `state` is only changed under its model queue's lock, which is what lets the event loop
 (cancel, deadline) and a worker thread (taking a batch) race for it safely: whoever moves it out of
 QUEUED first wins, and a request that left the queue as expired or cancelled is never computed.
-Its future is only ever touched on the event loop.
+Before it is queued (PREPARING), only the event loop touches it. Its future is only ever touched on
+the event loop.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from typing import Any
 
 
 class RequestState(Enum):
+    PREPARING = "preparing"  # with the model's preprocessing thread (e.g. being tokenised), not queued yet
     QUEUED = "queued"
     TAKEN = "taken"  # in a batch handed to a worker
     EXPIRED = "expired"  # deadline passed while queued
     CANCELLED = "cancelled"  # client went away while queued
+    REJECTED = "rejected"  # its preparation refused it (e.g. over the token limit): answered 400
 
 
 @dataclass(slots=True, eq=False)
@@ -36,7 +39,8 @@ class PendingRequest:
     tier: str = "default"
     tenant: str = "anonymous"
     bucket: int = 0  # batches never mix buckets (e.g. token-length buckets)
-    raw: str | None = None  # the client's input, when `input` is what the backend's `prepare` made of it
+    raw: Any = None  # the client's input, when `input` is what the backend's `prepare` made of it
+    tokens: int = 0  # its size in tokens, when its preparation counted them
 
 
 @dataclass(slots=True, eq=False)

@@ -5,6 +5,7 @@ Kept apart from the handlers so the rules (what is a valid body, what is a valid
 
 from __future__ import annotations
 
+import binascii
 import itertools
 import os
 import re
@@ -23,6 +24,7 @@ class InferenceCall:
     input: str
     model: str | None
     timeout_ms: int | None
+    base64: bool = False  # `encoding_format: "base64"`: a vector output as base64 of little-endian float32
 
 
 def parse_inference_body(body: bytes) -> InferenceCall:
@@ -41,7 +43,24 @@ def parse_inference_body(body: bytes) -> InferenceCall:
     timeout_ms = data.get("timeout_ms")
     if timeout_ms is not None and (type(timeout_ms) is not int or timeout_ms <= 0):
         raise InvalidInput("`timeout_ms` must be a positive integer")
-    return InferenceCall(value, model, timeout_ms)
+    fmt = data.get("encoding_format")
+    return InferenceCall(value, model, timeout_ms, fmt is not None and encoding_format(data) == "base64")
+
+
+def encoding_format(data: dict[str, Any]) -> str:
+    """The body's `encoding_format` ("float", the default, or "base64"), as OpenAI's embeddings take it."""
+    value = data.get("encoding_format", "float")
+    if value not in ("float", "base64"):
+        raise InvalidInput('`encoding_format` must be "float" or "base64"')
+    return value
+
+
+def encode_vector(output: Any, *, base64: bool) -> Any:
+    """A vector output as JSON takes it: the float32 array itself (orjson writes it without a list of
+    Python floats in between), or base64 of its little-endian float32 bytes. Other outputs pass as they are."""
+    if base64 and hasattr(output, "astype"):  # a numpy array (numpy itself comes with the backends that need it)
+        return binascii.b2a_base64(output.astype("<f4", copy=False).tobytes(), newline=False).decode("ascii")
+    return output
 
 
 class RequestIds:

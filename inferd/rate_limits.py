@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from .config import ServerConfig
-from .errors import RateLimited
+from .errors import InvalidInput, RateLimited
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,12 +47,14 @@ class RateLimiter:
             size = max(1.0, rate)
         return Identity(tenant, tier, rate, size)
 
-    def check(self, who: Identity, model: str, capacity_scale: float, now: float) -> None:
-        """Take one token or raise RateLimited with the wait until the next one."""
+    def check(self, who: Identity, model: str, capacity_scale: float, now: float, cost: int = 1) -> None:
+        """Take `cost` tokens (one per input) or raise RateLimited with the wait until there are enough."""
         if who.rate_per_s is None:
             return
         rate = who.rate_per_s * capacity_scale
         burst = who.burst or 1.0
+        if cost > burst:
+            raise InvalidInput(f"tenant {who.tenant} may send at most {burst:g} inputs at once to model {model}")
         key = (who.tenant, model)
         bucket = self._buckets.get(key)
         if bucket is None:
@@ -60,10 +62,10 @@ class RateLimiter:
         else:
             bucket.tokens = min(burst, bucket.tokens + (now - bucket.updated) * rate)
             bucket.updated = now
-        if bucket.tokens >= 1.0:
-            bucket.tokens -= 1.0
+        if bucket.tokens >= cost:
+            bucket.tokens -= cost
             return
-        wait_s = (1.0 - bucket.tokens) / rate if rate > 0 else 60.0
+        wait_s = (cost - bucket.tokens) / rate if rate > 0 else 60.0
         retry_ms = max(1, math.ceil(wait_s * 1000))
         raise RateLimited(
             f"tenant {who.tenant} is over its limit of {rate:.3g} requests/s for model {model}",

@@ -23,14 +23,15 @@ from functools import partial
 from typing import Any
 
 from .backends import build_batch_function
-from .batcher import Batcher
+from .batcher import Batcher, QueueFull
 from .config import ModelConfig, TierConfig
 from .deadlines import DeadlineWheel
-from .errors import DeadlineExceeded, InferdError, InferenceFailed, InvalidInput, ModelUnavailable
+from .errors import DeadlineExceeded, InferdError, InferenceFailed, InvalidInput, ModelUnavailable, ServiceOverloaded
 from .executor import Worker
 from .faults import BatchLatencies, BreakerState, CircuitBreaker, DeadLetters
 from .messages import Batch, PendingRequest, RequestState
 from .metrics import Histogram, RequestMetrics
+from .preprocess import Preprocessor
 
 log = logging.getLogger("inferd.model")
 
@@ -70,7 +71,11 @@ class ServedModel:
         self.breaker = CircuitBreaker(config.breaker_failures, config.breaker_cooldown_ms / 1000.0)
         self.latencies = BatchLatencies(config.batch_timeout_ms / 1000.0)
         self.warmed = False  # every configured worker has been ready once
-        self.preparer: Any = None  # the backend's `prepare(text) -> (input, bucket)`, if it tokenises on the way in
+        self.healthy_workers = 0  # built, warm and not given up on (recounted when a worker changes)
+        self.prepare_one: Any = None  # the backend's `prepare(text) -> (input, bucket)`, run on the loop
+        self.preprocessor: Preprocessor | None = None  # runs the backend's `prepare_batch` off the loop
+        self.output_kind: str | None = None  # the backend's `output_kind` ("embedding": /v1/embeddings)
+        self._stop_reason: InferdError | None = None
         self.start_error: BaseException | None = None
         self.replacements = 0
         self.batches = 0
@@ -117,12 +122,15 @@ class ServedModel:
     @property
     def ready(self) -> bool:
         """Serving: all workers were warmed once, one is still healthy, and the breaker is not open."""
-        return self.warmed and self.ready_workers > 0 and self.breaker.state is not BreakerState.OPEN
+        return self.warmed and self.healthy_workers > 0 and self.breaker.state is not BreakerState.OPEN
 
     @property
     def ready_workers(self) -> int:
         """Healthy workers: built, warm, and not given up on."""
-        return sum(1 for w in self.workers if w.healthy)
+        return self.healthy_workers
+
+    def _count_healthy(self) -> None:
+        self.healthy_workers = sum(1 for w in self.workers if w.healthy)
 
     def unavailable_for_s(self, now: float) -> float | None:
         """While the breaker is open: seconds until it lets a probe through."""
@@ -130,6 +138,10 @@ class ServedModel:
 
     async def stop(self, reason: InferdError, join_timeout_s: float = 2.0) -> None:
         """Stop the workers; requests still waiting get `reason`."""
+        self._stop_reason = reason  # what a request still being prepared gets when it comes back
+        if self.preprocessor is not None:
+            for request in self.preprocessor.stop():
+                self._fail(request, reason)
         for request in self.batcher.stop():
             self._fail(request, reason)
         for worker in self.workers:  # batches still running when the grace period ended
@@ -149,45 +161,80 @@ class ServedModel:
 
     # ---- requests --------------------------------------------------------------------------------
 
-    async def prepare(self, text: str) -> tuple[Any, int]:
-        """Run `prepare` on the loop for short inputs, in a thread for long ones (it costs per character)."""
-        prepare = self.preparer
-        if prepare is None:
-            return text, 0  # (callers skip the await when there is no preparer)
-        try:
-            if len(text) < 2000:
-                return prepare(text)
-            return await self.loop.run_in_executor(None, prepare, text)
-        except Exception as exc:  # noqa: BLE001 - the input is at fault
-            raise InvalidInput(f"model {self.name} cannot read this input: {type(exc).__name__}: {exc}"[:300]) from None
-
     def submit(
-        self,
-        request_id: str,
-        value: Any,
-        timeout_s: float,
-        tier: str = "default",
-        tenant: str = "anonymous",
-        bucket: int = 0,
-        raw: str | None = None,
+        self, request_id: str, raw: Any, timeout_s: float, tier: str = "default", tenant: str = "anonymous"
     ) -> PendingRequest:
-        """Queue one input; raises batcher.QueueFull. The caller awaits `.future`."""
+        """Admit one input: it is prepared (off the loop when the backend has `prepare_batch`), then
+        queued. The caller awaits `.future`. Raises InvalidInput or ServiceOverloaded when that is known
+        at once; otherwise the future carries it."""
         now = time.monotonic()
-        request = PendingRequest(
-            request_id, value, now, now + timeout_s, self.loop.create_future(), tier=tier, tenant=tenant, bucket=bucket, raw=raw
-        )
-        self.batcher.submit(request)
+        request = PendingRequest(request_id, raw, now, now + timeout_s, self.loop.create_future(), tier=tier, tenant=tenant)
+        if self.preprocessor is not None:
+            request.raw = raw
+            request.state = RequestState.PREPARING
+            self.deadlines.add(request)
+            self.preprocessor.put(request)
+            return request
+        if self.prepare_one is not None:
+            try:
+                request.input, request.bucket = self.prepare_one(raw)
+            except Exception as exc:  # noqa: BLE001 - the input is at fault
+                raise self._unreadable(exc) from None
+            request.raw = raw
+        self._enqueue(request)
         self.deadlines.add(request)
         return request
 
+    def _enqueue(self, request: PendingRequest) -> None:
+        try:
+            self.batcher.submit(request)
+        except QueueFull:
+            raise ServiceOverloaded(
+                f"model {self.name} has {self.config.max_queue} requests waiting",
+                retry_after_ms=self.retry_after_ms(request.tier),
+                reason="queue_full",
+            ) from None
+
+    def _on_prepared(self, requests: list[PendingRequest], results: Any) -> None:
+        """Back from the preprocessing thread (on the loop): queue each request that is still waiting."""
+        for request, result in zip(requests, results, strict=True):
+            if request.state is not RequestState.PREPARING:
+                continue  # the client went away or its deadline passed meanwhile
+            if self._stop_reason is not None:
+                self._fail(request, self._stop_reason)
+                continue
+            if isinstance(result, BaseException):
+                request.state = RequestState.REJECTED
+                self._fail(request, self._unreadable(result))
+                continue
+            request.input, request.bucket = result[0], result[1]
+            request.tokens = result[2] if len(result) > 2 else 0
+            request.state = RequestState.QUEUED
+            try:
+                self._enqueue(request)
+            except ServiceOverloaded as error:
+                request.state = RequestState.REJECTED
+                self.metrics.shed[(self.name, request.tier, error.reason)] += 1
+                self._fail(request, error)
+
+    def _unreadable(self, exc: BaseException) -> InvalidInput:
+        return InvalidInput(f"model {self.name} cannot take this input: {type(exc).__name__}: {exc}"[:300])
+
     def abandon(self, request: PendingRequest) -> None:
         """The client went away: a request still queued is removed and never computed."""
-        self.batcher.withdraw(request, RequestState.CANCELLED)
+        if request.state is RequestState.PREPARING:
+            request.state = RequestState.CANCELLED
+        else:
+            self.batcher.withdraw(request, RequestState.CANCELLED)
         self.deadlines.discard(request)
         request.future.cancel()
 
     def _expire(self, request: PendingRequest) -> None:
-        left_queue = self.batcher.withdraw(request, RequestState.EXPIRED)
+        if request.state is RequestState.PREPARING:
+            request.state = RequestState.EXPIRED
+            left_queue = True
+        else:
+            left_queue = self.batcher.withdraw(request, RequestState.EXPIRED)
         if not request.future.done():
             queued = left_queue or request.state is RequestState.EXPIRED
             self.metrics.shed[(self.name, request.tier, "deadline_queued" if queued else "deadline_computing")] += 1
@@ -269,6 +316,7 @@ class ServedModel:
     def _give_up_on(self, worker: Worker, batch: Batch | None) -> None:
         """Take a worker out of rotation, run its batch again elsewhere, and start a replacement."""
         worker.abandoned = True
+        self._count_healthy()
         if batch is not None and not batch.abandoned:
             batch.abandoned = True
             self._requeue(batch.requests)
@@ -282,6 +330,7 @@ class ServedModel:
         replacement = self._new_worker(f"{_slot(worker)}.{self.replacements}", worker.device)
         self.workers[self.workers.index(worker)] = replacement
         self._busy_samples.pop(worker.name, None)
+        self._count_healthy()
         replacement.start()
 
     def _requeue(self, requests: list[PendingRequest]) -> None:
@@ -307,8 +356,15 @@ class ServedModel:
         if not self.compute_ewma_s:  # the warm-up call is the first measurement
             self.compute_ewma_s = worker.warmup_s
             self.batcher.expected_compute_s = self.compute_ewma_s
-        if self.preparer is None:
-            self.preparer = getattr(worker.backend, "prepare", None)
+        self._count_healthy()
+        if self.preprocessor is None and self.prepare_one is None:  # the same for every worker's backend
+            backend = worker.backend
+            prepare_batch = getattr(backend, "prepare_batch", None)
+            if prepare_batch is not None:
+                self.preprocessor = Preprocessor(prepare_batch, self.loop, self._on_prepared, self.name)
+            else:
+                self.prepare_one = getattr(backend, "prepare", None)
+            self.output_kind = getattr(backend, "output_kind", None)
         if not self.warmed and all(w.ready for w in self.workers):
             self.warmed = True
             log.info("model %s ready: %d workers", self.name, len(self.workers))
@@ -375,18 +431,26 @@ class ServedModel:
     def predicted_wait_s(self, tier: str | None = None, now: float | None = None) -> float:
         """How long a request of `tier` (default: the lowest) queued now would wait before its batch starts:
         until a worker frees, then one batch time per full round of the requests ahead of it."""
-        healthy = self.ready_workers
-        if healthy == 0 or not self.compute_ewma_s:
+        healthy = self.healthy_workers
+        batch_s = self.compute_ewma_s
+        if healthy == 0 or not batch_s:
             return math.inf if self.batcher.depth else 0.0
-        now = time.monotonic() if now is None else now
         ahead = self.batcher.depth if tier is None else self.batcher.depth_ahead_of(tier)
-        busy = [w.current for w in self.workers if w.healthy and w.current is not None]
-        if len(busy) < healthy:
-            first_free = 0.0
+        first_free = 0.0
+        for worker in self.workers:  # the soonest a healthy worker is free: 0 if one is free now
+            running = worker.current
+            if running is None and worker.healthy:
+                break
+            if running is not None and worker.healthy:
+                if now is None:
+                    now = time.monotonic()
+                left = batch_s - (now - running.started_at)
+                if left <= 0.0:
+                    break
+                first_free = left if first_free == 0.0 else min(first_free, left)
         else:
-            first_free = min(max(0.0, self.compute_ewma_s - (now - b.started_at)) for b in busy)
-        rounds = ahead // (self.config.max_batch_size * healthy)
-        return first_free + rounds * self.compute_ewma_s
+            return first_free + ahead // (self.config.max_batch_size * healthy) * batch_s
+        return ahead // (self.config.max_batch_size * healthy) * batch_s
 
     def retry_after_ms(self, tier: str | None = None) -> int:
         wait = self.predicted_wait_s(tier)
@@ -413,6 +477,8 @@ class ServedModel:
             "workers_replaced": self.replacements,
             "worker_build_failures": self.build_failures,
             "batch_timeout_ms": round(self.latencies.limit_s * 1000, 1),
+            "output_kind": self.output_kind,
+            "warmup": {w.name: w.warmup_report for w in self.workers if w.ready},
             "stats": {
                 "batches": self.batches,
                 "requests_computed": self.requests_computed,
@@ -425,6 +491,9 @@ class ServedModel:
                 "echo_holds": self.batcher.echo_holds,
                 "busy_gap_ms_p50": round(gaps[len(gaps) // 2] * 1000, 3) if gaps else None,
                 "batch_sizes": {str(size): n for size, n in sorted(self.batch_sizes.items())},
+                "preprocess_calls": self.preprocessor.calls if self.preprocessor else 0,
+                "preprocess_mean_batch": round(self.preprocessor.items / self.preprocessor.calls, 2)
+                if self.preprocessor and self.preprocessor.calls else None,
             },
         }
 

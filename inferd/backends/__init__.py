@@ -6,18 +6,37 @@ A config names one as "package.module:name". The object found there is either
   thread as `factory(device, options)` so each worker builds its own model on its own GPU.
 
 "package.module" alone means that module's `create` factory.
+
+A batch function may also have:
+- `prepare_batch(items) -> list[Prepared | Exception]`: what each raw input becomes before it is queued
+  (e.g. token ids) and its length bucket (batches never mix buckets); run off the event loop, on the
+  model's preprocessing thread, for micro-batches of arriving requests. An Exception fails that input
+  alone with a 400. Items are strings, or token-id lists where the HTTP API accepts them.
+- `prepare(text) -> (input, bucket)`: the same for one input, run on the event loop: only for cheap,
+  pure-Python bucketing (`prepare_batch` wins when both exist).
+- `warmup() -> dict` (e.g. capture CUDA graphs; what it did is shown in `GET /v1/models`) and
+  `warmup_batches() -> list of batches`, run before the worker turns ready.
+- `output_kind`: "embedding" for a model `/v1/embeddings` may serve.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 BatchFunction = Callable[[list[Any]], Sequence[Any]]
 BackendFactory = Callable[[str, Mapping[str, Any]], BatchFunction]
 
 _FACTORY_MARK = "__inferd_factory__"
+
+
+class Prepared(NamedTuple):
+    """One input as the backend will take it, from `prepare_batch`."""
+
+    input: Any
+    bucket: int = 0  # batches never mix buckets
+    tokens: int = 0  # its size in tokens, where that means something (usage counts)
 
 
 def backend_factory(fn: BackendFactory) -> BackendFactory:

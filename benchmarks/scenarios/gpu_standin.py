@@ -1,0 +1,60 @@
+"""The real embedding path with a stand-in for the GPU, for benchmarks only (S9, the GIL check).
+
+`create` builds the real MiniLM backend (tokenizer, length buckets, collation, output rows) and replaces
+only its forward: the stand-in sleeps the GPU's time for the batch (sleeping releases the GIL, as a
+CUDA forward waiting on the device mostly does) and returns correctly shaped, normalised outputs.
+
+Options: the transformer backend's, plus `gpu_ms` (a fixed time per call) or `gpu_curve` (pairs of
+[batch size, ms], interpolated: e.g. the H200's direct MiniLM curve).
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from inferd.backends import backend_factory
+from inferd.backends.transformer import TextModel
+
+# all-MiniLM-L6-v2 fp16 called directly on one H200 (shared/notes/gpu-reality.md): ms per call by batch size
+H200_MINILM_CURVE = ((1, 2.9), (32, 3.9), (128, 5.3), (256, 6.6))
+
+
+def curve_ms(curve: Sequence[Sequence[float]], batch: int) -> float:
+    """Linear interpolation of (batch size, ms) points, flat beyond the ends."""
+    sizes = [p[0] for p in curve]
+    i = bisect_left(sizes, batch)
+    if i == 0:
+        return float(curve[0][1])
+    if i == len(curve):
+        return float(curve[-1][1])
+    (b0, t0), (b1, t1) = curve[i - 1], curve[i]
+    return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
+
+
+class StandInModel(TextModel):
+    """The real backend with `_compute` (the forward and its head) replaced by the stand-in."""
+
+    def __init__(self, device: str, options: Mapping[str, Any]) -> None:
+        options = dict(options)
+        fixed_ms = options.pop("gpu_ms", None)
+        curve = options.pop("gpu_curve", None) or H200_MINILM_CURVE
+        super().__init__(device, options)
+        self.gpu_s = (lambda n: float(fixed_ms) / 1000.0) if fixed_ms is not None else (lambda n: curve_ms(curve, n) / 1000.0)
+        self.width = int(self.model.config.hidden_size)
+
+    def _compute(self, input_ids: torch.Tensor, mask: torch.Tensor, attention: torch.Tensor | None = None) -> torch.Tensor:
+        started = time.monotonic()
+        out = torch.full((input_ids.shape[0], self.width), 1.0 / self.width**0.5)  # a normalised vector per row
+        time.sleep(max(0.0, self.gpu_s(input_ids.shape[0]) - (time.monotonic() - started)))
+        return out
+
+
+@backend_factory
+def create(device: str, options: Mapping[str, Any]) -> StandInModel:
+    torch.set_num_threads(1)
+    return StandInModel(device, options)

@@ -1,0 +1,96 @@
+"""The wire format of OpenAI's `POST /v1/embeddings`: the body, the answer, and errors in OpenAI's shape.
+
+`input` is a string, an array of strings, an array of token ids, or an array of token-id arrays. Each
+item becomes an input of its own, batched like a single `/v1/inference` request (items of one call may
+run in different batches); the answer keeps their order. Kept apart from the handler so the rules read
+in one place, as `protocol` does for `/v1/inference`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from .errors import InferdError, InvalidInput
+from .protocol import encode_vector, encoding_format
+
+Item = str | list[int]
+
+# OpenAI's error `type` by HTTP status; inferd's own stable code goes in `code`.
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "invalid_request_error", 405: "invalid_request_error", 413: "invalid_request_error",
+                429: "rate_limit_error", 503: "overloaded_error", 504: "timeout_error"}
+
+
+@dataclass(slots=True)
+class EmbeddingsCall:
+    items: list[Item]
+    model: str | None
+    base64: bool
+    timeout_ms: int | None
+
+
+def parse_embeddings_body(body: bytes) -> EmbeddingsCall:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidInput("body must be a JSON object")
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidInput("`model` must be a string")
+    if data.get("dimensions") is not None:
+        raise InvalidInput("`dimensions` is not supported: the model's own size is returned")
+    timeout_ms = data.get("timeout_ms")
+    if timeout_ms is not None and (type(timeout_ms) is not int or timeout_ms <= 0):
+        raise InvalidInput("`timeout_ms` must be a positive integer")
+    return EmbeddingsCall(_items(data.get("input")), model, encoding_format(data) == "base64", timeout_ms)
+
+
+def _items(value: Any) -> list[Item]:
+    if isinstance(value, str):
+        items: list[Any] = [value]
+    elif _is_token_ids(value):
+        items = [value]
+    elif isinstance(value, list):
+        items = value
+    else:
+        raise InvalidInput("`input` must be a string, an array of strings, or an array of token-id arrays")
+    if not items:
+        raise InvalidInput("`input` must hold at least one item")
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            if not item:
+                raise InvalidInput(f"`input[{i}]` is an empty string")
+        elif not _is_token_ids(item):
+            raise InvalidInput(f"`input[{i}]` must be a string or a non-empty array of token ids (integers)")
+    return items
+
+
+def _is_token_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(type(t) is int for t in value)
+
+
+def embeddings_payload(model: str, vectors: list[Any], tokens: int, base64: bool) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": encode_vector(v, base64=base64)}
+                 for i, v in enumerate(vectors)],
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+def openai_error(error: InferdError, request_id: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The body and headers of an error in OpenAI's shape, with inferd's stable code in `code`."""
+    payload: dict[str, Any] = {"error": {"message": error.message, "type": _ERROR_TYPES.get(error.status, "server_error"),
+                                         "param": None, "code": error.code}, "request_id": request_id}
+    headers = {"X-Request-ID": request_id}
+    if error.retry_after_ms is not None:
+        payload["error"]["retry_after_ms"] = error.retry_after_ms
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_ms / 1000)))
+    return payload, headers
