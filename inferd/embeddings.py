@@ -8,22 +8,15 @@ in one place, as `protocol` does for `/v1/inference`.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from .errors import InferdError, InvalidInput
+from .errors import InvalidInput
 from .protocol import encode_vector, encoding_format
 
 Item = str | list[int]
-
-# OpenAI's error `type` by HTTP status; inferd's own stable code goes in `code`.
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "invalid_request_error", 405: "invalid_request_error", 413: "invalid_request_error",
-                429: "rate_limit_error", 503: "overloaded_error", 504: "timeout_error"}
-
 
 @dataclass(slots=True)
 class EmbeddingsCall:
@@ -83,14 +76,3 @@ def embeddings_payload(model: str, vectors: list[Any], tokens: int, base64: bool
         "model": model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
-
-
-def openai_error(error: InferdError, request_id: str) -> tuple[dict[str, Any], dict[str, str]]:
-    """The body and headers of an error in OpenAI's shape, with inferd's stable code in `code`."""
-    payload: dict[str, Any] = {"error": {"message": error.message, "type": _ERROR_TYPES.get(error.status, "server_error"),
-                                         "param": None, "code": error.code}, "request_id": request_id}
-    headers = {"X-Request-ID": request_id}
-    if error.retry_after_ms is not None:
-        payload["error"]["retry_after_ms"] = error.retry_after_ms
-        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_ms / 1000)))
-    return payload, headers

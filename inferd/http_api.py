@@ -8,7 +8,6 @@ cost about a tenth of the CPU per request, and a handful of fixed paths need non
 from __future__ import annotations
 
 import asyncio
-import math
 import resource
 import time
 from collections.abc import Awaitable, Callable
@@ -21,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from .access_log import AccessLog
 from .admission import Admission
 from .auth import Authenticator
-from .embeddings import embeddings_payload, openai_error, parse_embeddings_body
+from .embeddings import embeddings_payload, parse_embeddings_body
 from .errors import (
     InferdError,
     InvalidInput,
@@ -34,36 +33,15 @@ from .faults import DeadLetters
 from .lifecycle import Lifecycle
 from .messages import PendingRequest
 from .metrics import RequestMetrics
-from .protocol import RequestIds, dumps, encode_vector, parse_inference_body
+from .protocol import RequestIds, encode_vector, parse_inference_body
 from .rate_limits import RateLimiter
+from .responses import WholeResponse, dumps, error_response, json_response
 from .served_model import ServedModel
 
 if TYPE_CHECKING:
     from .generation import GenerationModel
 
-JSON = "application/json"
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
-
-
-def error_response(error: InferdError, request_id: str, *, close: bool = False, openai: bool = False) -> web.Response:
-    """inferd's error shape (`{"error": CODE, "message", "request_id"}`), or OpenAI's with `openai`."""
-    if openai:
-        payload, headers = openai_error(error, request_id)
-    else:
-        payload = {"error": error.code, "message": error.message, "request_id": request_id}
-        headers = {"X-Request-ID": request_id}
-        if error.retry_after_ms is not None:
-            payload["retry_after_ms"] = error.retry_after_ms
-            headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_ms / 1000)))
-    headers["Content-Type"] = JSON
-    response = web.Response(body=dumps(payload), status=error.status, headers=headers)
-    if close:
-        response.force_close()
-    return response
-
-
-def json_response(payload: Any, request_id: str, status: int = 200) -> web.Response:
-    return web.Response(body=dumps(payload), status=status, headers={"Content-Type": JSON, "X-Request-ID": request_id})
 
 
 class HttpApi:
@@ -132,13 +110,11 @@ class HttpApi:
         request_id = self.ids.pick(request.headers.get("X-Request-ID"))
         if route is None:
             return error_response(NotFound(f"no route for {request.method} {request.path}"), request_id)
-        response = error_response(MethodNotAllowed(f"{request.path} accepts {route[0]} only"), request_id)
-        response.headers["Allow"] = route[0]
-        return response
+        return error_response(MethodNotAllowed(f"{request.path} accepts {route[0]} only"), request_id, allow=route[0])
 
     # ---- inference -------------------------------------------------------------------------------
 
-    async def inference(self, request: web.BaseRequest) -> web.Response:
+    async def inference(self, request: web.BaseRequest) -> web.StreamResponse:
         started = time.monotonic()
         headers = request.headers
         request_id = self.ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key"))
@@ -173,12 +149,10 @@ class HttpApi:
             lifecycle.leave()
         now = self._record(request_id, model_name, tier, 200, "", started, pending)
         batch = pending.batch
-        headers = {"Content-Type": JSON, "X-Request-ID": request_id}
+        headers: tuple[tuple[str, str], ...] = (("X-Request-ID", request_id),)
         if batch is not None:
-            headers["Server-Timing"] = (
-                f"queue;dur={(batch.started_at - pending.enqueued_at) * 1000:.3f}, "
-                f"compute;dur={batch.compute_s * 1000:.3f}"
-            )
+            headers += (("Server-Timing", f"queue;dur={(batch.started_at - pending.enqueued_at) * 1000:.3f}, "
+                                          f"compute;dur={batch.compute_s * 1000:.3f}"),)
         if call.base64:
             output = encode_vector(output, base64=True)
         payload = {
@@ -187,9 +161,9 @@ class HttpApi:
             "model": model_name,
             "latency_ms": round((now - started) * 1000, 3),
         }
-        return web.Response(body=dumps(payload), headers=headers)
+        return WholeResponse(200, dumps(payload), headers)
 
-    async def embeddings(self, request: web.BaseRequest) -> web.Response:
+    async def embeddings(self, request: web.BaseRequest) -> web.StreamResponse:
         """OpenAI's `POST /v1/embeddings`: each item batched like a request of its own, answered in order."""
         started = time.monotonic()
         headers = request.headers
@@ -229,7 +203,7 @@ class HttpApi:
                     model.abandon(item)  # type: ignore[union-attr]
         self._record(request_id, model_name, tier, 200, "", started, None)
         payload = embeddings_payload(model_name, vectors, sum(item.tokens for item in items), call.base64)
-        return web.Response(body=dumps(payload), headers={"Content-Type": JSON, "X-Request-ID": request_id})
+        return WholeResponse(200, dumps(payload), (("X-Request-ID", request_id),))
 
     async def read_body(self, request: web.BaseRequest) -> bytes:
         """The whole body, at most `max_body_bytes`. A small body has usually arrived with the headers:

@@ -22,7 +22,7 @@ from .admission import Admission
 from .auth import Authenticator
 from .errors import DeadlineExceeded, InferdError, InvalidInput, ModelNotFound, PayloadTooLarge
 from .generation import GenerationModel
-from .protocol import dumps
+from .responses import dumps
 
 Record = Callable[[str, str, str, int, str, float], None]
 ErrorResponse = Callable[[InferdError, str], web.Response]

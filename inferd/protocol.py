@@ -74,8 +74,3 @@ class RequestIds:
         if client_value is not None and _REQUEST_ID.fullmatch(client_value):
             return client_value
         return f"{self._prefix}{next(self._counter):x}"
-
-
-def dumps(payload: Any) -> bytes:
-    """JSON bytes; numpy arrays (e.g. embeddings) are written directly, without a list of floats in between."""
-    return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -12,7 +12,6 @@ import pytest
 
 from inferd.config import AuthConfig, ModelConfig, TenantConfig, TierConfig
 
-from . import model_backends
 from .conftest import running_server
 
 openai = pytest.importorskip("openai")

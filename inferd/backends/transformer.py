@@ -27,7 +27,6 @@ steps of at most 1.5x), `torch_threads` (CPU threads per worker; default: torch'
 from __future__ import annotations
 
 import os
-import time
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from typing import Any
