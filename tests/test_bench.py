@@ -110,3 +110,57 @@ def test_percentile_is_nearest_rank():
     assert percentile(values, 99) == 99.0
     assert percentile(values, 100) == 100.0
     assert percentile([5.0], 99.9) == 5.0
+
+
+async def test_warm_up_opens_the_connections_the_measured_part_uses(tmp_path, body_file):
+    async with running_server(sim_model(latency_ms=10, max_batch_size=64)) as srv:
+        cold, warm = tmp_path / "cold.json", tmp_path / "warm.json"
+        for out, warmup in ((cold, "0"), (warm, "1")):
+            code, text = await bench("--url", f"{srv.url}/v1/inference", "--body-file", str(body_file),
+                                     "--concurrency", "32", "--duration", "1", "--warmup", warmup,
+                                     "--out", str(out), "--no-plots")
+            assert code == 0, text
+        cold_result, warm_result = json.loads(cold.read_text()), json.loads(warm.read_text())
+    # Cold: every client opened its connection inside the measured part; that time is reported apart.
+    assert cold_result["connect_ms"]["count"] == 32 and cold_result["connect_ms"]["max"] >= 0
+    # Warm: the connections were opened during the warm-up and reused.
+    assert warm_result["connect_ms"] is None
+    assert warm_result["errors"] == 0 and warm_result["server"]["mean_batch_size"] >= 1
+
+
+async def test_connection_failures_are_counted_apart_from_latency(tmp_path, body_file):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "refused.json"
+    code, text = await bench("--url", f"http://127.0.0.1:{port}/v1/inference", "--body-file", str(body_file),
+                             "--rate", "50", "--duration", "1", "--stats-url", "none", "--out", str(out), "--no-plots")
+    assert code == 0, text
+    result = json.loads(out.read_text())
+    assert result["connect_errors"] == result["statuses"]["connect_error"] == result["sent"] > 20
+    assert result["completed"] == 0 and result["server"] is None
+
+
+async def test_a_server_whose_stats_are_not_inferds_is_measured_without_the_server_view(tmp_path, body_file):
+    from aiohttp import web
+
+    async def anything(request: web.BaseRequest) -> web.Response:
+        await request.read()
+        return web.json_response({"ok": True, "path": request.path})  # a catch-all: /v1/stats too
+
+    runner = web.ServerRunner(web.Server(anything))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        out = tmp_path / "other.json"
+        code, text = await bench("--url", f"http://127.0.0.1:{port}/predict", "--body-file", str(body_file),
+                                 "--concurrency", "4", "--duration", "1", "--out", str(out), "--no-plots")
+    finally:
+        await runner.cleanup()
+    assert code == 0, text
+    result = json.loads(out.read_text())
+    assert result["statuses"]["200"] == result["sent"] > 10 and result["server"] is None

@@ -5,7 +5,12 @@ counted from the request's *scheduled* send time, so a server that stalls cannot
 a generator that politely waited (no coordinated omission). Closed loop: N clients, each sending its
 next request when the last one returns; latency counts from the actual send.
 
-Every run is bounded: no request is scheduled past `duration_s`, and none waits more than `timeout_s`.
+Warm-up runs on the same connections as the measured step (the Python engine): a step never opens its
+connections all at once at its start, and the time to open one (and failures to) is reported apart from
+request latency (`connect_ms`, `connect_error`), not folded into it.
+
+Every run is bounded: no request is scheduled past `warmup_s + duration_s`, and none waits more than
+`timeout_s`.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -43,6 +49,8 @@ class LoadSpec:
     max_connections: int = 2000  # open loop: at most this many requests in flight at once
     seed: int = 1
     counter_start: int = 0
+    warmup_s: float = 0.0  # load on the same connections before the measured `duration_s` (Python engine)
+    stats_url: str | None = None  # read when the measured part starts (the server's view of the step)
 
     @property
     def mode(self) -> str:
@@ -53,17 +61,22 @@ class LoadSpec:
 class Samples:
     """What one engine run saw: exact latencies (ms) of completed requests, and every outcome."""
 
-    latencies_ms: list[float] = field(default_factory=list)
+    latencies_ms: list[float] = field(default_factory=list)  # request latency, the time to connect excluded
+    connect_ms: list[float] = field(default_factory=list)  # each new connection's time to open
     sent: int = 0
-    statuses: Counter[str] = field(default_factory=Counter)  # "200", "503", "timeout", "connection_error"
+    # "200", "503", "timeout", "connect_error" (could not open a connection), "connection_error" (lost one)
+    statuses: Counter[str] = field(default_factory=Counter)
     error_codes: Counter[str] = field(default_factory=Counter)  # the JSON `error` of non-200 answers
     wall_s: float = 0.0
     in_window: int = 0  # answers (any status) that arrived within the step's duration
     engine: str = "python"
     percentiles_ms: dict[str, float] | None = None  # set by engines that do not return every sample
+    stats_before: dict[str, Any] | None = None  # the server's /v1/stats as the measured part began
 
     def merge(self, other: Samples) -> None:
         self.latencies_ms.extend(other.latencies_ms)
+        self.connect_ms.extend(other.connect_ms)
+        self.stats_before = self.stats_before or other.stats_before
         self.sent += other.sent
         self.statuses.update(other.statuses)
         self.error_codes.update(other.error_codes)
@@ -115,6 +128,8 @@ def _python_engine_process(spec: LoadSpec, index: int, count: int) -> Samples:
 
 
 async def _python_engine(spec: LoadSpec, index: int, count: int) -> Samples:
+    """One process's share of the load: warm-up, then the measured part, on one connection pool. Only
+    requests started in the measured part are counted."""
     samples = Samples()
     loop = asyncio.get_running_loop()
     limit = max(1, spec.max_connections // count) if spec.mode == "open" else 0
@@ -123,47 +138,86 @@ async def _python_engine(spec: LoadSpec, index: int, count: int) -> Samples:
     headers = dict(spec.headers)
     template = spec.body
     counter = iter(range(spec.counter_start + index, 1 << 62, count))
+    tracing = aiohttp.TraceConfig()
+    tracing.on_connection_create_start.append(_connect_started)
+    tracing.on_connection_create_end.append(_connect_ended)
 
     async def one(session: aiohttp.ClientSession, started: float) -> None:
         i = next(counter)
         body = template.replace(b"{i}", str(i).encode()) if template is not None else None
-        samples.sent += 1
+        counted = started >= measured_from
+        if counted:
+            samples.sent += 1
+        trace = SimpleNamespace(connect_s=0.0)
         try:
-            async with session.request(spec.method, spec.url, data=body, headers=headers) as resp:
+            async with session.request(spec.method, spec.url, data=body, headers=headers, trace_request_ctx=trace) as resp:
                 payload = await resp.read()
                 status = resp.status
         except TimeoutError:
-            samples.statuses["timeout"] += 1
+            if counted:
+                samples.statuses["timeout"] += 1
+            return
+        except aiohttp.ClientConnectorError:
+            if counted:
+                samples.statuses["connect_error"] += 1
             return
         except (aiohttp.ClientError, OSError):
-            samples.statuses["connection_error"] += 1
+            if counted:
+                samples.statuses["connection_error"] += 1
+            return
+        if not counted:
             return
         now = loop.time()
-        samples.latencies_ms.append((now - started) * 1000.0)
+        if trace.connect_s:
+            samples.connect_ms.append(trace.connect_s * 1000.0)
+        samples.latencies_ms.append((now - started - trace.connect_s) * 1000.0)
         samples.statuses[str(status)] += 1
         if now <= end:
             samples.in_window += 1
         if status != 200:
             samples.error_codes[_error_code(payload)] += 1
 
+    async def read_stats_at_start() -> None:
+        await asyncio.sleep(max(0.0, measured_from - loop.time()))
+        if spec.stats_url and index == 0:
+            from .runner import fetch_stats
+
+            samples.stats_before = await loop.run_in_executor(None, fetch_stats, spec.stats_url)
+
     began = loop.time()
-    end = began + spec.duration_s
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    measured_from = began + spec.warmup_s
+    end = measured_from + spec.duration_s
+    stats_task = loop.create_task(read_stats_at_start())
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, trace_configs=[tracing]) as session:
         if spec.mode == "open":
             rng = random.Random(spec.seed * 1000 + index)
             rate = spec.rate / count  # type: ignore[operator]
             # latency counts from `scheduled`
-            await open_loop(rate, spec.duration_s, rng, lambda _, scheduled: one(session, scheduled), began=began)
+            await open_loop(rate, spec.warmup_s + spec.duration_s, rng, lambda _, scheduled: one(session, scheduled),
+                            began=began)
         else:
             clients = spec.concurrency // count + (1 if index < spec.concurrency % count else 0)  # type: ignore[operator]
 
-            async def client() -> None:
+            async def client(k: int) -> None:
+                # Clients join over the warm-up (or at once without one): no storm of connections.
+                await asyncio.sleep(spec.warmup_s / 2 * k / max(1, clients))
                 while loop.time() < end:
                     await one(session, loop.time())
 
-            await asyncio.gather(*(client() for _ in range(clients)))
-        samples.wall_s = loop.time() - began
+            await asyncio.gather(*(client(k) for k in range(clients)))
+        samples.wall_s = loop.time() - measured_from
+    await stats_task
     return samples
+
+
+async def _connect_started(session: Any, ctx: SimpleNamespace, params: Any) -> None:
+    ctx.connect_started = asyncio.get_running_loop().time()
+
+
+async def _connect_ended(session: Any, ctx: SimpleNamespace, params: Any) -> None:
+    request = ctx.trace_request_ctx
+    if request is not None:
+        request.connect_s += asyncio.get_running_loop().time() - ctx.connect_started
 
 
 def _error_code(payload: bytes) -> str:
@@ -253,7 +307,7 @@ def run_wrk(spec: LoadSpec) -> Samples:
     data: dict[str, Any] = orjson.loads(match.group(1))
     samples = Samples(engine="wrk", wall_s=data["duration_us"] / 1e6 or wall)
     samples.statuses.update({k: v for k, v in data["statuses"].items()})
-    errors = {"connection_error": data["connect"] + data["read"] + data["write"], "timeout": data["timeout"]}
+    errors = {"connect_error": data["connect"], "connection_error": data["read"] + data["write"], "timeout": data["timeout"]}
     samples.statuses.update({k: v for k, v in errors.items() if v})
     samples.sent = sum(samples.statuses.values())
     samples.in_window = samples.sent  # wrk stops at the end of the duration

@@ -45,14 +45,24 @@ def fetch_stats(stats_url: str | None) -> dict[str, Any] | None:
     return None
 
 
+def _is_inferd_stats(stats: Any) -> bool:
+    return (isinstance(stats, dict) and isinstance(stats.get("process"), dict)
+            and isinstance(stats["process"].get("cpu_seconds"), (int, float)) and isinstance(stats.get("models", {}), dict))
+
+
 def server_view(before: dict | None, after: dict | None, completed: int) -> dict[str, Any] | None:
-    if not before or not after:
+    """The server's own view of a step, from inferd's /v1/stats; None for anything else (another
+    server, a catch-all answering JSON of its own): that server is simply measured without it."""
+    if not _is_inferd_stats(before) or not _is_inferd_stats(after):
         return None
+    assert before is not None and after is not None
     cpu = after["process"]["cpu_seconds"] - before["process"]["cpu_seconds"]
     batches = requests = 0
     sizes: dict[str, int] = {}
     for name, stats in after.get("models", {}).items():
         prior = before.get("models", {}).get(name, {})
+        if not isinstance(stats, dict) or not isinstance(prior, dict):
+            continue
         batches += stats.get("batches", 0) - prior.get("batches", 0)
         requests += stats.get("requests_computed", 0) - prior.get("requests_computed", 0)
         for size, n in stats.get("batch_sizes", {}).items():
@@ -106,9 +116,20 @@ def summarise(spec: LoadSpec, samples: Samples, view: dict | None) -> dict[str, 
         "statuses": dict(samples.statuses),
         "error_codes": dict(samples.error_codes),
         "timeouts": samples.statuses.get("timeout", 0),
+        "connect_errors": samples.statuses.get("connect_error", 0),
         "latency_ms": {k: round(v, 3) for k, v in lat.items()},
+        "connect_ms": _connect_summary(samples.connect_ms),
         "server": view,
     }
+
+
+def _connect_summary(connect_ms: list[float]) -> dict[str, float] | None:
+    """New connections opened in the measured part, and how long opening them took (not in latency_ms)."""
+    if not connect_ms:
+        return None
+    ordered = sorted(connect_ms)
+    return {"count": len(ordered), "p50": round(percentile(ordered, 50), 3), "p99": round(percentile(ordered, 99), 3),
+            "max": round(ordered[-1], 3)}
 
 
 class Progress:
@@ -140,15 +161,21 @@ class Progress:
 def run_step(spec: LoadSpec, engine: str, stats_url: str | None, warmup_s: float, quiet: bool = False) -> dict[str, Any]:
     if not 0 < spec.duration_s <= MAX_STEP_S:
         raise ValueError(f"a step lasts between 0 and {MAX_STEP_S:.0f} s")
-    if warmup_s > 0:
-        run_load(replace(spec, duration_s=warmup_s, counter_start=spec.counter_start + 10**9), engine)
-    before = fetch_stats(stats_url)
+    before = None
+    if engine == "wrk":  # wrk cannot keep its connections across two runs: it warms up in one of its own
+        if warmup_s > 0:
+            run_load(replace(spec, duration_s=warmup_s, counter_start=spec.counter_start + 10**9), engine)
+        before = fetch_stats(stats_url)
+    else:  # the Python engine warms up on the connections it then measures with, and reads the stats between
+        spec = replace(spec, warmup_s=warmup_s, stats_url=stats_url)
     label = f"{spec.mode} {'rate' if spec.mode == 'open' else 'clients'}={spec.rate or spec.concurrency}"
     if quiet:
         samples = run_load(spec, engine)
     else:
-        with Progress(label, spec.duration_s + 1):
+        with Progress(label, spec.warmup_s + spec.duration_s + 1):
             samples = run_load(spec, engine)
+    if before is None:
+        before = samples.stats_before
     after = fetch_stats(stats_url)
     completed = sum(v for k, v in samples.statuses.items() if k.isdigit())
     return summarise(spec, samples, server_view(before, after, completed))
