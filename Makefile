@@ -28,10 +28,12 @@ test: install
 
 # The benchmark scenarios (benchmarks/scenarios/), results in benchmarks/results/. Needs wrk.
 bench: install
-	cd benchmarks/scenarios && for s in s*_*.py; do ../../$(BIN)/python $$s || exit 1; done
+	cd benchmarks/scenarios && for s in s*_*.py gil_interference.py; do ../../$(BIN)/python $$s || exit 1; done
 
+# The before/after check of a change to the request path: the simulated GPU (S1, S2) and the real
+# embedding path with a stand-in for the GPU's time (S9).
 bench-quick: install
-	cd benchmarks/scenarios && for s in s1_seed.py s2_overhead.py; do ../../$(BIN)/python $$s --quick --out-dir /tmp/inferd-bench-quick || exit 1; done
+	cd benchmarks/scenarios && for s in s1_seed.py s2_overhead.py s9_real_frontend.py; do ../../$(BIN)/python $$s --quick --out-dir /tmp/inferd-bench-quick || exit 1; done
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -10,6 +10,7 @@ import argparse
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -29,24 +30,33 @@ from inferd.bench.report import markdown_table, write_results  # noqa: E402
 from inferd.bench.runner import run_step  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
+SCENARIOS = Path(__file__).resolve().parent
 BODY = b'{"input": "E equals {i}"}'
 
 
-def parse_args(description: str) -> argparse.Namespace:
+def parse_args(description: str, baseline: bool = False) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="short steps: a smoke run, not for committing")
     parser.add_argument("--out-dir", default=str(RESULTS))
+    if baseline:
+        parser.add_argument("--baseline-tree", help="a checkout of an earlier inferd (git worktree add DIR REF), "
+                                                    "measured in the same run for a before/after")
     return parser.parse_args()
 
 
 @contextmanager
-def inferd_server(config_toml: str, env: dict[str, str] | None = None) -> Iterator[str]:
-    """`inferd serve` on a free loopback port; yields its base URL; drained with SIGTERM afterwards."""
+def inferd_server(config_toml: str, env: dict[str, str] | None = None, tree: Path | str = REPO) -> Iterator[str]:
+    """`inferd serve` on a free loopback port; yields its base URL; drained with SIGTERM afterwards.
+
+    `tree`: the checkout whose inferd serves (another one for a before/after). The benchmark-only
+    backends in this folder (e.g. `gpu_standin`) are importable by the server."""
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
         f.write(config_toml)
+    env = {**os.environ, **(env or {})}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), str(SCENARIOS), env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
         [sys.executable, "-m", "inferd", "serve", "--config", f.name, "--port", "0", "--log-level", "WARNING"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
+        cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )
     try:
         url = None
@@ -87,14 +97,69 @@ def _wait_ready(url: str, timeout_s: float = 300) -> None:
 
 def step(url: str, *, rate: float | None = None, clients: int | None = None, duration_s: float, quick: bool,
          engine: str | None = None, warmup_s: float = 2.0, body: bytes = BODY, processes: int = 1,
-         headers: tuple[tuple[str, str], ...] = (("Content-Type", "application/json"),), timeout_s: float = 30.0) -> dict[str, Any]:
+         headers: tuple[tuple[str, str], ...] = (("Content-Type", "application/json"),), timeout_s: float = 30.0,
+         path: str = "/v1/inference", stats_path: str | None = "/v1/stats") -> dict[str, Any]:
     """One load step against inferd's /v1/inference, with the server's own view from /v1/stats."""
     if quick:
         duration_s, warmup_s = min(duration_s, 3.0), min(warmup_s, 1.0)
-    spec = LoadSpec(url=f"{url}/v1/inference", body=body, rate=rate, concurrency=clients, duration_s=duration_s,
+    spec = LoadSpec(url=f"{url}{path}", body=body, rate=rate, concurrency=clients, duration_s=duration_s,
                     processes=processes, headers=headers, timeout_s=timeout_s)
     engine = engine or ("wrk" if clients is not None else "python")
-    result = run_step(spec, engine, f"{url}/v1/stats", warmup_s)
+    result = run_step(spec, engine, f"{url}{stats_path}" if stats_path else None, warmup_s)
+    return result
+
+
+@contextmanager
+def mosec_server(quick: bool) -> Iterator[tuple[str, int] | None]:
+    """Mosec 0.9.8 with benchmarks/mosec/upper.py on a free port, in benchmarks/.mosec-venv (made on first
+    use with pip); yields (base URL, pid), or None when Mosec cannot be installed here."""
+    venv = REPO / "benchmarks" / ".mosec-venv"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        made = subprocess.run([sys.executable, "-m", "venv", str(venv)]).returncode == 0 and subprocess.run(
+            [str(python), "-m", "pip", "install", "--quiet", "mosec==0.9.8"]).returncode == 0
+        if not made:
+            print("Mosec could not be installed: measured without it", file=sys.stderr)
+            yield None
+            return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([str(python), str(REPO / "benchmarks" / "mosec" / "upper.py"), "--port", str(port),
+                             "--address", "127.0.0.1", "--timeout", "30000"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        give_up = time.monotonic() + 60
+        while time.monotonic() < give_up:
+            try:
+                request = urllib.request.Request(f"{url}/inference", data=b'{"input": "up"}', method="POST")
+                with urllib.request.urlopen(request, timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.2)
+        yield url, proc.pid
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def measured_step(url: str, pid: int, *, clients: int, duration_s: float, quick: bool, path: str, body: bytes = BODY,
+                  processes: int = 2) -> dict[str, Any]:
+    """A wrk step against any server, its CPU per request read from /proc for its whole process tree
+    (for servers without inferd's /v1/stats). Warmed up first by a short step of its own."""
+    step(url, clients=clients, duration_s=2, warmup_s=0, quick=quick, path=path, stats_path=None, body=body,
+         processes=processes)
+    before = process_tree_cpu_s(pid)
+    result = step(url, clients=clients, duration_s=duration_s, warmup_s=0, quick=quick, path=path, stats_path=None,
+                  body=body, processes=processes)
+    cpu = process_tree_cpu_s(pid) - before
+    result["server"] = {"cpu_us_per_request": round(cpu / max(1, result["completed"]) * 1e6, 1), "cpu_seconds": round(cpu, 3)}
     return result
 
 
@@ -131,6 +196,30 @@ def save(name: str, title: str, steps: list[dict[str, Any]], out_dir: str, **kw:
     write_results(path, steps, meta={"title": title, "scenario": name, "machine": _machine()}, **kw)
     print(f"\n### {title}\n\n" + markdown_table(steps, kw.get("ceiling_rps"), kw.get("floor_ms")))
     print(f"written: {path}")
+
+
+def median_of(steps: list[dict[str, Any]], key: str) -> float:
+    """The median of a figure over repeated steps ("achieved_rps", or "cpu_us_per_request" from the server view)."""
+    from statistics import median
+
+    values = [s["achieved_rps"] if key == "achieved_rps" else (s.get("server") or {}).get(key) for s in steps]
+    return round(median(v for v in values if v is not None), 1)
+
+
+def process_tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process and all its descendants, from /proc (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+            todo += [int(c) for t in Path(f"/proc/{p}/task").iterdir()
+                     for c in (t / "children").read_text().split()]
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
 
 
 def _machine() -> str:

@@ -17,7 +17,10 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 
 def markdown_table(steps: list[dict[str, Any]], ceiling_rps: float | None = None, floor_ms: float | None = None) -> str:
+    labelled = any("variant" in s for s in steps)
     header = "| mode | offered | achieved req/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | errors | mean batch | CPU µs/req |"
+    if labelled:
+        header = "| variant " + header
     if ceiling_rps:
         header += " % of ceiling |"
     if floor_ms:
@@ -27,7 +30,8 @@ def markdown_table(steps: list[dict[str, Any]], ceiling_rps: float | None = None
         lat, view = s["latency_ms"], s.get("server") or {}
         offered = f"{_fmt(s['offered'])} req/s" if s["mode"] == "open" else f"{s['offered']} clients"
         row = (
-            f"| {s['mode']} | {offered} | {_fmt(s['achieved_rps'])} | {_fmt(lat['p50'])} | {_fmt(lat['p90'])} | "
+            (f"| {s.get('variant', '')} " if labelled else "")
+            + f"| {s['mode']} | {offered} | {_fmt(s['achieved_rps'])} | {_fmt(lat['p50'])} | {_fmt(lat['p90'])} | "
             f"{_fmt(lat['p99'])} | {_fmt(lat.get('p999'))} | {_fmt(lat['max'])} | {s['errors']} | "
             f"{_fmt(view.get('mean_batch_size'))} | {_fmt(view.get('cpu_us_per_request'))} |"
         )

@@ -1,0 +1,324 @@
+"""A real model on a real GPU: served by inferd vs the same model called directly, on one device, in one run.
+
+Two encoders:
+  (a) all-MiniLM-L6-v2 in fp16, ~16-token inputs;
+  (b) a BERT-large-shaped encoder (24 layers, hidden 1024, random weights made on the spot) in bf16,
+      ~190-token inputs.
+For each: the model called directly (the backend's own batch function in a loop, eager and with its
+CUDA graphs) at the batch sizes the server ends up using; then inferd serving it (batched, and with
+max_batch_size = 1) under closed-loop load from `inferd bench` (Python engine, several processes),
+with the server's CPU per request, its mean batch, its warm-up (graph capture) time and the GPU's
+utilisation sampled by nvidia-smi beside it; for MiniLM also /v1/embeddings with 32 inputs per call.
+Goals (issue 13): (b) served >= 0.90 x direct, GPU busy >= 85%; (a) >= 12,000 single-input req/s and,
+through /v1/embeddings x 32, >= 0.8 x direct.
+
+Usage on a GPU host (no registry needed: torch, transformers, aiohttp, uvloop, prometheus-client there;
+bring orjson's wheel and the fp16 MiniLM, see the README's "Benchmarks"):
+    python benchmarks/gpu_real_model.py --minilm-dir DIR --out-dir $OUT
+On the CPU, as a check of the script itself: python benchmarks/gpu_real_model.py --quick --device cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+SHORT = "request {i}: how do servers batch"  # ~16 tokens with [CLS]/[SEP]
+LONG = " ".join(["a longer passage about dynamic batching servers that gather requests"] * 15) + " {i}"  # ~190 tokens
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--minilm-dir", help="MiniLM weights (fp16 safetensors + tokenizer); default: the packaged fp32 ones")
+    parser.add_argument("--out-dir", default=os.environ.get("OUT") or str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--quick", action="store_true", help="small batches, short steps: a check of the script")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    work = Path(tempfile.mkdtemp(prefix="inferd-gpu-"))
+    quick, on_gpu = args.quick, args.device.startswith("cuda")
+    models = {
+        "minilm_fp16": {"path": prepare_minilm(args.minilm_dir, work, half=on_gpu), "dtype": "float16" if on_gpu else "float32",
+                        "text": SHORT, "max_tokens": 32, "edges": [16, 32], "max_batch": 16 if quick else 256,
+                        "clients": 64 if quick else 1024},
+        "bert_large_bf16": {"path": make_bert_large(work, tiny=quick), "dtype": "bfloat16" if on_gpu else "float32",
+                            "text": LONG, "max_tokens": 256, "edges": [64, 128, 256], "max_batch": 8 if quick else 128,
+                            "clients": 32 if quick else 512},
+    }
+    results: dict[str, Any] = {"device": device_name(args.device), "quick": quick, "models": {}}
+    for name, m in models.items():
+        print(f"\n== {name}", flush=True)
+        served = serve_and_load(name, m, args.device, quick)
+        sizes = sorted({1, max(1, round(served["batched"]["mean_batch"] or 1)), m["max_batch"]})
+        direct = direct_curve(m, args.device, sizes, quick)
+        mean = max(1, round(served["batched"]["mean_batch"] or 1))
+        row = {"direct": direct, "served": served}
+        row["served_over_direct_eager"] = ratio(served["batched"]["rps"], direct["eager"].get(str(mean), {}).get("items_per_s"))
+        row["served_over_direct_graphed"] = ratio(served["batched"]["rps"], direct["graphed"].get(str(mean), {}).get("items_per_s"))
+        if "embeddings_x32" in served:
+            row["embeddings_x32_over_direct_eager"] = ratio(served["embeddings_x32"]["items_per_s"],
+                                                            direct["eager"].get(str(mean), {}).get("items_per_s"))
+        results["models"][name] = row
+        print(json.dumps({k: v for k, v in row.items() if k != "direct"}, indent=1), flush=True)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_real_model.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "gpu_real_model.md").write_text(table(results))
+    print(table(results))
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a and b else None
+
+
+def device_name(device: str) -> str:
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, CUDA {torch.version.cuda}"
+    return f"CPU ({os.cpu_count()} cores), torch {torch.__version__}"
+
+
+def prepare_minilm(given: str | None, work: Path, half: bool) -> str:
+    """The MiniLM folder to serve: the one given, else the packaged fp32 one (converted to fp16 on a GPU)."""
+    if given:
+        return given
+    from inferd.backends.transformer import default_model_path
+
+    source = default_model_path()
+    if not half:
+        return source
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    target = work / "minilm_fp16"
+    AutoModel.from_pretrained(source, dtype=torch.float16).save_pretrained(target)
+    AutoTokenizer.from_pretrained(source).save_pretrained(target)
+    return str(target)
+
+
+def make_bert_large(work: Path, tiny: bool) -> str:
+    """A BERT-large-shaped encoder with random weights (tiny: 2 small layers, for a CPU check), with
+    MiniLM's tokenizer (the same vocabulary)."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from inferd.backends.transformer import default_model_path
+
+    torch.manual_seed(0)
+    shape = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256) if tiny else \
+        dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
+    target = work / "bert_large"
+    BertModel(BertConfig(**shape), add_pooling_layer=False).to(torch.bfloat16).save_pretrained(target)
+    AutoTokenizer.from_pretrained(default_model_path()).save_pretrained(target)
+    return str(target)
+
+
+def options(m: dict[str, Any], graphs: bool = True) -> dict[str, Any]:
+    return {"model_path": m["path"], "dtype": m["dtype"], "max_tokens": m["max_tokens"], "bucket_edges": m["edges"],
+            "cuda_graphs": graphs}
+
+
+def direct_curve(m: dict[str, Any], device: str, sizes: list[int], quick: bool) -> dict[str, Any]:
+    """Items/s of the backend's own batch function called in a loop (no server), eager and graphed."""
+    from inferd.backends.transformer import TextModel
+
+    curves: dict[str, Any] = {}
+    for label, graphs in (("eager", False), ("graphed", True)):
+        model = TextModel(device, options(m, graphs))
+        model.warmup()
+        rows = [model.tokenize(m["text"].format(i=i)) for i in range(max(sizes))]
+        curve = {}
+        for size in sizes:
+            batch = rows[:size]
+            for _ in range(3):
+                model(batch)
+            calls, started = 0, time.perf_counter()
+            while time.perf_counter() - started < (0.5 if quick else 3.0):
+                model(batch)
+                calls += 1
+            seconds = (time.perf_counter() - started) / calls
+            curve[str(size)] = {"ms_per_call": round(seconds * 1000, 3), "items_per_s": round(size / seconds, 1)}
+        curves[label] = curve
+        del model
+    return curves
+
+
+def config_toml(m: dict[str, Any], device: str, max_batch: int) -> str:
+    edges = ", ".join(str(e) for e in m["edges"])
+    return f"""
+[server]
+access_log = "off"
+
+[[models]]
+name = "model"
+backend = "inferd.backends.transformer:create"
+devices = ["{device}"]
+max_batch_size = {max_batch}
+max_wait_ms = 2
+max_queue = 100000
+timeout_ms = 60000
+[models.options]
+model_path = "{m['path']}"
+dtype = "{m['dtype']}"
+max_tokens = {m['max_tokens']}
+bucket_edges = [{edges}]
+"""
+
+
+def serve_and_load(name: str, m: dict[str, Any], device: str, quick: bool) -> dict[str, Any]:
+    served: dict[str, Any] = {}
+    duration = "3" if quick else "15"
+    processes = "2" if quick else "8"
+    for label, max_batch in (("batched", m["max_batch"]), ("unbatched", 1)):
+        with inferd(config_toml(m, device, max_batch)) as (url, pid):
+            warmup = get_json(f"{url}/v1/models")["data"][0].get("warmup", {})
+            body = Path(tempfile.mkstemp(suffix=".json")[1])
+            body.write_text(json.dumps({"model": "model", "input": m["text"]}))
+            clients = str(m["clients"] if label == "batched" else 64)
+            with GpuSampler(device) as gpu:
+                result = bench(url + "/v1/inference", body, clients, duration, processes)
+            served[label] = summary(result, gpu.mean(), warmup)
+            if label == "batched" and name.startswith("minilm"):
+                items = [m["text"].format(i=i) for i in range(32)]
+                body.write_text(json.dumps({"model": "model", "input": items}))
+                with GpuSampler(device) as gpu:
+                    result = bench(url + "/v1/embeddings", body, str(max(4, m["clients"] // 32)), duration, processes)
+                served["embeddings_x32"] = summary(result, gpu.mean(), warmup)
+                served["embeddings_x32"]["items_per_s"] = round(result["achieved_rps"] * 32, 1)
+            body.unlink()
+    return served
+
+
+def summary(result: dict[str, Any], gpu_busy: float | None, warmup: dict[str, Any]) -> dict[str, Any]:
+    view = result.get("server") or {}
+    return {"rps": result["achieved_rps"], "errors": result["errors"], "p50_ms": result["latency_ms"]["p50"],
+            "p99_ms": result["latency_ms"]["p99"], "mean_batch": view.get("mean_batch_size"),
+            "server_cpu_us_per_request": view.get("cpu_us_per_request"), "gpu_busy_pct": gpu_busy,
+            "connect_ms": result.get("connect_ms"), "warmup": warmup}
+
+
+def bench(url: str, body: Path, clients: str, duration: str, processes: str) -> dict[str, Any]:
+    out = Path(tempfile.mkstemp(suffix=".json")[1])
+    subprocess.run([sys.executable, "-m", "inferd", "bench", "--url", url, "--body-file", str(body), "--concurrency", clients,
+                    "--duration", duration, "--warmup", "3", "--processes", processes, "--out", str(out), "--no-plots",
+                    "--stats-url", url.rsplit("/v1/", 1)[0] + "/v1/stats"], cwd=REPO, check=True, capture_output=True)
+    result = json.loads(out.read_text())
+    out.unlink()
+    return result
+
+
+class inferd:  # noqa: N801 - a context manager named for what it runs
+    def __init__(self, config: str) -> None:
+        self.config = config
+
+    def __enter__(self) -> tuple[str, int]:
+        self.file = Path(tempfile.mkstemp(suffix=".toml")[1])
+        self.file.write_text(self.config)
+        self.proc = subprocess.Popen([sys.executable, "-m", "inferd", "serve", "--config", str(self.file), "--port", "0",
+                                      "--log-level", "WARNING"], cwd=REPO, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            match = re.search(r"inferd listening on (http://\S+)", line)
+            if match:
+                url = match.group(1)
+                break
+        else:
+            raise RuntimeError("inferd did not start")
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()
+        give_up = time.monotonic() + 600
+        while time.monotonic() < give_up:
+            try:
+                with urllib.request.urlopen(f"{url}/readyz", timeout=2) as resp:
+                    if resp.status == 200:
+                        return url, self.proc.pid
+            except OSError:
+                time.sleep(0.2)
+        raise TimeoutError("inferd never became ready")
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.file.unlink()
+
+
+def get_json(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+class GpuSampler:
+    """nvidia-smi's utilisation every 500 ms while a step runs (None without nvidia-smi)."""
+
+    def __init__(self, device: str) -> None:
+        self.index = device.partition(":")[2] or "0"
+        self.samples: list[float] = []
+
+    def __enter__(self) -> GpuSampler:
+        self.proc = None
+        if shutil.which("nvidia-smi"):
+            self.proc = subprocess.Popen(["nvidia-smi", "-i", self.index, "--query-gpu=utilization.gpu",
+                                          "--format=csv,noheader,nounits", "-lms", "500"],
+                                         stdout=subprocess.PIPE, text=True)
+            threading.Thread(target=self._read, daemon=True).start()
+        return self
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                self.samples.append(float(line.strip()))
+            except ValueError:
+                pass
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait()
+
+    def mean(self) -> float | None:
+        busy = self.samples[2:-2] or self.samples  # the middle of the step
+        return round(statistics.mean(busy), 1) if busy else None
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = [f"### A real model served vs called directly ({results['device']}{', quick check' if results['quick'] else ''})",
+             "", "| model | direct eager items/s (at served mean batch) | served req/s | served / direct | "
+             "mean batch | GPU busy % | server CPU µs/req | batch-1 served req/s | /v1/embeddings x32 items/s | warm-up s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, row in results["models"].items():
+        served, direct = row["served"], row["direct"]
+        mean = str(max(1, round(served["batched"]["mean_batch"] or 1)))
+        emb = served.get("embeddings_x32", {}).get("items_per_s", "–")
+        warm = next(iter(served["batched"]["warmup"].values()), {}).get("warmup_s", "–")
+        lines.append(f"| {name} | {direct['eager'].get(mean, {}).get('items_per_s', '–')} | {served['batched']['rps']} | "
+                     f"{row['served_over_direct_eager']} | {served['batched']['mean_batch']} | "
+                     f"{served['batched']['gpu_busy_pct']} | {served['batched']['server_cpu_us_per_request']} | "
+                     f"{served['unbatched']['rps']} | {emb} | {warm} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
