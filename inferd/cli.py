@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .access_log import configure_access_logger
+    from .observability.access_log import configure_access_logger
     from .server import run
 
     configure_access_logger()

@@ -6,8 +6,14 @@ A 503 always means "safe to retry elsewhere" and carries `retry_after_ms`.
 
 from __future__ import annotations
 
+import math
+
+MAX_RETRY_AFTER_MS = 60_000
+
 
 class InferdError(Exception):
+    """The base of every error a request can end with: its status, its stable code, its message."""
+
     status: int = 500
     code: str = "INTERNAL_ERROR"
 
@@ -72,3 +78,16 @@ class DeadlineExceeded(InferdError):
 
 class InferenceFailed(InferdError):
     status, code = 500, "INFERENCE_FAILED"
+
+
+def retry_after_ms(wait_s: float) -> int:
+    """A wait in seconds as the `retry_after_ms` a 503 carries: at least 1 ms, at most a minute, and a
+    second when the wait cannot be predicted (no healthy worker yet)."""
+    if math.isinf(wait_s) or math.isnan(wait_s):
+        return 1000
+    return max(1, min(MAX_RETRY_AFTER_MS, math.ceil(wait_s * 1000)))
+
+
+def describe(exc: BaseException, limit: int = 300) -> str:
+    """An exception as one short line for an answer, a log or a readiness report."""
+    return f"{type(exc).__name__}: {exc}"[:limit]

@@ -7,6 +7,8 @@ from enum import Enum
 
 
 class Phase(Enum):
+    """Where the process stands between start and exit."""
+
     STARTING = "starting"
     SERVING = "serving"
     LAME_DUCK = "lame_duck"  # after SIGTERM: not ready (health checks notice), still serving
@@ -14,6 +16,8 @@ class Phase(Enum):
 
 
 class Lifecycle:
+    """The process phase and the requests still owed an answer (a drain waits for them)."""
+
     def __init__(self) -> None:
         self.phase = Phase.STARTING
         self.in_flight = 0  # requests inside a handler: admitted or being admitted

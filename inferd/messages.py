@@ -16,6 +16,8 @@ from typing import Any
 
 
 class RequestState(Enum):
+    """Where a request stands; changed only under its queue's lock once it is queued."""
+
     PREPARING = "preparing"  # with the model's preprocessing thread (e.g. being tokenised), not queued yet
     QUEUED = "queued"
     TAKEN = "taken"  # in a batch handed to a worker
@@ -63,6 +65,10 @@ class Batch:
     @property
     def size(self) -> int:
         return len(self.requests)
+
+    def queue_s(self, request: PendingRequest) -> float:
+        """How long `request` waited: from entering the queue to the start of this batch."""
+        return self.started_at - request.enqueued_at
 
     @property
     def compute_s(self) -> float:

@@ -14,36 +14,41 @@ import logging
 import resource
 import signal
 import sys
+import time
 from typing import TYPE_CHECKING
 
 import uvloop
 from aiohttp import web
 
-from .access_log import AccessLog
-from .admission import Admission
-from .agent_check import start_agent_check
-from .auth import Authenticator
+from .admission.admission import Admission
+from .admission.auth import Authenticator
+from .admission.rate_limits import RateLimiter
 from .config import ModelConfig, ServerConfig
 from .errors import Draining
-from .faults import DeadLetters
-from .http_api import HttpApi
+from .execution.faults import DeadLetters
+from .http.agent_check import start_agent_check
+from .http.api import HttpApi
 from .lifecycle import Lifecycle, Phase
-from .metrics import InferdCollector, RequestMetrics, build_registry
-from .rate_limits import RateLimiter
-from .served_model import ServedModel
+from .models.batch_model import BatchModel
+from .models.registry import Models
+from .observability.access_log import AccessLog
+from .observability.metrics import InferdCollector, RequestMetrics, build_registry
+from .observability.outcomes import Outcomes
 
 if TYPE_CHECKING:
-    from .generation import GenerationModel
+    from .models.generation import GenerationModel
 
 log = logging.getLogger("inferd.server")
 
 
 class InferenceServer:
+    """The whole process: the models, the gate in front of them, the HTTP side, and the drain."""
+
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.lifecycle = Lifecycle()
-        self.models: dict[str, ServedModel] = {}  # batch models
-        self.generators: dict[str, GenerationModel] = {}  # generation models (vLLM)
+        self.models = Models({}, {}, config.default_model if config.models else "")
+        self.api: HttpApi | None = None
         self._runner: web.ServerRunner | None = None
         self._agent: asyncio.Server | None = None
         self._stopped = False
@@ -55,45 +60,45 @@ class InferenceServer:
         config = self.config
         request_metrics = RequestMetrics()
         self.dead_letters = DeadLetters()
-        self.models = {
-            m.name: ServedModel(m, loop, request_metrics, self.dead_letters, config.tiers)
-            for m in config.models
-            if m.kind == "batch"
-        }
-        self.generators = {m.name: _generation_model(m, loop) for m in config.models if m.kind == "generation"}
+        self.models = Models(
+            batch={m.name: BatchModel(m, loop, request_metrics, self.dead_letters, config.tiers)
+                   for m in config.models if m.kind == "batch"},
+            generation={m.name: _generation_model(m, loop) for m in config.models if m.kind == "generation"},
+            default=config.default_model,
+        )
+        self.models.start()
         limiter = RateLimiter(config)
-        for model in (*self.models.values(), *self.generators.values()):
-            model.start()
-        api = HttpApi(
+        registry = None
+        if config.metrics:
+            collector = InferdCollector(request_metrics, lambda: self.models.snapshots(time.monotonic()), lambda: self.ready)
+            registry = build_registry(collector)
+        self.api = HttpApi(
             models=self.models,
-            generators=self.generators,
-            default_model=self.config.default_model,
-            admission=Admission(self.lifecycle, limiter, config.tiers),
+            admission=Admission(self.lifecycle, Authenticator(config, limiter), limiter, config.tiers),
             lifecycle=self.lifecycle,
-            max_body_bytes=config.max_body_bytes,
-            metrics=request_metrics if config.metrics else None,
-            registry=build_registry(InferdCollector(self.models, request_metrics, self.lifecycle, self.generators)) if config.metrics else None,
-            access_log=AccessLog(config.access_log, config.access_log_sample_rate),
-            auth=Authenticator(config, limiter),
+            outcomes=Outcomes(request_metrics if config.metrics else None,
+                              AccessLog(config.access_log, config.access_log_sample_rate)),
             limiter=limiter,
             dead_letters=self.dead_letters,
+            registry=registry,
+            max_body_bytes=config.max_body_bytes,
         )
-        max_body = self.config.max_body_bytes
-
-        def make_request(message, payload, protocol, writer, task) -> web.BaseRequest:  # type: ignore[no-untyped-def]
-            return web.BaseRequest(message, payload, protocol, writer, task, loop, client_max_size=max_body)
-
-        http_server = web.Server(api.handle, request_factory=make_request, handler_cancellation=True, access_log=None)
+        # The API reads bodies itself, with its own limit (413): no client_max_size here.
+        http_server = web.Server(self.api.handle, handler_cancellation=True, access_log=None)
         self._runner = web.ServerRunner(http_server, shutdown_timeout=1.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.host, self.config.port, backlog=4096, reuse_address=True)
+        site = web.TCPSite(self._runner, config.host, config.port, backlog=4096, reuse_address=True)
         await site.start()
-        if self.config.agent_port is not None:
-            self._agent = await start_agent_check(
-                self.config.host, self.config.agent_port, self.models, self.lifecycle, self.config.agent_full_wait_ms
-            )
+        if config.agent_port is not None:
+            self._agent = await start_agent_check(config.host, config.agent_port, self.models, lambda: self.ready,
+                                                  config.agent_full_wait_ms)
         self.lifecycle.phase = Phase.SERVING
         log.info("inferd listening on %s", self.url)
+
+    @property
+    def ready(self) -> bool:
+        """Serving, and every model ready: what /readyz, the agent-check and `inferd_ready` say."""
+        return self.lifecycle.serving and self.models.ready
 
     @property
     def port(self) -> int:
@@ -108,9 +113,8 @@ class InferenceServer:
         """Wait until every model's workers are built and warm (tests, benchmarks)."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + timeout_s
-        everything = [*self.models.values(), *self.generators.values()]
-        while not all(m.ready for m in everything):
-            failed = [m for m in everything if m.start_error is not None]
+        while not self.models.ready:
+            failed = self.models.failed()
             if failed:
                 raise RuntimeError(f"model {failed[0].name} failed to start: {failed[0].start_error!r}")
             if loop.time() > give_up:
@@ -132,7 +136,7 @@ class InferenceServer:
         if not drained:
             log.warning("grace period over with %d requests in flight; answering them 503 DRAINING", self.lifecycle.in_flight)
         reason = Draining("server shut down before this request ran; retry on another instance", retry_after_ms=1000)
-        await asyncio.gather(*(m.stop(reason) for m in self.models.values()), *(g.stop() for g in self.generators.values()))
+        await self.models.stop(reason)
         await self.lifecycle.wait_idle(1.0)  # let handlers write those last answers
         if self._agent is not None:
             self._agent.close()
@@ -143,7 +147,7 @@ class InferenceServer:
 
 
 def _generation_model(config: ModelConfig, loop: asyncio.AbstractEventLoop) -> GenerationModel:
-    from .generation import GenerationModel  # imports vLLM's wrapper only when a generation model is served
+    from .models.generation import GenerationModel  # imports vLLM's wrapper only when a generation model is served
 
     return GenerationModel(config, loop)
 

@@ -12,7 +12,7 @@ Then S9 once with the stand-in following the H200's direct MiniLM curve (2.9 ms 
 at 256) instead of a flat 10 ms. With --baseline-tree, the unchanged main's S2 and S9 once each.
 """
 
-from common import median_of, inferd_server, parse_args, save, sim_config, step
+from common import inferd_server, median_of, parse_args, save, sim_config, step
 
 S9_BODY = b'{"model": "minilm", "input": "E equals {i}"}'
 ROUNDS = 3

@@ -42,6 +42,8 @@ class PoisonInputError(RuntimeError):
 
 
 class FaultyGPU(SimulatedGPU):
+    """The simulated GPU with the faults its options switch on."""
+
     def __init__(self, name: str, faults: Mapping[str, Any], **sim: Any) -> None:
         super().__init__(name=name, **sim)
         self.fail_marker: str | None = faults.get("fail_marker")

@@ -18,8 +18,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-for _key, _value in (("HF_HUB_OFFLINE", "1"), ("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1")):
-    os.environ.setdefault(_key, _value)
+_ENVIRONMENT = (("HF_HUB_OFFLINE", "1"), ("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1"))
 
 _OPTIONS = {
     "model_path", "dtype", "max_model_len", "kv_cache_memory_bytes", "max_num_seqs",
@@ -54,6 +53,8 @@ class Delta:
 
 @dataclass
 class SamplingDefaults:
+    """A model's sampling settings when a request does not give its own."""
+
     max_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
@@ -83,6 +84,8 @@ class VllmEngine:
         self.tokenizer: Any = None
 
     def start(self) -> None:
+        for key, value in _ENVIRONMENT:  # before vLLM is imported: offline, no usage reports
+            os.environ.setdefault(key, value)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 

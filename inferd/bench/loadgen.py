@@ -17,19 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import os
 import random
-import re
-import shutil
-import subprocess
-import tempfile
+import sys
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -37,6 +33,8 @@ import orjson
 
 @dataclass(frozen=True)
 class LoadSpec:
+    """One load step: what to send where, open loop (`rate`) or closed loop (`concurrency`), for how long."""
+
     url: str
     body: bytes | None = None  # may hold {i}, replaced by a per-request counter
     method: str = "POST"
@@ -84,9 +82,8 @@ class Samples:
         self.in_window += other.in_window
 
 
-def run_load(spec: LoadSpec, engine: str = "python") -> Samples:
-    if engine == "wrk":
-        return run_wrk(spec)
+def run_python(spec: LoadSpec) -> Samples:
+    """The Python engine: open or closed loop, in `spec.processes` processes."""
     if spec.processes <= 1:
         return asyncio.run(_python_engine(spec, 0, 1))
     ctx = multiprocessing.get_context("spawn")
@@ -180,8 +177,6 @@ async def _python_engine(spec: LoadSpec, index: int, count: int) -> Samples:
     async def read_stats_at_start() -> None:
         await asyncio.sleep(max(0.0, measured_from - loop.time()))
         if spec.stats_url and index == 0:
-            from .runner import fetch_stats
-
             samples.stats_before = await loop.run_in_executor(None, fetch_stats, spec.stats_url)
 
     began = loop.time()
@@ -220,96 +215,25 @@ async def _connect_ended(session: Any, ctx: SimpleNamespace, params: Any) -> Non
         request.connect_s += asyncio.get_running_loop().time() - ctx.connect_started
 
 
+def fetch_stats(stats_url: str | None) -> dict[str, Any] | None:
+    """The target's GET /v1/stats (inferd's server view), or None when it cannot be read."""
+    if not stats_url:
+        return None
+    error: Exception | None = None
+    for _ in range(3):
+        try:
+            with urllib.request.urlopen(stats_url, timeout=10) as resp:
+                return orjson.loads(resp.read())
+        except (OSError, ValueError) as exc:
+            error = exc
+            time.sleep(0.5)
+    print(f"\nno server view from {stats_url}: {error}", file=sys.stderr)
+    return None
+
+
 def _error_code(payload: bytes) -> str:
     try:
         data = orjson.loads(payload)
         return str(data.get("error", "unknown")) if isinstance(data, dict) else "non_json"
     except orjson.JSONDecodeError:
         return "non_json"
-
-
-# ---- wrk: a C load generator for closed-loop runs too fast for Python ----------------------------
-
-_WRK_SCRIPT = """
-local counter = {start}
-local template = {template}
-local headers = {headers}
-statuses = {{}}
-local threads = {{}}
-local next_id = 0
-setup = function(thread)
-  thread:set("id", next_id)
-  next_id = next_id + 1
-  table.insert(threads, thread)
-end
-init = function(args) counter = counter + (id or 0) * 1000000000 end
-request = function()
-  counter = counter + 1
-  local body = nil
-  if template then body = template:gsub("{{i}}", tostring(counter)) end
-  return wrk.format("{method}", "{path}", headers, body)
-end
-response = function(status, hdrs, body)
-  statuses[status] = (statuses[status] or 0) + 1
-end
-done = function(summary, latency, requests)
-  local st = {{}}
-  for _, t in ipairs(threads) do
-    local s = t:get("statuses")
-    for k, v in pairs(s) do st[k] = (st[k] or 0) + v end
-  end
-  local parts = {{}}
-  for k, v in pairs(st) do table.insert(parts, string.format('"%d": %d', k, v)) end
-  io.write("WRK_JSON{{")
-  io.write(string.format('"requests": %d, "duration_us": %d, ', summary.requests, summary.duration))
-  io.write(string.format('"connect": %d, "read": %d, "write": %d, "timeout": %d, ',
-    summary.errors.connect, summary.errors.read, summary.errors.write, summary.errors.timeout))
-  io.write(string.format('"p50": %f, "p90": %f, "p99": %f, "p999": %f, "max": %f, "mean": %f, ',
-    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency:percentile(99.9),
-    latency.max, latency.mean))
-  io.write('"statuses": {{' .. table.concat(parts, ", ") .. '}}}}\\n')
-end
-"""
-
-
-def _lua_string(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-
-
-def run_wrk(spec: LoadSpec) -> Samples:
-    """Closed loop through wrk (exact per-status counts; percentiles from wrk's histogram)."""
-    if spec.concurrency is None:
-        raise ValueError("the wrk engine runs closed loop only (--concurrency)")
-    wrk = shutil.which("wrk")
-    if wrk is None:
-        raise RuntimeError("wrk is not installed (apt-get install wrk), use --engine python")
-    parts = urlsplit(spec.url)
-    path = parts.path + (f"?{parts.query}" if parts.query else "")
-    headers = "{" + ", ".join(f"[{_lua_string(k)}] = {_lua_string(v)}" for k, v in spec.headers) + "}"
-    template = _lua_string(spec.body.decode()) if spec.body is not None else "nil"
-    script = _WRK_SCRIPT.format(start=spec.counter_start, template=template, headers=headers, method=spec.method, path=path)
-    threads = max(1, min(spec.concurrency, spec.processes, os.cpu_count() or 1))
-    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
-        f.write(script)
-    try:
-        started = time.monotonic()
-        proc = subprocess.run(
-            [wrk, f"-t{threads}", f"-c{spec.concurrency}", f"-d{max(1, round(spec.duration_s))}s",
-             f"--timeout={max(1, round(spec.timeout_s))}s", "-s", f.name, f"{parts.scheme}://{parts.netloc}"],
-            capture_output=True, text=True, timeout=spec.duration_s + spec.timeout_s + 30,
-        )
-        wall = time.monotonic() - started
-    finally:
-        os.unlink(f.name)
-    match = re.search(r"WRK_JSON(\{.*\})", proc.stdout)
-    if match is None:
-        raise RuntimeError(f"wrk failed: {proc.stdout}\n{proc.stderr}")
-    data: dict[str, Any] = orjson.loads(match.group(1))
-    samples = Samples(engine="wrk", wall_s=data["duration_us"] / 1e6 or wall)
-    samples.statuses.update({k: v for k, v in data["statuses"].items()})
-    errors = {"connect_error": data["connect"], "connection_error": data["read"] + data["write"], "timeout": data["timeout"]}
-    samples.statuses.update({k: v for k, v in errors.items() if v})
-    samples.sent = sum(samples.statuses.values())
-    samples.in_window = samples.sent  # wrk stops at the end of the duration
-    samples.percentiles_ms = {k: data[k] / 1000.0 for k in ("p50", "p90", "p99", "p999", "max", "mean")}
-    return samples

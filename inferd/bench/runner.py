@@ -7,19 +7,22 @@ simply left out.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import threading
 import time
-import urllib.request
 from dataclasses import replace
 from typing import Any
 
-from .loadgen import LoadSpec, Samples, run_load
+from .loadgen import LoadSpec, Samples, fetch_stats, run_python
+from .wrk import run_wrk
 
 MAX_STEPS = 20
 MAX_STEP_S = 600.0
+
+
+def run_load(spec: LoadSpec, engine: str = "python") -> Samples:
+    return run_wrk(spec) if engine == "wrk" else run_python(spec)
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -28,21 +31,6 @@ def percentile(sorted_values: list[float], q: float) -> float:
         return float("nan")
     rank = math.ceil(q / 100.0 * len(sorted_values))
     return sorted_values[max(0, min(len(sorted_values), rank) - 1)]
-
-
-def fetch_stats(stats_url: str | None) -> dict[str, Any] | None:
-    if not stats_url:
-        return None
-    error: Exception | None = None
-    for _ in range(3):
-        try:
-            with urllib.request.urlopen(stats_url, timeout=10) as resp:
-                return json.loads(resp.read())
-        except (OSError, ValueError) as exc:
-            error = exc
-            time.sleep(0.5)
-    print(f"\nno server view from {stats_url}: {error}", file=sys.stderr)
-    return None
 
 
 def _is_inferd_stats(stats: Any) -> bool:

@@ -1,0 +1,122 @@
+"""Admission: whether a request may go to a model, and on what deadline.
+
+Every refusal happens here, before any work, cheapest check first: draining, input too long, breaker
+open, not ready, the tenant's rate limit (429), then shedding by predicted wait. A request that cannot
+finish before its own deadline is refused at once rather than queued to die; past its tier's
+`max_predicted_wait_ms` a lower tier is refused while a higher one still gets in. A 503 always carries
+`retry_after_ms`. Batch and generation models go through the same entry points: `identify`, then
+`admit` (the inputs are handed to the batch model, which prepares and queues them) or
+`admit_generation` (which returns the deadline and engine priority the stream runs under).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..config import ModelConfig, TierConfig
+from ..errors import Draining, InvalidInput, ModelUnavailable, NotReady, ServiceOverloaded, retry_after_ms
+from ..execution.faults import BreakerState
+from ..lifecycle import Lifecycle
+from ..messages import PendingRequest
+from ..models.batch_model import BatchModel
+from .auth import Authenticator
+from .rate_limits import Identity, RateLimiter
+
+if TYPE_CHECKING:
+    from ..models.generation import GenerationModel
+
+_CLOSED = BreakerState.CLOSED
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationTicket:
+    """What an admitted generation runs under."""
+
+    timeout_s: float
+    priority: int  # the engine's: lower runs first
+
+
+class Admission:
+    """The gate in front of every model."""
+
+    def __init__(self, lifecycle: Lifecycle, auth: Authenticator, limiter: RateLimiter, tiers: tuple[TierConfig, ...]) -> None:
+        self.lifecycle = lifecycle
+        self.auth = auth
+        self.limiter = limiter
+        self.tier_wait_limit_s = {
+            t.name: t.max_predicted_wait_ms / 1000.0 if t.max_predicted_wait_ms else None for t in tiers
+        }
+        self.engine_priority = {t.name: -t.priority for t in tiers}  # vLLM schedules lower values first
+
+    def identify(self, headers: Mapping[str, str]) -> Identity:
+        """The caller's tenant and tier (401 for a wrong key, or none where anonymous callers are refused)."""
+        return self.auth.identify(headers)
+
+    def admit(
+        self, model: BatchModel, request_id: str, values: Sequence[Any], who: Identity, timeout_ms: int | None
+    ) -> list[PendingRequest]:
+        """Admit the inputs of one call to a batch model, all or none (one for /v1/inference, several for
+        /v1/embeddings, each batched as a request of its own; rate limits count each). The caller awaits
+        each request's `.future`."""
+        config = model.config
+        for value in values:
+            if len(value) > config.max_input_chars:
+                raise InvalidInput(f"input is {len(value)} characters; model {model.name} accepts at most {config.max_input_chars}")
+        self._check_open()
+        now = time.monotonic()
+        if model.breaker.state is not _CLOSED:
+            unavailable_s = model.unavailable_for_s(now)
+            if unavailable_s is not None:
+                raise ModelUnavailable(f"model {model.name} is failing; its circuit breaker is open",
+                                       retry_after_ms=retry_after_ms(unavailable_s), reason="breaker_open")
+        if not model.ready:
+            raise NotReady(f"model {model.name} {'has no healthy worker' if model.pool.warmed else 'is warming up'}",
+                           retry_after_ms=1000)
+        timeout_s = deadline_s(config, timeout_ms)
+        if who.rate_per_s is not None:  # (measuring capacity costs a little: only for limited callers)
+            self.limiter.check(who, model.name, model.capacity_scale(), now, len(values))
+        self._shed_by_predicted_wait(model, who.tier, timeout_s, now)
+        if len(values) == 1:
+            return [model.submit(request_id, values[0], timeout_s, who.tier, who.tenant)]
+        if model.batcher.depth + len(values) > config.max_queue:
+            raise ServiceOverloaded(f"model {model.name} cannot queue {len(values)} more inputs",
+                                    retry_after_ms=model.retry_after_ms(who.tier), reason="queue_full")
+        return [model.submit(f"{request_id}.{i}", v, timeout_s, who.tier, who.tenant) for i, v in enumerate(values)]
+
+    def admit_generation(self, model: GenerationModel, who: Identity, timeout_ms: int | None) -> GenerationTicket:
+        """Admit one generation before its prompt is tokenised: the same open check, rate limit and
+        deadline rule as batch models, then the engine's waiting bounds."""
+        self._check_open()
+        if who.rate_per_s is not None:
+            self.limiter.check(who, model.name, model.capacity_scale(), time.monotonic())
+        model.check_capacity()
+        return GenerationTicket(deadline_s(model.config, timeout_ms), self.engine_priority.get(who.tier, 0))
+
+    def _check_open(self) -> None:
+        if self.lifecycle.draining:
+            raise Draining("server is shutting down; retry on another instance", retry_after_ms=1000)
+
+    def _shed_by_predicted_wait(self, model: BatchModel, tier: str, timeout_s: float, now: float) -> None:
+        wait_s = model.predicted_wait_s(tier, now)
+        limit_s = self.tier_wait_limit_s.get(tier)
+        batch_s = model.load.batch_s
+        if wait_s + batch_s <= timeout_s and (limit_s is None or wait_s <= limit_s):
+            return
+        if wait_s + batch_s > timeout_s:
+            raise ServiceOverloaded(
+                f"predicted wait {wait_s * 1000:.0f} ms plus {batch_s * 1000:.0f} ms of compute "
+                f"exceeds this request's {timeout_s * 1000:.0f} ms deadline",
+                retry_after_ms=retry_after_ms(wait_s), reason="deadline_infeasible",
+            )
+        raise ServiceOverloaded(
+            f"predicted wait {wait_s * 1000:.0f} ms is over the {tier} tier's {limit_s * 1000:.0f} ms",  # type: ignore[operator]
+            retry_after_ms=retry_after_ms(wait_s), reason="tier_predicted_wait",
+        )
+
+
+def deadline_s(config: ModelConfig, timeout_ms: int | None) -> float:
+    """A request's deadline: the model's default, or the client's `timeout_ms` capped at the model's maximum."""
+    return (config.timeout_ms if timeout_ms is None else min(timeout_ms, config.max_timeout_ms)) / 1000.0

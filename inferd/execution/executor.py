@@ -1,0 +1,225 @@
+"""An executor thread: one per GPU, running one backend call at a time.
+
+A worker builds its own model in its own thread (a factory gets the worker's device), warms it up, then
+loops: ask for the next batch (`next_batch`: pull-based, a free worker asks), call the backend, check the
+output list against the input list, and pass the finished batch to the event loop with one
+`call_soon_threadsafe` per batch. When no batch is due it parks: it leaves a taker with `next_batch` and
+waits for a batch to be handed to it. Futures are only touched on the loop.
+
+When the backend raises for a batch, the worker bisects it (calls on each half, recursively, within a
+budget of extra calls) so only the inputs that fail on their own are failed: one poison input does not
+take its 99 neighbours down with it. An exception that is not an `Exception` (SystemExit and the like)
+kills the worker: the loop is told, re-queues its batch and starts a replacement. A worker the watchdog
+gave up on (`abandoned`) exits as soon as its call returns and delivers nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..backends import BatchFunction
+from ..messages import Batch
+
+log = logging.getLogger("inferd.executor")
+
+Taker = Callable[[Batch | None], None]
+NextBatch = Callable[[int, Taker], Batch | None]  # (requests just answered, taker) -> a due batch, or None: parked
+
+
+class OutputMismatch(RuntimeError):
+    """The backend returned something other than one output per input."""
+
+
+def check_outputs(outputs: Any, expected: int) -> list[Any]:
+    if not isinstance(outputs, (list, tuple)):
+        raise OutputMismatch(f"backend returned {type(outputs).__name__}, expected a list of {expected} outputs")
+    if len(outputs) != expected:
+        raise OutputMismatch(f"backend returned {len(outputs)} outputs for {expected} inputs")
+    return list(outputs)
+
+
+class Worker:
+    """One executor thread and the model it built. Its own state is written by its own thread, except
+    `abandoned`, which the pool sets when it gives up on it."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        device: str,
+        build: Callable[[str], BatchFunction],
+        warmup_inputs: Sequence[Any],
+        next_batch: NextBatch,
+        loop: asyncio.AbstractEventLoop,
+        on_ready: Callable[[Worker], None],
+        on_failed: Callable[[Worker, BaseException], None],
+        on_batch_done: Callable[[Batch], None],
+        on_died: Callable[[Worker, Batch | None, BaseException], None],
+        max_isolation_calls: int = 32,
+    ) -> None:
+        self.name = name
+        self.device = device
+        self.ready = False
+        self.abandoned = False  # the watchdog gave up on it: it must never deliver again
+        self.backend: BatchFunction | None = None
+        self.busy_gaps_s: deque[float] = deque(maxlen=2048)  # end of one call to start of the next, back to back
+        self.busy_s = 0.0  # total time inside backend calls
+        self.warmup_s = 0.0  # how long the last warm-up call took: the first estimate of a batch's time
+        self.warmup_report: dict[str, Any] = {}  # what warming up did and took (GET /v1/models)
+        self.batches = 0
+        self.current: Batch | None = None  # the batch inside the backend now
+        self.call_started_at = 0.0  # start of the backend call in progress (the watchdog's clock)
+        self.max_isolation_calls = max_isolation_calls
+        self._build = build
+        self._warmup_inputs = list(warmup_inputs)
+        self._next_batch = next_batch
+        self._loop = loop
+        self._on_ready = on_ready
+        self._on_failed = on_failed
+        self._on_batch_done = on_batch_done
+        self._on_died = on_died
+        self._handoff: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=f"inferd-{name}", daemon=True)
+
+    @property
+    def healthy(self) -> bool:
+        return self.ready and not self.abandoned
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def busy_total_s(self, now: float) -> float:
+        """Time spent in backend calls so far, the running one included."""
+        running = self.current
+        return self.busy_s + (now - running.started_at if running is not None else 0.0)
+
+    # ---- the thread ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            fn = self._build(self.device)
+            started = time.monotonic()
+            warmup = getattr(fn, "warmup", None)
+            if warmup is not None:  # e.g. CUDA graph capture
+                self.warmup_report = dict(warmup() or {})
+            warmups = getattr(fn, "warmup_batches", None)
+            batches = warmups() if warmups is not None else [self._warmup_inputs] if self._warmup_inputs else []
+            for batch in batches:  # e.g. one per length bucket: every shape is compiled before serving
+                call_started = time.monotonic()
+                check_outputs(fn(list(batch)), len(batch))
+                self.warmup_s = time.monotonic() - call_started
+            self.warmup_report["warmup_s"] = round(time.monotonic() - started, 3)
+        except BaseException as exc:  # noqa: BLE001 - reported to the loop, the model stays not ready
+            log.exception("worker %s failed to start", self.name)
+            self._call_loop(self._on_failed, self, exc)
+            return
+        self.backend = fn
+        self.ready = True
+        self._call_loop(self._on_ready, self)
+        try:
+            self._serve(fn)
+        except BaseException as exc:  # noqa: BLE001 - the worker dies; the loop re-queues and replaces
+            if not self.abandoned:
+                log.error("worker %s died: %r", self.name, exc)
+                self._call_loop(self._on_died, self, self.current, exc)
+
+    def _serve(self, fn: BatchFunction) -> None:
+        last_end = 0.0
+        finished = 0
+        while not self.abandoned:
+            batch = self._next_batch(finished, self._handoff.put)
+            parked_at = 0.0
+            if batch is None:  # nothing due: parked until a batch (or None: stop) is handed over
+                parked_at = time.monotonic()
+                batch = self._handoff.get()
+                if batch is None:
+                    return
+            batch.worker = self.name
+            batch.started_at = time.monotonic()
+            self.current = batch
+            if parked_at:  # how long the free worker waited for this batch to fill
+                batch.linger_s = max(0.0, batch.formed_at - max(parked_at, batch.requests[0].enqueued_at))
+            elif last_end:
+                self.busy_gaps_s.append(batch.started_at - last_end)
+            for request in batch.requests:
+                request.attempts += 1
+            self._execute(fn, batch)
+            last_end = batch.finished_at = time.monotonic()
+            self.busy_s += last_end - batch.started_at
+            self.batches += 1
+            finished = len(batch.requests)
+            self.current = None
+            if self.abandoned:
+                return  # the watchdog already re-queued this batch: its results are discarded
+            if not self._call_loop(self._on_batch_done, batch):
+                return
+
+    def _call(self, fn: BatchFunction, inputs: list[Any]) -> list[Any]:
+        self.call_started_at = time.monotonic()
+        try:
+            return check_outputs(fn(inputs), len(inputs))
+        finally:
+            self.call_started_at = 0.0
+
+    def _execute(self, fn: BatchFunction, batch: Batch) -> None:
+        inputs = [r.input for r in batch.requests]
+        try:
+            batch.outputs = self._call(fn, inputs)
+            return
+        except Exception as exc:  # noqa: BLE001 - the batch failed; find out which inputs did it
+            if len(inputs) == 1 or self.max_isolation_calls <= 0:
+                batch.error = exc
+                return
+            outputs: list[Any] = [None] * len(inputs)
+            batch.failures = isolate(lambda part: self._call(fn, part), inputs, exc, outputs, self.max_isolation_calls,
+                                     lambda: self.abandoned)
+            batch.outputs, batch.error = outputs, exc
+
+    def _call_loop(self, fn: Callable[..., None], *args: Any) -> bool:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+            return True
+        except RuntimeError:  # the loop is closed: the process is exiting
+            return False
+
+
+def isolate(
+    call: Callable[[list[Any]], list[Any]],
+    inputs: list[Any],
+    error: BaseException,
+    outputs: list[Any],
+    budget: int,
+    give_up: Callable[[], bool] = lambda: False,
+) -> dict[int, BaseException]:
+    """Bisect a failed call, breadth first, within `budget` extra calls: both halves of a failed range
+    are tried before either is split further, so a spent budget leaves whole clean halves answered
+    rather than one deep probe. Fills `outputs` for the inputs that ran; returns the failures by index."""
+    failures: dict[int, BaseException] = {}
+    failed = deque([(0, len(inputs), error)])
+    while failed:
+        lo, hi, error = failed.popleft()
+        if hi - lo == 1:
+            failures[lo] = error
+            continue
+        mid = (lo + hi) // 2
+        for a, b in ((lo, mid), (mid, hi)):
+            if budget <= 0 or give_up():
+                failures.update((i, error) for i in range(a, b))  # out of extra calls: fail the rest
+                continue
+            budget -= 1
+            try:
+                outputs[a:b] = call(inputs[a:b])
+            except Exception as exc:  # noqa: BLE001
+                failed.append((a, b, exc))
+    return failures

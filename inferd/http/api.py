@@ -1,0 +1,188 @@
+"""The HTTP surface: one route table over aiohttp's low-level server, and the operations endpoints.
+
+aiohttp's Application layer (URL dispatcher, match info, middleware chain) cost about a tenth of the CPU
+per request; a handful of fixed paths need none of it, so routing is a dict of exact paths. Requests
+that compute something are counted as in flight for the whole handler, so a drain waits for them.
+Every response is JSON (but /metrics) and carries `X-Request-ID`.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from ..admission.admission import Admission
+from ..admission.rate_limits import RateLimiter
+from ..errors import InferdError, MethodNotAllowed, NotFound, describe
+from ..execution.faults import DeadLetters
+from ..lifecycle import Lifecycle
+from ..models.batch_model import BatchModel
+from ..models.registry import Models
+from ..observability.outcomes import Outcomes
+from .generation import GenerationApi
+from .inference import InferenceApi
+from .protocol import RequestIds
+from .responses import error_response, json_response
+
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+class HttpApi:
+    """Routes requests to the inference, embeddings and generation handlers, and answers the
+    operations endpoints (health, readiness, models, limits, stats, dead letters, metrics)."""
+
+    def __init__(
+        self, *, models: Models, admission: Admission, lifecycle: Lifecycle, outcomes: Outcomes, limiter: RateLimiter,
+        dead_letters: DeadLetters, registry: CollectorRegistry | None, max_body_bytes: int,
+    ) -> None:
+        self.models = models
+        self.admission = admission
+        self.lifecycle = lifecycle
+        self.limiter = limiter
+        self.dead_letter_log = dead_letters
+        self.registry = registry
+        self.ids = RequestIds()
+        self.created = int(time.time())  # `created` of every model in GET /v1/models (OpenAI's list shape)
+        generation = None
+        if models.generation:
+            generation = GenerationApi(models=models.generation, admission=admission, outcomes=outcomes,
+                                       lifecycle=lifecycle, ids=self.ids, max_body_bytes=max_body_bytes)
+        inference = InferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle, ids=self.ids,
+                                 max_body_bytes=max_body_bytes, generation=generation)
+        # path -> (method, handler, counted as in flight)
+        self.routes: dict[str, tuple[str, Handler, bool]] = {
+            "/v1/inference": ("POST", inference.inference, True),
+            "/api/inference": ("POST", inference.inference, True),
+            "/v1/embeddings": ("POST", inference.embeddings, True),
+            "/healthz": ("GET", self.healthz, False),
+            "/readyz": ("GET", self.readyz, False),
+            "/v1/models": ("GET", self.list_models, False),
+            "/v1/stats": ("GET", self.stats, False),
+            "/v1/dead-letters": ("GET", self.dead_letters, False),
+            "/v1/limits": ("GET", self.limits, False),
+        }
+        if registry is not None:
+            self.routes["/metrics"] = ("GET", self.prometheus, False)
+        if generation is not None:
+            self.routes["/v1/completions"] = ("POST", generation.completions, True)
+            self.routes["/v1/chat/completions"] = ("POST", generation.chat_completions, True)
+
+    @property
+    def ready(self) -> bool:
+        """Should load balancers send traffic here: serving, and every model ready."""
+        return self.lifecycle.serving and self.models.ready
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """The low-level server's one handler: route by exact path, then method."""
+        route = self.routes.get(request.path)
+        if route is not None and route[0] == request.method:
+            if not route[2]:
+                return await route[1](request)
+            lifecycle = self.lifecycle
+            lifecycle.enter()
+            try:
+                return await route[1](request)
+            finally:
+                lifecycle.leave()
+        request_id = self.ids.pick(request.headers.get("X-Request-ID"))
+        if route is None:
+            return error_response(NotFound(f"no route for {request.method} {request.path}"), request_id)
+        return error_response(MethodNotAllowed(f"{request.path} accepts {route[0]} only"), request_id, allow=route[0])
+
+    # ---- operations ------------------------------------------------------------------------------
+
+    async def healthz(self, request: web.BaseRequest) -> web.StreamResponse:
+        return json_response({"status": "ok"}, self.ids.pick(request.headers.get("X-Request-ID")))
+
+    async def readyz(self, request: web.BaseRequest) -> web.StreamResponse:
+        request_id = self.ids.pick(request.headers.get("X-Request-ID"))
+        models: dict[str, dict[str, Any]] = {name: _readiness(m) for name, m in self.models.batch.items()}
+        for name, g in self.models.generation.items():
+            models[name] = {"ready": g.ready, "kind": "generation"}
+            if g.start_error is not None:
+                models[name]["error"] = describe(g.start_error)
+        ready = self.ready
+        payload = {"ready": ready, "phase": self.lifecycle.phase.value, "models": models}
+        return json_response(payload, request_id, status=200 if ready else 503)
+
+    async def list_models(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Every model, in a shape the OpenAI client's models.list() also reads (id, object, created)."""
+        data = [{"id": m.name, "object": "model", "created": self.created, "owned_by": "inferd", "kind": "batch",
+                 **m.describe()} for m in self.models.batch.values()]
+        data += [{"created": self.created, **g.describe()} for g in self.models.generation.values()]
+        return json_response({"object": "list", "data": data}, self.ids.pick(request.headers.get("X-Request-ID")))
+
+    async def limits(self, request: web.BaseRequest) -> web.StreamResponse:
+        """The caller's tier, and per model its rate limit now (scaled by capacity) and what is left."""
+        request_id = self.ids.pick(request.headers.get("X-Request-ID"))
+        try:
+            who = self.admission.identify(request.headers)
+        except InferdError as error:
+            return error_response(error, request_id)
+        now = time.monotonic()
+        models = {}
+        for name, model in self.models.batch.items():
+            scale = model.capacity_scale()
+            remaining = self.limiter.remaining(who, name, scale, now)
+            models[name] = {
+                "rate_per_s": None if who.rate_per_s is None else round(who.rate_per_s * scale, 3),
+                "nominal_rate_per_s": who.rate_per_s,
+                "burst": who.burst,
+                "remaining": None if remaining is None else round(remaining, 3),
+                "capacity_scale": round(scale, 3),
+            }
+        return json_response({"tenant": who.tenant, "tier": who.tier, "models": models}, request_id)
+
+    async def dead_letters(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Poison inputs isolated by bisection (admin only): ids, hashes and lengths, never the inputs."""
+        request_id = self.ids.pick(request.headers.get("X-Request-ID"))
+        try:
+            self.admission.auth.require_admin(request.headers)
+        except InferdError as error:
+            return error_response(error, request_id)
+        log = self.dead_letter_log
+        return json_response({"total": log.total, "entries": log.entries()}, request_id)
+
+    async def prometheus(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Prometheus text format, rendered by prometheus-client from this server's registry."""
+        body = generate_latest(self.registry)  # type: ignore[arg-type]
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def stats(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Process-level figures a load generator reads before and after a run."""
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        payload = {
+            "process": {
+                "cpu_seconds": usage.ru_utime + usage.ru_stime,
+                "max_rss_bytes": usage.ru_maxrss * 1024,
+                "rss_bytes": _current_rss_bytes(),
+                "in_flight": self.lifecycle.in_flight,
+            },
+            "models": {name: m.describe()["stats"] for name, m in self.models.batch.items()},
+        }
+        return json_response(payload, self.ids.pick(request.headers.get("X-Request-ID")))
+
+
+def _readiness(model: BatchModel) -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "ready": model.ready,
+        "ready_workers": model.pool.healthy,
+        "workers": len(model.pool.workers),
+        "breaker": model.breaker.state.value,
+    }
+    if model.start_error is not None:
+        state["error"] = describe(model.start_error)
+    return state
+
+
+def _current_rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return None

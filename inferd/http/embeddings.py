@@ -1,0 +1,72 @@
+"""The wire format of OpenAI's `POST /v1/embeddings`: the body and the answer (errors in OpenAI's shape
+are written by `responses`).
+
+`input` is a string, an array of strings, an array of token ids, or an array of token-id arrays. Each
+item becomes an input of its own, batched like a single `/v1/inference` request (items of one call may
+run in different batches); the answer keeps their order. Kept apart from the handler so the rules read
+in one place, as `protocol` does for `/v1/inference`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidInput
+from .protocol import encode_vector, encoding_format, json_object, timeout_ms
+
+Item = str | list[int]
+
+
+@dataclass(slots=True)
+class EmbeddingsCall:
+    """A parsed `/v1/embeddings` body."""
+
+    items: list[Item]
+    model: str | None
+    base64: bool
+    timeout_ms: int | None
+
+
+def parse_embeddings_body(body: bytes) -> EmbeddingsCall:
+    data = json_object(body)
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidInput("`model` must be a string")
+    if data.get("dimensions") is not None:
+        raise InvalidInput("`dimensions` is not supported: the model's own size is returned")
+    return EmbeddingsCall(_items(data.get("input")), model, encoding_format(data) == "base64", timeout_ms(data))
+
+
+def _items(value: Any) -> list[Item]:
+    if isinstance(value, str):
+        items: list[Any] = [value]
+    elif _is_token_ids(value):
+        items = [value]
+    elif isinstance(value, list):
+        items = value
+    else:
+        raise InvalidInput("`input` must be a string, an array of strings, or an array of token-id arrays")
+    if not items:
+        raise InvalidInput("`input` must hold at least one item")
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            if not item:
+                raise InvalidInput(f"`input[{i}]` is an empty string")
+        elif not _is_token_ids(item):
+            raise InvalidInput(f"`input[{i}]` must be a string or a non-empty array of token ids (integers)")
+    return items
+
+
+def _is_token_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(type(t) is int for t in value)
+
+
+def embeddings_payload(model: str, vectors: list[Any], tokens: int, base64: bool) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": encode_vector(v, base64=base64)}
+                 for i, v in enumerate(vectors)],
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }

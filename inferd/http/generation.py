@@ -1,0 +1,209 @@
+"""HTTP for generation models: `/v1/inference` (whole text or Server-Sent Events) and the
+OpenAI-compatible `/v1/completions` and `/v1/chat/completions`, so the official `openai` client works
+against inferd unchanged.
+
+Each request: identify the caller, admit it (the same rules as batch models, then the engine's waiting
+bounds, before tokenising), tokenise (applying the chat template for chat), then consume the engine's
+deltas under the request's deadline.
+A passed deadline aborts the request in the engine and answers 504 (or, mid-stream, a final error
+event); a client that goes away aborts it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from ..admission.admission import Admission
+from ..admission.rate_limits import Identity
+from ..errors import DeadlineExceeded, InferdError, InvalidInput, ModelNotFound
+from ..lifecycle import Lifecycle
+from ..observability.outcomes import Outcomes
+from .protocol import InferenceCall, RequestIds, json_object, read_body, timeout_ms
+from .responses import WholeResponse, dumps, error_response
+
+if TYPE_CHECKING:
+    from ..models.generation import GenerationModel
+
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+class GenerationApi:
+    """Handlers for the generation models."""
+
+    def __init__(
+        self, *, models: dict[str, GenerationModel], admission: Admission, outcomes: Outcomes, lifecycle: Lifecycle,
+        ids: RequestIds, max_body_bytes: int,
+    ) -> None:
+        self.models = models
+        self.admission = admission
+        self.outcomes = outcomes
+        self.lifecycle = lifecycle
+        self.ids = ids
+        self.max_body_bytes = max_body_bytes
+
+    # ---- the three request shapes ----------------------------------------------------------------
+
+    async def inference(self, request: web.BaseRequest, model: GenerationModel, call: InferenceCall, who: Identity,
+                        request_id: str, started: float) -> web.StreamResponse:
+        """inferd's own shape: {"input": text} -> {"output": text}, or SSE with {"stream": true}. The
+        body was read and the caller identified by the `/v1/inference` handler."""
+        body = call.body
+        def whole(text: str, last: Any) -> dict[str, Any]:
+            return {"output": text, "request_id": request_id, "model": model.name,
+                    "latency_ms": round((time.monotonic() - started) * 1000, 3),
+                    "finish_reason": last.finish_reason, "usage": _usage(last)}
+
+        def chunk(text: str, last: Any) -> dict[str, Any]:
+            event: dict[str, Any] = {"delta": text, "request_id": request_id}
+            if last.finished:
+                event.update(done=True, finish_reason=last.finish_reason, usage=_usage(last))
+            return event
+
+        return await self._serve(request, model, body, who, request_id, started,
+                                 lambda: model.engine.encode(call.input), whole, chunk, done_marker=False)
+
+    async def completions(self, request: web.BaseRequest) -> web.StreamResponse:
+        return await self._openai(request, chat=False)
+
+    async def chat_completions(self, request: web.BaseRequest) -> web.StreamResponse:
+        return await self._openai(request, chat=True)
+
+    async def _openai(self, request: web.BaseRequest, chat: bool) -> web.StreamResponse:
+        started = time.monotonic()
+        request_id = self.ids.pick(request.headers.get("X-Request-ID") or request.headers.get("Idempotency-Key"))
+        tier = "-"
+        try:
+            who = self.admission.identify(request.headers)
+            tier = who.tier
+            body = json_object(await read_body(request, self.max_body_bytes))
+            model = self.models.get(body.get("model") or "")
+            if model is None:
+                raise ModelNotFound(f"no generation model named {body.get('model')!r}; see GET /v1/models")
+            if chat:
+                messages = body.get("messages")
+                if not isinstance(messages, list) or not messages or not all(
+                    isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages
+                ):
+                    raise InvalidInput("`messages` must be a non-empty list of {role, content} objects")
+                encode = lambda: model.engine.encode_chat(messages)  # noqa: E731
+            else:
+                prompt = body.get("prompt")
+                if isinstance(prompt, list) and len(prompt) == 1:
+                    prompt = prompt[0]
+                if not isinstance(prompt, str):
+                    raise InvalidInput("`prompt` must be a string")
+                encode = lambda: model.engine.encode(prompt)  # noqa: E731
+            if body.get("n", 1) != 1:
+                raise InvalidInput("only n = 1 is supported")
+        except InferdError as error:
+            self.outcomes.record_error(request_id, "-", tier, error, started)
+            return error_response(error, request_id, close=self.lifecycle.draining)
+        created = int(time.time())
+        kind = "chat.completion" if chat else "text_completion"
+
+        def whole(text: str, last: Any) -> dict[str, Any]:
+            choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason, "logprobs": None}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            return {"id": request_id, "object": kind, "created": created, "model": model.name,
+                    "choices": [choice], "usage": _usage(last)}
+
+        def chunk(text: str, last: Any) -> dict[str, Any]:
+            reason = last.finish_reason if last.finished else None
+            choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
+            if chat:
+                choice["delta"] = {"role": "assistant", "content": text} if text or not last.finished else {}
+            else:
+                choice["text"] = text
+            event = {"id": request_id, "object": f"{kind}.chunk" if chat else kind, "created": created,
+                     "model": model.name, "choices": [choice]}
+            if last.finished and (body.get("stream_options") or {}).get("include_usage"):
+                event["usage"] = _usage(last)
+            return event
+
+        return await self._serve(request, model, body, who, request_id, started, encode, whole, chunk, done_marker=True)
+
+    # ---- one generation, whole or streamed -------------------------------------------------------
+
+    async def _serve(self, request: web.BaseRequest, model: GenerationModel, body: dict[str, Any], who: Identity,
+                     request_id: str, started: float, encode: Callable[[], list[int]], whole: Callable[[str, Any], dict],
+                     chunk: Callable[[str, Any], dict], *, done_marker: bool) -> web.StreamResponse:
+        tier = who.tier
+        try:
+            ticket = self.admission.admit_generation(model, who, timeout_ms(body))  # before any tokenising
+            prompt_ids = encode()
+            if len(prompt_ids) >= model.engine.max_model_len:
+                raise InvalidInput(f"prompt is {len(prompt_ids)} tokens; model {model.name} takes fewer than "
+                                   f"{model.engine.max_model_len}")
+            try:
+                sampling = model.engine.sampling(_sampling_overrides(body))
+            except (TypeError, ValueError) as exc:
+                raise InvalidInput(f"bad sampling parameters: {exc}") from None
+        except InferdError as error:
+            self.outcomes.record_error(request_id, model.name, tier, error, started)
+            return error_response(error, request_id, close=self.lifecycle.draining)
+        timeout_s = ticket.timeout_s
+        deltas = model.stream(request_id, prompt_ids, sampling, ticket.priority)
+        streaming = bool(body.get("stream"))
+        response: web.StreamResponse | None = None
+        pieces: list[str] = []
+        last = None
+        try:
+            async with asyncio.timeout(timeout_s):
+                async for delta in deltas:
+                    last = delta
+                    if not streaming:
+                        pieces.append(delta.text)
+                        continue
+                    if response is None:
+                        response = web.StreamResponse(headers={**_SSE_HEADERS, "X-Request-ID": request_id})
+                        await response.prepare(request)
+                    await response.write(b"data: " + dumps(chunk(delta.text, delta)) + b"\n\n")
+        except TimeoutError:
+            model.record_abort("deadline")
+            error = DeadlineExceeded(f"deadline of {timeout_s * 1000:.0f} ms passed during generation; aborted")
+            self.outcomes.record_error(request_id, model.name, tier, error, started)
+            if response is None:
+                return error_response(error, request_id)
+            await response.write(b"event: error\ndata: " + dumps({"error": error.code, "message": error.message,
+                                                                   "request_id": request_id}) + b"\n\n")
+            await response.write_eof()
+            return response
+        except (asyncio.CancelledError, ConnectionResetError):
+            model.record_abort("client_disconnect")
+            self.outcomes.record(request_id, model.name, tier, 499, "CLIENT_DISCONNECTED", started)
+            raise
+        finally:
+            await deltas.aclose()  # aborts the request in the engine if it is still there
+        self.outcomes.record(request_id, model.name, tier, 200, "", started)
+        if not streaming:
+            return WholeResponse(200, dumps(whole("".join(pieces), last)), (("X-Request-ID", request_id),))
+        if response is None:  # nothing was generated: still a well-formed stream
+            response = web.StreamResponse(headers={**_SSE_HEADERS, "X-Request-ID": request_id})
+            await response.prepare(request)
+        if done_marker:
+            await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+def _sampling_overrides(body: dict[str, Any]) -> dict[str, Any]:
+    keys = ("max_tokens", "temperature", "top_p", "seed", "stop", "ignore_eos")
+    overrides = {k: body[k] for k in keys if body.get(k) is not None}
+    if body.get("max_completion_tokens") is not None:
+        overrides["max_tokens"] = body["max_completion_tokens"]
+    return overrides
+
+
+def _usage(last: Any) -> dict[str, int]:
+    prompt = last.prompt_tokens if last is not None else 0
+    completion = last.completion_tokens if last is not None else 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+

@@ -1,0 +1,123 @@
+"""The batch models' endpoints: `POST /v1/inference` (one input, one output) and OpenAI's
+`POST /v1/embeddings` (each item batched like a request of its own, answered in order).
+
+A handler reads the body once, identifies the caller, and hands the inputs to admission; it then waits
+on each request's own future, which the model resolves. A client that goes away cancels the handler:
+its inputs still waiting are withdrawn and never computed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+
+from ..admission.admission import Admission
+from ..errors import InferdError, InvalidInput, ModelNotFound
+from ..lifecycle import Lifecycle
+from ..messages import PendingRequest
+from ..models.registry import Models
+from ..observability.outcomes import Outcomes
+from .embeddings import embeddings_payload, parse_embeddings_body
+from .generation import GenerationApi
+from .protocol import RequestIds, encode_vector, parse_inference_body, read_body
+from .responses import WholeResponse, dumps, error_response
+
+
+class InferenceApi:
+    """Handlers for the batch models (and `/v1/inference` for a generation model, handed on)."""
+
+    def __init__(
+        self, *, models: Models, admission: Admission, outcomes: Outcomes, lifecycle: Lifecycle, ids: RequestIds,
+        max_body_bytes: int, generation: GenerationApi | None,
+    ) -> None:
+        self.models = models
+        self.admission = admission
+        self.outcomes = outcomes
+        self.lifecycle = lifecycle
+        self.ids = ids
+        self.max_body_bytes = max_body_bytes
+        self.generation = generation
+
+    async def inference(self, request: web.BaseRequest) -> web.StreamResponse:
+        started = time.monotonic()
+        headers = request.headers
+        request_id = self.ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key"))
+        model_name, tier, pending = "-", "-", None
+        try:
+            who = self.admission.identify(headers)
+            tier = who.tier
+            call = parse_inference_body(await read_body(request, self.max_body_bytes))
+            name = call.model or self.models.default
+            model = self.models.batch.get(name)
+            if model is None:
+                if self.generation is not None and name in self.models.generation:
+                    return await self.generation.inference(request, self.models.generation[name], call, who, request_id,
+                                                           started)
+                raise ModelNotFound(f"no model named {name!r}; see GET /v1/models")
+            model_name = name
+            pending = self.admission.admit(model, request_id, (call.input,), who, call.timeout_ms)[0]
+            try:
+                output = await pending.future
+            except asyncio.CancelledError:
+                model.abandon(pending)  # client went away: never computed if still queued
+                self.outcomes.record(request_id, model_name, tier, 499, "CLIENT_DISCONNECTED", started, pending)
+                raise
+        except InferdError as error:
+            self.outcomes.record_error(request_id, model_name, tier, error, started, pending)
+            return error_response(error, request_id, close=self.lifecycle.draining)
+        now = self.outcomes.record(request_id, model_name, tier, 200, "", started, pending)
+        batch = pending.batch
+        extra: tuple[tuple[str, str], ...] = (("X-Request-ID", request_id),)
+        if batch is not None:
+            extra += (("Server-Timing", f"queue;dur={batch.queue_s(pending) * 1000:.3f}, "
+                                        f"compute;dur={batch.compute_s * 1000:.3f}"),)
+        if call.base64:
+            output = encode_vector(output, base64=True)
+        payload = {"output": output, "request_id": request_id, "model": model_name,
+                   "latency_ms": round((now - started) * 1000, 3)}
+        return WholeResponse(200, dumps(payload), extra)
+
+    async def embeddings(self, request: web.BaseRequest) -> web.StreamResponse:
+        """OpenAI's `POST /v1/embeddings`: each item batched like a request of its own, answered in order."""
+        started = time.monotonic()
+        headers = request.headers
+        request_id = self.ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key"))
+        model_name, tier, model, items = "-", "-", None, []
+        try:
+            who = self.admission.identify(headers)
+            tier = who.tier
+            call = parse_embeddings_body(await read_body(request, self.max_body_bytes))
+            name = call.model or self.models.default
+            model = self.models.batch.get(name)
+            if model is None:
+                raise ModelNotFound(f"no embedding model named {name!r}; see GET /v1/models")
+            model_name = name
+            if model.ready and model.output_kind != "embedding":
+                raise InvalidInput(f"model {name} does not produce embeddings")
+            cap = model.config.max_inputs_per_call
+            if len(call.items) > cap:
+                raise InvalidInput(f"`input` holds {len(call.items)} items; model {name} takes at most {cap} per call")
+            items = self.admission.admit(model, request_id, call.items, who, call.timeout_ms)
+            try:
+                vectors = await asyncio.gather(*(item.future for item in items))
+            except asyncio.CancelledError:
+                self.outcomes.record(request_id, model_name, tier, 499, "CLIENT_DISCONNECTED", started)
+                raise
+        except InferdError as error:
+            self.outcomes.record_error(request_id, model_name, tier, error, started)
+            return error_response(error, request_id, close=self.lifecycle.draining, openai=True)
+        finally:
+            _withdraw_unanswered(model, items)
+        self.outcomes.record(request_id, model_name, tier, 200, "", started)
+        payload = embeddings_payload(model_name, vectors, sum(item.tokens for item in items), call.base64)
+        return WholeResponse(200, dumps(payload), (("X-Request-ID", request_id),))
+
+
+def _withdraw_unanswered(model, items: list[PendingRequest]) -> None:  # type: ignore[no-untyped-def]
+    """The rest of a call that failed or was given up: never computed if still waiting (a cancelled
+    gather has cancelled their futures already, so a cancelled future counts as unanswered)."""
+    for item in items:
+        if not item.future.done() or item.future.cancelled():
+            model.abandon(item)

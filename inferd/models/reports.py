@@ -1,0 +1,46 @@
+"""What a batch model tells others about itself: a snapshot for the metrics exporter, and a
+description (settings and live statistics) for GET /v1/models and /v1/stats."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..observability.snapshots import BatchModelSnapshot
+
+if TYPE_CHECKING:
+    from .batch_model import BatchModel
+
+
+def snapshot(model: BatchModel, now: float) -> BatchModelSnapshot:
+    return BatchModelSnapshot(
+        name=model.name, ready=model.ready, waiting_by_tier=model.batcher.depth_by_tier(),
+        oldest_age_by_tier=model.batcher.oldest_age_by_tier(now), workers=model.pool.snapshot(now),
+        healthy_workers=model.pool.healthy, capacity_rps=model.load.capacity_rps(model.pool.healthy),
+        predicted_wait_s=model.predicted_wait_s(now=now), queue_wait=model.queue_wait, linger=model.linger,
+        compute=model.compute, batch_sizes=dict(model.batch_sizes), flushes=dict(model.batcher.flushes),
+    )
+
+
+def describe(model: BatchModel) -> dict[str, Any]:
+    c, pool, preprocessor = model.config, model.pool, model.preprocessor
+    settings = ("backend", "max_batch_size", "max_wait_ms", "max_queue", "timeout_ms", "max_timeout_ms")
+    return {
+        "name": c.name, **{key: getattr(c, key) for key in settings}, "workers": len(pool.workers),
+        "devices": list(c.worker_devices), "ready": model.ready, "ready_workers": pool.healthy,
+        "breaker": model.breaker.state.value, "workers_replaced": pool.replacements,
+        "worker_build_failures": pool.build_failures, "batch_timeout_ms": round(pool.latencies.limit_s * 1000, 1),
+        "output_kind": model.output_kind, "warmup": {w.name: w.warmup_report for w in pool.workers if w.ready},
+        "stats": {
+            "batches": model.batches, "requests_computed": model.requests_computed,
+            "mean_batch_size": round(model.requests_computed / model.batches, 2) if model.batches else 0.0,
+            "batch_ms_ewma": round(model.load.batch_s * 1000, 3),
+            "capacity_rps": round(model.load.capacity_rps(pool.healthy), 1), "queue_depth": model.batcher.depth,
+            "predicted_wait_ms": round(min(model.predicted_wait_s(), 1e9) * 1000, 3),
+            "flushes": dict(model.batcher.flushes), "echo_holds": model.batcher.echo_holds,
+            "busy_gap_ms_p50": pool.busy_gap_p50_ms(),
+            "batch_sizes": {str(size): n for size, n in sorted(model.batch_sizes.items())},
+            "preprocess_calls": preprocessor.calls if preprocessor else 0,
+            "preprocess_mean_batch": round(preprocessor.items / preprocessor.calls, 2)
+            if preprocessor and preprocessor.calls else None,
+        },
+    }

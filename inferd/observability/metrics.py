@@ -1,0 +1,164 @@
+"""Prometheus metrics: per-request outcomes recorded on the hot path, and the exporter that turns them,
+and the snapshots the models provide, into metric families at scrape time.
+
+Recording is a dict increment or a histogram observation on the event loop, with no lock. The exporter
+(`InferdCollector`) is handed a function returning the models' snapshots (`snapshots.py`); it knows
+nothing of batchers, workers or engines, and a scrape never waits on a worker.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .access_log import dropped_lines
+from .histogram import Histogram
+from .snapshots import BatchModelSnapshot, GenerationSnapshot
+
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 100, 128, 192, 256, 512, 1024)
+
+Snapshots = Callable[[], tuple[list[BatchModelSnapshot], list[GenerationSnapshot]]]
+
+
+class RequestMetrics:
+    """Per-request outcomes and stage times, recorded by the HTTP layer and by admission."""
+
+    def __init__(self) -> None:
+        self.requests: defaultdict[tuple[str, str, int, str], int] = defaultdict(int)  # model, tier, status, error
+        self.shed: defaultdict[tuple[str, str, str], int] = defaultdict(int)  # model, tier, reason
+        self.duration: defaultdict[str, Histogram] = defaultdict(Histogram)
+        self.admission: defaultdict[str, Histogram] = defaultdict(Histogram)
+        self.response: defaultdict[str, Histogram] = defaultdict(Histogram)
+
+
+class InferdCollector(Collector):
+    """Turns request metrics and model snapshots into Prometheus metric families, per scrape."""
+
+    def __init__(self, requests: RequestMetrics, snapshots: Snapshots, ready: Callable[[], bool]) -> None:
+        self.requests = requests
+        self.snapshots = snapshots
+        self.ready = ready
+
+    def collect(self) -> Iterator[Metric]:
+        r = self.requests
+        total = CounterMetricFamily("inferd_requests", "Requests answered, by HTTP status and error code.",
+                                    labels=["model", "tier", "code", "error"])
+        for (model, tier, status, error), n in list(r.requests.items()):
+            total.add_metric([model, tier, str(status), error], n)
+        yield total
+        shed = CounterMetricFamily("inferd_shed", "Requests refused or dropped before computing, by reason.",
+                                   labels=["model", "tier", "reason"])
+        for (model, tier, reason), n in list(r.shed.items()):
+            shed.add_metric([model, tier, reason], n)
+        yield shed
+        yield _histograms("inferd_request_duration_seconds", "End-to-end time inside the server.", r.duration)
+        yield _histograms("inferd_admission_seconds", "From the request's arrival to its entry in the queue.", r.admission)
+        yield _histograms("inferd_response_seconds", "From the end of the backend call to the response.", r.response)
+        batch, generation = self.snapshots()
+        yield from _batch_families(batch)
+        waiting = sum(m.waiting for m in batch) + sum(g.waiting for g in generation)
+        running = sum(w.running_requests for m in batch for w in m.workers) + sum(g.running for g in generation)
+        if generation:
+            yield from _generation_families(generation)
+        yield GaugeMetricFamily("inferd_requests_waiting", "Admitted requests not yet in a batch (all models).", value=waiting)
+        yield GaugeMetricFamily("inferd_requests_running", "Requests inside executing batches (all models).", value=running)
+        yield GaugeMetricFamily("inferd_predicted_wait_max_seconds", "Worst predicted wait across models.",
+                                value=min(max((m.predicted_wait_s for m in batch), default=0.0), 1e9))
+        yield CounterMetricFamily("inferd_access_log_dropped_lines", "Access log lines dropped: the writer fell behind.",
+                                  value=dropped_lines())
+        yield GaugeMetricFamily("inferd_ready", "1 when every model is ready and the server is not draining.",
+                                value=float(self.ready()))
+
+
+def _batch_families(models: list[BatchModelSnapshot]) -> Iterator[Metric]:
+    yield _histograms("inferd_queue_wait_seconds", "From entering the queue to the start of its batch.",
+                      {m.name: m.queue_wait for m in models})
+    yield _histograms("inferd_batch_linger_seconds", "How long a free worker waited for its batch to fill.",
+                      {m.name: m.linger for m in models})
+    yield _histograms("inferd_compute_seconds", "Backend call duration, one observation per call.",
+                      {m.name: m.compute for m in models})
+    sizes = HistogramMetricFamily("inferd_batch_size", "Requests per batch.", labels=["model"])
+    batches = CounterMetricFamily("inferd_batches", "Batches flushed, by trigger.", labels=["model", "trigger"])
+    gauges = {
+        "inferd_queue_depth": GaugeMetricFamily("inferd_queue_depth", "Requests waiting for a batch.", labels=["model", "tier"]),
+        "inferd_queue_oldest_age_seconds": GaugeMetricFamily(
+            "inferd_queue_oldest_age_seconds", "Age of the oldest waiting request.", labels=["model", "tier"]),
+        "inferd_batches_in_flight": GaugeMetricFamily("inferd_batches_in_flight", "Batches inside backend calls now.", labels=["model"]),
+        "inferd_workers_healthy": GaugeMetricFamily("inferd_workers_healthy", "Workers built, warm and running.", labels=["model"]),
+        "inferd_workers": GaugeMetricFamily("inferd_workers", "Configured workers.", labels=["model"]),
+        "inferd_capacity_requests_per_second": GaugeMetricFamily(
+            "inferd_capacity_requests_per_second", "Requests/s the healthy workers sustain, measured.", labels=["model"]),
+        "inferd_predicted_wait_seconds": GaugeMetricFamily(
+            "inferd_predicted_wait_seconds", "Predicted wait of a request queued now: the scaling signal.", labels=["model"]),
+    }
+    busy = GaugeMetricFamily("inferd_worker_busy_ratio", "Share of the last window a worker spent in backend calls.",
+                             labels=["model", "worker"])
+    for m in models:
+        h = Histogram(BATCH_SIZE_BUCKETS)
+        for size, n in m.batch_sizes.items():
+            h.counts[bisect_left(h.bounds, size)] += n
+            h.sum += size * n
+        sizes.add_metric([m.name], h.cumulative(), h.sum)
+        for trigger, n in m.flushes.items():
+            batches.add_metric([m.name, trigger], n)
+        for tier, depth in m.waiting_by_tier.items():
+            gauges["inferd_queue_depth"].add_metric([m.name, tier], depth)
+            gauges["inferd_queue_oldest_age_seconds"].add_metric([m.name, tier], m.oldest_age_by_tier.get(tier, 0.0))
+        gauges["inferd_batches_in_flight"].add_metric([m.name], sum(1 for w in m.workers if w.running_requests))
+        gauges["inferd_workers_healthy"].add_metric([m.name], m.healthy_workers)
+        gauges["inferd_workers"].add_metric([m.name], len(m.workers))
+        gauges["inferd_capacity_requests_per_second"].add_metric([m.name], m.capacity_rps)
+        gauges["inferd_predicted_wait_seconds"].add_metric([m.name], min(m.predicted_wait_s, 1e9))
+        for w in m.workers:
+            busy.add_metric([m.name, w.name], w.busy_ratio)
+    yield sizes
+    yield batches
+    yield from gauges.values()
+    yield busy
+
+
+def _generation_families(models: list[GenerationSnapshot]) -> Iterator[Metric]:
+    yield _histograms("inferd_generation_time_to_first_token_seconds", "From arrival to the first generated token.",
+                      {g.name: g.ttft for g in models})
+    yield _histograms("inferd_generation_time_per_output_token_seconds", "Time between generated tokens.",
+                      {g.name: g.time_per_output_token for g in models})
+    tokens = CounterMetricFamily("inferd_generation_tokens", "Tokens processed (rate: tokens per second).",
+                                 labels=["model", "kind"])
+    aborts = CounterMetricFamily("inferd_generation_aborts", "Requests aborted in the engine, by reason.",
+                                 labels=["model", "reason"])
+    requests = GaugeMetricFamily("inferd_generation_requests", "Requests by state: waiting means no token yet.",
+                                 labels=["model", "state"])
+    engine = GaugeMetricFamily("inferd_generation_engine_requests", "The engine scheduler's own counts.",
+                               labels=["model", "state"])
+    kv = GaugeMetricFamily("inferd_generation_kv_cache_usage_ratio", "Share of the KV cache in use.", labels=["model"])
+    for g in models:
+        tokens.add_metric([g.name, "output"], g.output_tokens)
+        tokens.add_metric([g.name, "prompt"], g.prompt_tokens)
+        for reason, n in g.aborts.items():
+            aborts.add_metric([g.name, reason], n)
+        requests.add_metric([g.name, "waiting"], g.waiting)
+        requests.add_metric([g.name, "running"], g.running)
+        engine.add_metric([g.name, "waiting"], g.engine_waiting)
+        engine.add_metric([g.name, "running"], g.engine_running)
+        kv.add_metric([g.name], g.kv_cache_usage)
+    yield from (tokens, aborts, requests, engine, kv)
+
+
+def _histograms(name: str, doc: str, per_model: dict[str, Histogram]) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=["model"])
+    for model, h in list(per_model.items()):
+        family.add_metric([model], h.cumulative(), h.sum)
+    return family
+
+
+def build_registry(collector: InferdCollector) -> CollectorRegistry:
+    """A registry of this server's own (no process-global state), with the standard process metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    ProcessCollector(registry=registry)
+    return registry

@@ -1,0 +1,46 @@
+"""Each answered request counted and maybe logged: what every handler does last, whatever the model kind."""
+
+from __future__ import annotations
+
+import time
+
+from ..errors import InferdError
+from ..messages import PendingRequest
+from .access_log import AccessLog
+from .metrics import RequestMetrics
+
+
+class Outcomes:
+    """Counts answers by model, tier, status and error code, times their stages, and passes them to the
+    sampled access log. `metrics` is None when metrics are off."""
+
+    def __init__(self, metrics: RequestMetrics | None, access_log: AccessLog) -> None:
+        self.metrics = metrics
+        self.access_log = access_log
+
+    def record(
+        self, request_id: str, model: str, tier: str, status: int, error: str, started: float,
+        pending: PendingRequest | None = None,
+    ) -> float:
+        """One answer; returns the time it was recorded."""
+        now = time.monotonic()
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.requests[(model, tier, status, error)] += 1
+            metrics.duration[model].observe(now - started)
+            if pending is not None:
+                metrics.admission[model].observe(pending.enqueued_at - started)
+                if pending.batch is not None and status == 200:
+                    metrics.response[model].observe(now - pending.batch.finished_at)
+        if self.access_log.wants(status):
+            self.access_log.record(request_id, model, tier, status, error, now - started, pending)
+        return now
+
+    def record_error(
+        self, request_id: str, model: str, tier: str, error: InferdError, started: float,
+        pending: PendingRequest | None = None,
+    ) -> None:
+        """An error answer; refusals (429, 503) are also counted as shed, by reason."""
+        if error.status in (429, 503) and self.metrics is not None:
+            self.metrics.shed[(model, tier, error.reason)] += 1
+        self.record(request_id, model, tier, error.status, error.code, started, pending)

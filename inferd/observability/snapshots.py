@@ -1,0 +1,61 @@
+"""What a model tells the metrics exporter at scrape time: plain values and its own histograms.
+
+The exporter reads these and nothing else, so it never reaches into a model's batcher, workers or
+engine, and a scrape never waits on a worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .histogram import Histogram
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSnapshot:
+    """One executor thread, as the exporter sees it."""
+
+    name: str
+    busy_ratio: float  # share of the last ~10 s inside backend calls
+    running_requests: int  # in the batch it is computing now (0: none)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchModelSnapshot:
+    """One batch model, as the exporter sees it at a scrape."""
+
+    name: str
+    ready: bool
+    waiting_by_tier: dict[str, int]
+    oldest_age_by_tier: dict[str, float]
+    workers: tuple[WorkerSnapshot, ...]
+    healthy_workers: int
+    capacity_rps: float
+    predicted_wait_s: float
+    queue_wait: Histogram
+    linger: Histogram
+    compute: Histogram
+    batch_sizes: dict[int, int]
+    flushes: dict[str, int]
+
+    @property
+    def waiting(self) -> int:
+        return sum(self.waiting_by_tier.values())
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationSnapshot:
+    """One generation model, as the exporter sees it at a scrape."""
+
+    name: str
+    ready: bool
+    ttft: Histogram
+    time_per_output_token: Histogram
+    prompt_tokens: int
+    output_tokens: int
+    waiting: int  # admitted, no first token yet
+    running: int
+    engine_waiting: int
+    engine_running: int
+    kv_cache_usage: float
+    aborts: dict[str, int] = field(default_factory=dict)

@@ -1,0 +1,95 @@
+"""The preprocessing stage: a backend's `prepare_batch` (e.g. its tokenizer) run off the event loop, on
+micro-batches of arriving requests.
+
+Why: tokenising one input at a time on the loop cost 29-61% of the loop's time on a real GPU host, while
+the same tokenizer called once for many inputs costs a fraction per input and runs in native code that
+releases the GIL. So the loop only appends each admitted request to a list; one thread per model takes
+everything that arrived since its last call, prepares it in one call and hands the results back with
+one `call_soon_threadsafe`. While the thread works, new arrivals gather for its next call, so micro-batches
+grow with the load by themselves and a lone request is never held back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..messages import PendingRequest
+
+log = logging.getLogger("inferd.preprocess")
+
+PrepareBatch = Callable[[Sequence[Any]], Sequence[Any]]
+MAX_MICRO_BATCH = 256  # a cap, so one huge burst does not delay its first requests behind its last
+
+
+class Preprocessor:
+    """One model's preprocessing thread. `put` is called on the event loop; `on_prepared(requests,
+    results)` is called back on the loop with one result (or Exception) per request, in order."""
+
+    def __init__(
+        self,
+        prepare_batch: PrepareBatch,
+        loop: asyncio.AbstractEventLoop,
+        on_prepared: Callable[[list[PendingRequest], Sequence[Any]], None],
+        name: str,
+    ) -> None:
+        self._prepare_batch = prepare_batch
+        self._loop = loop
+        self._on_prepared = on_prepared
+        self._waiting: list[PendingRequest] = []
+        self._busy = False  # a micro-batch is with the thread
+        self._jobs: queue.SimpleQueue[list[PendingRequest] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=f"inferd-prepare-{name}", daemon=True)
+        self._thread.start()
+        self.calls = 0
+        self.items = 0
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def put(self, request: PendingRequest) -> None:
+        """Queue a request for preparation (its `raw` holds the input)."""
+        self._waiting.append(request)
+        if not self._busy and len(self._waiting) == 1:
+            self._loop.call_soon(self._send)  # after this loop iteration: everything parsed in it goes together
+
+    def stop(self) -> list[PendingRequest]:
+        """Stop the thread; returns the requests not yet sent to it."""
+        waiting, self._waiting = self._waiting, []
+        self._jobs.put(None)
+        return waiting
+
+    def _send(self) -> None:
+        if self._busy or not self._waiting:
+            return
+        batch = self._waiting[:MAX_MICRO_BATCH]
+        del self._waiting[:MAX_MICRO_BATCH]
+        self._busy = True
+        self._jobs.put(batch)
+
+    def _run(self) -> None:
+        while (batch := self._jobs.get()) is not None:
+            try:
+                results = self._prepare_batch([r.raw for r in batch])
+                if len(results) != len(batch):
+                    raise RuntimeError(f"prepare_batch returned {len(results)} results for {len(batch)} inputs")
+            except Exception as exc:  # noqa: BLE001 - the whole call failed: every input in it is refused
+                log.exception("prepare_batch failed for %d inputs", len(batch))
+                results = [exc] * len(batch)
+            try:
+                self._loop.call_soon_threadsafe(self._done, batch, results)
+            except RuntimeError:  # the loop is closed: the process is exiting
+                return
+
+    def _done(self, batch: list[PendingRequest], results: Sequence[Any]) -> None:
+        self._busy = False
+        self.calls += 1
+        self.items += len(batch)
+        if self._waiting:
+            self._send()  # before the callback: the thread starts on the next micro-batch at once
+        self._on_prepared(batch, results)

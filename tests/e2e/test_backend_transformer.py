@@ -1,0 +1,167 @@
+"""The real PyTorch backend on the CPU: all-MiniLM-L6-v2 through the server, tokenised off the event
+loop in micro-batches, batched by length, answered with each input's own vector."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import threading
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from inferd.backends.transformer import TextModel, default_model_path  # noqa: E402
+from inferd.config import ModelConfig  # noqa: E402
+
+from .. import fakes  # noqa: E402
+from ..helpers import infer, running_server  # noqa: E402
+
+EDGES = [8, 16, 32, 64]
+
+
+def minilm(backend: str = "inferd.backends.transformer:create", **kw) -> ModelConfig:
+    options = {"max_tokens": 64, "bucket_edges": EDGES, **kw.pop("options", {})}
+    return ModelConfig(name="minilm", backend=backend, options=options,
+                       max_batch_size=kw.pop("max_batch_size", 8), max_wait_ms=kw.pop("max_wait_ms", 30), **kw)
+
+
+@pytest.fixture(scope="module")
+def reference() -> TextModel:
+    """The same model called directly, one input at a time."""
+    return TextModel("cpu", {"max_tokens": 64, "bucket_edges": EDGES})
+
+
+@pytest.fixture(autouse=True)
+def _reset_test_backends():
+    fakes.reset()
+    yield
+    fakes.build_gate.set()  # never leave a gated build waiting
+    fakes.reset()
+
+
+def texts() -> list[str]:
+    words = "the quick brown fox jumps over a lazy dog while batching servers gather requests".split()
+    return [" ".join(words[: 1 + (i * 7) % len(words)] * (1 + i % 4)) for i in range(24)]
+
+
+def alone(reference: TextModel, text: str) -> np.ndarray:
+    return reference([reference.tokenize(text)])[0]
+
+
+async def test_server_embeddings_match_the_model_called_alone(http, reference, caplog):
+    inputs = texts()
+    with caplog.at_level(logging.INFO, logger="inferd.access"):
+        async with running_server(minilm(), access_log_sample_rate=1.0) as srv:
+            results = await asyncio.gather(
+                *(infer(http, srv.url, {"input": t, "model": "minilm"}, headers={"X-Request-ID": f"e{i}"})
+                  for i, t in enumerate(inputs))
+            )
+            b64 = await asyncio.gather(*(infer(http, srv.url, {"input": t, "model": "minilm", "encoding_format": "base64"})
+                                         for t in inputs[:6]))
+            served = srv.models["minilm"]
+    for text, (status, body, _) in zip(inputs, results):
+        assert status == 200, body
+        vector = np.array(body["output"], dtype=np.float32)
+        assert vector.shape == (384,)
+        assert abs(np.linalg.norm(vector) - 1.0) < 1e-4
+        assert np.max(np.abs(vector - alone(reference, text))) < 1e-4  # batched and padded with others, the same vector
+    for text, (status, body, _) in zip(inputs, b64):
+        assert status == 200, body
+        vector = np.frombuffer(base64.b64decode(body["output"]), dtype="<f4")
+        assert np.max(np.abs(vector - alone(reference, text))) < 1e-4
+    assert max(served.batch_sizes) > 1  # they really were batched
+    assert served.preprocessor is not None and served.preprocessor.calls < len(inputs) + 6  # tokenised in micro-batches
+    # Every batch holds one length bucket, and no more than max_batch_size inputs.
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "inferd.access"]
+    lines = [line for line in lines if line["request_id"].startswith("e")]
+    buckets_by_batch = defaultdict(set)
+    for line in lines:
+        assert line["batch_size"] <= 8
+        rid = int(line["request_id"][1:])
+        bucket = reference.prepare_batch([inputs[rid]])[0].bucket
+        assert line["bucket"] == bucket
+        buckets_by_batch[line["batch_id"]].add(bucket)
+    assert len(lines) == len(inputs)
+    assert all(len(b) == 1 for b in buckets_by_batch.values())
+    assert len({b for s in buckets_by_batch.values() for b in s}) > 1  # inputs spanned several buckets
+
+
+async def test_the_tokenizer_never_runs_on_the_event_loop(http):
+    loop_thread = threading.current_thread().name
+    async with running_server(minilm(backend="tests.fakes:recording")) as srv:
+        results = await asyncio.gather(*(infer(http, srv.url, {"input": t, "model": "minilm"}) for t in texts()))
+    assert all(status == 200 for status, _, _ in results)
+    assert fakes.tokenizer_threads, "the recording tokenizer was never called"
+    assert loop_thread not in fakes.tokenizer_threads
+    assert set(fakes.tokenizer_threads) == {"inferd-prepare-minilm"}
+
+
+async def test_warm_up_runs_every_bucket_before_ready(http):
+    async with running_server(minilm(backend="tests.fakes:gated"), wait_ready=False) as srv:
+        async with http.get(f"{srv.url}/readyz") as resp:
+            assert resp.status == 503
+        status, body, _ = await infer(http, srv.url, {"input": "too soon", "model": "minilm"})
+        assert (status, body["error"]) == (503, "NOT_READY")
+        fakes.build_gate.set()
+        await srv.wait_ready(60)
+        backend = srv.models["minilm"].workers[0].backend
+        assert backend.bucket_edges == (8, 16, 32, 64)  # the last bucket is always max_tokens
+        assert backend.calls == 4  # one warm-up batch per bucket, nothing else yet
+        async with http.get(f"{srv.url}/readyz") as resp:
+            assert resp.status == 200
+        async with http.get(f"{srv.url}/v1/models") as resp:
+            warmup = (await resp.json())["data"][0]["warmup"]["minilm-0"]
+        assert warmup["cuda_graphs"] == 0 and warmup["warmup_s"] > 0  # no graphs on the CPU; the time is reported
+
+
+async def test_bad_inputs_get_a_400_and_their_batch_neighbours_are_answered(http, reference):
+    good = texts()[:6]
+    bad = ["word " * 100, ""]  # over max_tokens (truncation off), and empty
+    async with running_server(minilm(options={"truncate": False}, max_wait_ms=50)) as srv:
+        results = await asyncio.gather(*(infer(http, srv.url, {"input": t, "model": "minilm"}) for t in [*bad, *good]))
+        not_a_string = await infer(http, srv.url, {"input": ["a list"], "model": "minilm"})
+    (long_status, long_body, _), (empty_status, empty_body, _) = results[:2]
+    assert (long_status, long_body["error"]) == (400, "INVALID_INPUT") and "64 tokens" in long_body["message"]
+    assert (empty_status, empty_body["error"]) == (400, "INVALID_INPUT") and "empty" in empty_body["message"]
+    assert not_a_string[0] == 400 and not_a_string[1]["error"] == "INVALID_INPUT"
+    for text, (status, body, _) in zip(good, results[2:]):
+        assert status == 200, body
+        assert np.max(np.abs(np.array(body["output"], dtype=np.float32) - alone(reference, text))) < 1e-4
+
+
+async def test_long_inputs_are_truncated_to_max_tokens_by_default(http, reference):
+    text = "word " * 100
+    async with running_server(minilm()) as srv:
+        status, body, _ = await infer(http, srv.url, {"input": text, "model": "minilm"})
+    assert status == 200
+    ids = reference.tokenize(text)
+    assert len(ids) == 64 and ids[-1] == 102  # cut to max_tokens, still ending with [SEP]
+    assert np.max(np.abs(np.array(body["output"], dtype=np.float32) - reference([ids])[0])) < 1e-4
+
+
+async def test_another_local_model_folder_classifies(http, tmp_path):
+    """A sequence-classification model from a local folder returns its label, through the same backend."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, num_labels=2, id2label={0: "negative", 1: "positive"},
+                        label2id={"negative": 0, "positive": 1})
+    BertForSequenceClassification(config).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(default_model_path()).save_pretrained(tmp_path)
+    options = {"model_path": str(tmp_path), "task": "classification"}
+    direct = TextModel("cpu", {**options, "max_tokens": 64, "bucket_edges": EDGES})
+    async with running_server(minilm(options=options)) as srv:
+        inputs = ["a fine day", "this is terrible", "ok"]
+        results = await asyncio.gather(*(infer(http, srv.url, {"input": t, "model": "minilm"}) for t in inputs))
+    for text, (status, body, _) in zip(inputs, results):
+        assert status == 200
+        expected = direct([direct.tokenize(text)])[0]
+        assert body["output"]["label"] == expected["label"] in ("negative", "positive")
+        assert body["output"]["score"] == pytest.approx(expected["score"], abs=1e-4)

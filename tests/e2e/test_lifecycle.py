@@ -1,0 +1,87 @@
+"""Signals and the README's commands, against `inferd serve` running as its own process."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+
+import pytest
+
+from inferd.backends.sim import expected_output
+
+from ..helpers import PYTHON, REPO, ServerProcess, infer, write_config
+
+SLOW_MODEL = """
+[server]
+grace_period_s = 10
+
+[[models]]
+name = "slow"
+backend = "inferd.backends.sim:create"
+max_batch_size = 5
+max_wait_ms = 0
+[models.options]
+latency_ms = 300
+max_batch_size = 5
+"""
+
+
+async def test_sigterm_drains_without_losing_an_admitted_request(http, tmp_path):
+    config = write_config(tmp_path / "slow.toml", SLOW_MODEL)
+    server = ServerProcess([PYTHON, "-m", "inferd", "serve", "--config", str(config), "--port", "0"])
+    try:
+        url = await asyncio.to_thread(server.wait_listening)
+        await _wait_ready(http, url)
+        admitted = [asyncio.create_task(infer(http, url, {"input": f"t{i}"})) for i in range(20)]
+        await _wait_for(http, f"{url}/v1/stats", lambda stats: stats["process"]["in_flight"] == 20)  # 4 batches: ~1.2 s
+        server.signal(signal.SIGTERM)
+        await _wait_for(http, f"{url}/readyz", lambda ready: not ready["ready"])
+        status, body, headers = await infer(http, url, {"input": "after-sigterm"})
+        assert (status, body["error"]) == (503, "DRAINING")
+        assert body["retry_after_ms"] > 0 and headers["Connection"].lower() == "close"
+        results = await asyncio.gather(*admitted)
+        for i, (status, body, _) in enumerate(results):
+            assert status == 200, body
+            assert body["output"] == expected_output(f"t{i}")
+        assert await asyncio.to_thread(server.proc.wait, 15) == 0
+    finally:
+        server.stop()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+async def test_the_readme_run_command_serves_the_default_config(http):
+    """`make run` (with the port moved off 8000 so it cannot clash) answers an inference request."""
+    server = ServerProcess(["make", "--no-print-directory", "run", "ARGS=--port 0"], cwd=REPO)
+    try:
+        url = await asyncio.to_thread(server.wait_listening, 300)
+        await _wait_ready(http, url)
+        status, body, _ = await infer(http, url, {"input": "E equals "})
+        assert status == 200 and body["model"] == "batchstring"
+        assert body["output"] == expected_output("E equals ")
+    finally:
+        server.stop(whole_group=True)  # make and the server it started
+    assert any("inferd.server: stopped" in line for line in server.lines), "".join(server.lines)
+
+
+async def _wait_for(http, url: str, condition, timeout_s: float = 30) -> None:  # type: ignore[no-untyped-def]
+    """Poll a JSON endpoint of a server in another process until `condition(body)` holds."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + timeout_s
+    while loop.time() < give_up:
+        async with http.get(url) as resp:
+            if condition(await resp.json()):
+                return
+        await asyncio.sleep(0.005)
+    raise TimeoutError(f"{url} never showed the state waited for")
+
+
+async def _wait_ready(http, url: str, timeout_s: float = 120) -> None:
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + timeout_s
+    while loop.time() < give_up:
+        async with http.get(f"{url}/readyz") as resp:
+            if resp.status == 200:
+                return
+        await asyncio.sleep(0.05)
+    raise TimeoutError("server never became ready")

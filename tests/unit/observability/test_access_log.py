@@ -1,0 +1,52 @@
+"""The access log: what is written, what is sampled, and lines dropped rather than waited for."""
+
+from __future__ import annotations
+
+import logging
+import queue
+
+import orjson
+
+from inferd.observability import access_log
+from inferd.observability.access_log import AccessLog, _DroppingQueueHandler
+from inferd.observability.metrics import RequestMetrics
+from inferd.observability.outcomes import Outcomes
+
+
+def test_server_side_failures_are_always_logged_and_the_rest_sampled():
+    log = AccessLog("info", 0.0)
+    assert log.wants(500) and log.wants(504) and not log.wants(200) and not log.wants(503)
+    assert all(AccessLog("info", 1.0).wants(s) for s in (200, 400, 503))
+    assert not AccessLog("off", 1.0).wants(200)
+
+
+def test_a_line_is_one_json_object_without_the_input(caplog):
+    with caplog.at_level(logging.INFO, logger="inferd.access"):
+        AccessLog("info", 1.0).record("r1", "m", "free", 200, "", 0.0123, None)
+    line = orjson.loads(caplog.records[-1].getMessage())
+    assert line == {"request_id": "r1", "model": "m", "tier": "free", "status": 200, "latency_ms": 12.3}
+
+
+def test_a_full_queue_drops_lines_and_counts_them_per_handler():
+    handler = _DroppingQueueHandler(queue.Queue(1))
+    record = logging.LogRecord("inferd.access", logging.INFO, "", 0, "x", None, None)
+    handler.enqueue(record)
+    handler.enqueue(record)
+    assert handler.dropped == 1
+    access_log.log.addHandler(handler)
+    try:
+        assert access_log.dropped_lines() >= 1
+    finally:
+        access_log.log.removeHandler(handler)
+
+
+def test_outcomes_count_answers_and_refusals_by_reason():
+    from inferd.errors import ServiceOverloaded
+
+    metrics = RequestMetrics()
+    outcomes = Outcomes(metrics, AccessLog("off", 0.0))
+    outcomes.record("r1", "m", "free", 200, "", started=0.0)
+    outcomes.record_error("r2", "m", "free", ServiceOverloaded("full", retry_after_ms=5, reason="queue_full"), started=0.0)
+    assert metrics.requests == {("m", "free", 200, ""): 1, ("m", "free", 503, "SERVICE_OVERLOADED"): 1}
+    assert metrics.shed == {("m", "free", "queue_full"): 1}
+    assert metrics.duration["m"].count == 2

@@ -1,0 +1,45 @@
+"""The exporter: request metrics and model snapshots in, Prometheus text out, without any model."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+
+from inferd.observability.histogram import Histogram
+from inferd.observability.metrics import InferdCollector, RequestMetrics, build_registry
+from inferd.observability.snapshots import BatchModelSnapshot, WorkerSnapshot
+
+
+def snapshot() -> BatchModelSnapshot:
+    compute = Histogram()
+    compute.observe(0.01)
+    return BatchModelSnapshot(
+        name="m", ready=True, waiting_by_tier={"free": 3, "paid": 1}, oldest_age_by_tier={"free": 0.2},
+        workers=(WorkerSnapshot("m-0", 0.75, 16), WorkerSnapshot("m-1", 0.5, 0)), healthy_workers=2,
+        capacity_rps=2000.0, predicted_wait_s=0.04, queue_wait=Histogram(), linger=Histogram(), compute=compute,
+        batch_sizes={16: 3, 100: 1}, flushes={"full": 1, "linger": 3},
+    )
+
+
+def test_snapshots_become_the_documented_series():
+    requests = RequestMetrics()
+    requests.requests[("m", "free", 200, "")] += 5
+    requests.shed[("m", "free", "queue_full")] += 2
+    collector = InferdCollector(requests, lambda: ([snapshot()], []), lambda: True)
+    text = generate_latest(build_registry(collector)).decode()
+    for line in (
+        'inferd_requests_total{code="200",error="",model="m",tier="free"} 5.0',
+        'inferd_shed_total{model="m",reason="queue_full",tier="free"} 2.0',
+        'inferd_queue_depth{model="m",tier="free"} 3.0',
+        'inferd_queue_oldest_age_seconds{model="m",tier="free"} 0.2',
+        'inferd_batches_in_flight{model="m"} 1.0',
+        'inferd_worker_busy_ratio{model="m",worker="m-0"} 0.75',
+        'inferd_batches_total{model="m",trigger="linger"} 3.0',
+        'inferd_batch_size_bucket{le="16.0",model="m"} 3.0',
+        'inferd_batch_size_count{model="m"} 4.0',
+        'inferd_compute_seconds_count{model="m"} 1.0',
+        "inferd_requests_waiting 4.0",
+        "inferd_requests_running 16.0",
+        "inferd_predicted_wait_max_seconds 0.04",
+        "inferd_ready 1.0",
+    ):
+        assert line in text, line

@@ -1,0 +1,153 @@
+"""The batcher's rule on a fake clock: when a batch is due, which bucket goes, who takes it, and the
+echo hold for closed-loop clients. No threads, no sleeps: takers are plain callables."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from inferd.messages import Batch, PendingRequest, RequestState
+from inferd.scheduling.batcher import Batcher, QueueFull
+
+from ...helpers import FakeClock
+
+
+class Takers:
+    """Parked workers as the batcher sees them: callables that receive a batch (or None)."""
+
+    def __init__(self) -> None:
+        self.got: list[Batch | None] = []
+
+    def __call__(self, batch: Batch | None) -> None:
+        self.got.append(batch)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(100.0)
+
+
+def batcher(clock: FakeClock, *, max_batch_size: int = 4, max_wait_ms: float = 20, max_queue: int = 100,
+            batch_time_s: float = 0.01) -> Batcher:
+    loop = asyncio.new_event_loop()  # only for the coroutine's wake-up event; nothing runs on it
+    b = Batcher(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, max_queue=max_queue, loop=loop,
+                batch_time_s=lambda: batch_time_s, clock=clock)
+    b._test_loop = loop  # type: ignore[attr-defined]
+    return b
+
+
+@pytest.fixture(autouse=True)
+def _close_loops(request):  # type: ignore[no-untyped-def]
+    yield
+    for value in request.node.funcargs.values():
+        loop = getattr(value, "_test_loop", None)
+        if loop is not None:
+            loop.close()
+
+
+def arrive(b: Batcher, clock: FakeClock, name: str, *, bucket: int = 0, timeout_s: float = 10.0) -> PendingRequest:
+    r = PendingRequest(name, name, clock(), clock() + timeout_s, None, bucket=bucket)  # type: ignore[arg-type]
+    b.submit(r)
+    return r
+
+
+def names(batch: Batch | None) -> list[str]:
+    assert batch is not None
+    return [r.request_id for r in batch.requests]
+
+
+def test_a_free_worker_parks_when_nothing_has_lingered_and_gets_a_full_batch_handed_over(clock):
+    b, takers = batcher(clock), Takers()
+    arrive(b, clock, "a")
+    assert b.next_batch(0, takers) is None  # "a" has not lingered 20 ms: the worker parks
+    assert b._due(clock(), "linger")[:2] == (None, 100.02)  # due when the linger from "a" ends
+    for name in "bcd":
+        arrive(b, clock, name)
+    assert len(takers.got) == 1 and names(takers.got[0]) == ["a", "b", "c", "d"]
+    assert takers.got[0].trigger == "full" and b.depth == 0
+
+
+def test_requests_that_lingered_go_at_once_to_a_worker_that_frees(clock):
+    b = batcher(clock)
+    arrive(b, clock, "a")
+    clock.advance(0.025)  # every worker was busy meanwhile
+    batch = b.next_batch(0, Takers())
+    assert names(batch) == ["a"] and batch.trigger == "idle_worker"
+
+
+def test_the_linger_is_cut_short_by_a_deadline_it_would_miss(clock):
+    b = batcher(clock, max_wait_ms=50, batch_time_s=0.01)
+    arrive(b, clock, "tight", timeout_s=0.03)  # must start by 100.02 to finish by 100.03
+    assert b._due(clock(), "linger")[:2] == (None, pytest.approx(100.02))
+    clock.advance(0.021)
+    assert b._due(clock(), "linger")[0] == "deadline"
+    arrive(b, clock, "hopeless", timeout_s=0.005)  # cannot be met even at once: no early flush for it
+    assert b._due(clock(), "linger")[0] == "deadline"  # (still "tight"'s)
+
+
+def test_a_full_bucket_goes_before_an_older_partial_one_and_batches_never_mix_buckets(clock):
+    b = batcher(clock)
+    arrive(b, clock, "long-1", bucket=1)
+    clock.advance(0.001)
+    for i in range(4):
+        arrive(b, clock, f"short-{i}", bucket=0)
+    clock.advance(0.03)
+    first, second = b.next_batch(0, Takers()), b.next_batch(0, Takers())
+    assert names(first) == [f"short-{i}" for i in range(4)] and names(second) == ["long-1"]
+
+
+def test_the_queue_bound_and_withdrawal(clock):
+    b = batcher(clock, max_queue=2)
+    a, _ = arrive(b, clock, "a"), arrive(b, clock, "b")
+    with pytest.raises(QueueFull):
+        arrive(b, clock, "c")
+    assert b.withdraw(a, RequestState.CANCELLED) and not b.withdraw(a, RequestState.CANCELLED)
+    assert b.depth == 1
+    clock.advance(0.03)
+    assert names(b.next_batch(0, Takers())) == ["b"]  # the withdrawn one never runs
+
+
+def test_stop_releases_parked_workers_and_returns_what_waited(clock):
+    b, takers = batcher(clock), Takers()
+    b.next_batch(0, takers)
+    r = arrive(b, clock, "a")
+    assert b.stop() == [r] and takers.got == [None]
+    late = Takers()
+    assert b.next_batch(0, late) is None and late.got == [None]  # asking after the stop: told at once
+
+
+def run_cycle(b: Batcher, clock: FakeClock, finished: int, echo: int, compute_s: float = 0.05) -> Batch | None:
+    """A batch of `finished` requests ends now; `echo` of its clients send again within 2 ms; the worker
+    is free again after `compute_s` and asks for the next batch."""
+    clock.advance(compute_s)
+    batch = b.next_batch(finished, Takers())
+    for i in range(echo):
+        clock.advance(0.0005)
+        arrive(b, clock, f"echo-{clock():.4f}-{i}")
+    return batch
+
+
+def test_closed_loop_echoes_make_a_free_worker_wait_for_them_and_open_loop_arrivals_do_not(clock):
+    b = batcher(clock, max_batch_size=8, max_wait_ms=10)
+    for _ in range(6):  # clients answered in a batch come straight back, quiet otherwise: the echo score rises
+        run_cycle(b, clock, finished=4, echo=4)
+        b.withdraw_all()
+    assert b.echo_score >= 0.5
+    clock.advance(0.05)
+    arrive(b, clock, "stale")  # a partial, stale queue (one group of a split closed loop)
+    clock.advance(0.011)
+    assert b.next_batch(4, Takers()) is None  # instead of a batch of one, it waits for the echo
+    assert b.echo_holds == 1
+    assert b._due(clock(), "linger")[1] == pytest.approx(clock() + 0.01)  # for at most max_wait
+
+    open_loop = batcher(FakeClock(100.0), max_batch_size=8, max_wait_ms=10)
+    c = open_loop._clock
+    for _ in range(6):  # arrivals at the same rate inside and outside the window: never held
+        c.advance(0.05)
+        open_loop.next_batch(4, Takers())
+        for _ in range(10):
+            c.advance(0.005)
+            arrive(open_loop, c, f"o{c():.4f}")
+        open_loop.withdraw_all()
+    assert open_loop.echo_score < 0.5

@@ -1,0 +1,95 @@
+"""The preprocessing stage: micro-batches of arriving requests prepared on a thread, never on the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from inferd.messages import PendingRequest
+from inferd.scheduling.preprocess import Preprocessor
+
+
+def _request(loop: asyncio.AbstractEventLoop, i: int) -> PendingRequest:
+    return PendingRequest(f"r{i}", None, 0.0, 1e9, loop.create_future(), raw=f"text {i}")
+
+
+async def test_requests_put_in_one_loop_turn_are_prepared_in_one_call_off_the_loop():
+    loop = asyncio.get_running_loop()
+    calls: list[tuple[list[str], str]] = []
+    done = asyncio.Event()
+    prepared: list[tuple[list[PendingRequest], list]] = []
+
+    def prepare_batch(items):
+        calls.append((list(items), threading.current_thread().name))
+        return [f"<{item}>" for item in items]
+
+    def on_prepared(requests, results):
+        prepared.append((requests, list(results)))
+        done.set()
+
+    stage = Preprocessor(prepare_batch, loop, on_prepared, "m")
+    requests = [_request(loop, i) for i in range(5)]
+    for r in requests:
+        stage.put(r)
+    await asyncio.wait_for(done.wait(), 5)
+    stage.stop()
+    assert calls == [([f"text {i}" for i in range(5)], "inferd-prepare-m")]
+    assert prepared == [(requests, [f"<text {i}>" for i in range(5)])]  # in order, one result each
+
+
+async def test_arrivals_while_the_thread_works_go_together_in_its_next_call():
+    loop = asyncio.get_running_loop()
+    release = threading.Event()
+    started = threading.Event()
+    sizes: list[int] = []
+    finished = asyncio.Event()
+    count = 0
+
+    def prepare_batch(items):
+        sizes.append(len(items))
+        started.set()
+        release.wait(5)  # the first call holds the thread until the rest have arrived
+        return list(items)
+
+    def on_prepared(requests, results):
+        nonlocal count
+        count += len(requests)
+        if count == 4:
+            finished.set()
+
+    stage = Preprocessor(prepare_batch, loop, on_prepared, "m")
+    stage.put(_request(loop, 0))
+    assert await loop.run_in_executor(None, started.wait, 5)  # the thread is inside its first call
+    for i in range(1, 4):
+        stage.put(_request(loop, i))
+    assert stage.waiting == 3
+    release.set()
+    await asyncio.wait_for(finished.wait(), 5)
+    stage.stop()
+    assert sizes == [1, 3]
+
+
+async def test_a_failed_call_refuses_every_input_in_it_and_the_thread_goes_on():
+    loop = asyncio.get_running_loop()
+    results: list = []
+    got = asyncio.Event()
+    first = asyncio.Event()
+
+    def prepare_batch(items):
+        if "text 0" in items:
+            raise RuntimeError("tokenizer broke")
+        return list(items)
+
+    def on_prepared(requests, outcome):
+        results.extend(outcome)
+        first.set()
+        if len(results) == 2:
+            got.set()
+
+    stage = Preprocessor(prepare_batch, loop, on_prepared, "m")
+    stage.put(_request(loop, 0))
+    await asyncio.wait_for(first.wait(), 5)
+    stage.put(_request(loop, 1))
+    await asyncio.wait_for(got.wait(), 5)
+    stage.stop()
+    assert isinstance(results[0], RuntimeError) and results[1] == "text 1"

@@ -1,0 +1,95 @@
+"""The per-bucket queue: FIFO per tenant, tiers, round robin, removal, promotion."""
+
+from inferd.messages import PendingRequest, RequestState
+from inferd.scheduling.request_queue import RequestQueue
+
+
+def request(i: int, deadline: float = 1e9, **kw) -> PendingRequest:  # type: ignore[no-untyped-def]
+    return PendingRequest(f"r{i}", f"in{i}", enqueued_at=float(i), deadline=deadline, future=None, **kw)  # type: ignore[arg-type]
+
+
+def test_take_is_fifo_and_bounded():
+    q = RequestQueue()
+    reqs = [request(i) for i in range(5)]
+    for r in reqs:
+        q.append(r)
+    taken = q.take(3, now=0)
+    assert [r.request_id for r in taken] == ["r0", "r1", "r2"]
+    assert all(r.state is RequestState.TAKEN for r in taken)
+    assert q.live == 2
+
+
+def test_removed_requests_are_skipped_and_never_taken():
+    q = RequestQueue()
+    reqs = [request(i) for i in range(4)]
+    for r in reqs:
+        q.append(r)
+    assert q.remove(reqs[0], RequestState.CANCELLED)
+    assert not q.remove(reqs[0], RequestState.CANCELLED)  # only once
+    assert q.live == 3
+    assert q.oldest() is reqs[1]
+    assert [r.request_id for r in q.take(10, now=0)] == ["r1", "r2", "r3"]
+    assert not q.remove(reqs[1], RequestState.CANCELLED)  # already taken
+
+
+def test_expired_requests_are_dropped_at_take_time():
+    q = RequestQueue()
+    q.append(request(0, deadline=5))
+    q.append(request(1, deadline=50))
+    taken = q.take(10, now=10)
+    assert [r.request_id for r in taken] == ["r1"]
+    assert q.live == 0
+
+
+def test_tombstones_are_compacted():
+    q = RequestQueue()
+    reqs = [request(i) for i in range(200)]
+    for r in reqs:
+        q.append(r)
+    for r in reqs[:190]:
+        q.remove(r, RequestState.CANCELLED)
+    assert q.live == 10
+    assert len(q._by_name["default"].tenants["anonymous"]) < 100
+    assert [r.request_id for r in q.take(100, now=0)] == [f"r{i}" for i in range(190, 200)]
+
+
+def test_appendleft_puts_a_batch_back_first():
+    q = RequestQueue()
+    a, b, c = request(0), request(1), request(2)
+    q.append(c)
+    taken = [a, b]
+    for r in taken:
+        r.state = RequestState.TAKEN
+    q.appendleft(taken)
+    assert [r.request_id for r in q.take(10, now=0)] == ["r0", "r1", "r2"]
+
+
+TIERS = (("enterprise", None), ("paid", None), ("free", 0.5))  # highest first; free is promoted after 0.5 s
+
+
+def test_batches_fill_from_the_highest_tier_down():
+    q = RequestQueue(TIERS)
+    free = [request(i, tier="free") for i in range(3)]
+    paid = [request(10 + i, tier="paid") for i in range(2)]
+    for r in (*free, *paid):
+        q.append(r)
+    assert q.live_by_tier() == {"enterprise": 0, "paid": 2, "free": 3}
+    assert q.live_ahead_of("paid") == 2 and q.live_ahead_of("free") == 5
+    assert [r.request_id for r in q.take(3, now=0.1)] == ["r10", "r11", "r0"]
+
+
+def test_tenants_of_one_tier_take_turns():
+    q = RequestQueue(TIERS)
+    for i in range(4):
+        q.append(request(i, tier="paid", tenant="heavy"))
+    q.append(request(10, tier="paid", tenant="light"))
+    assert [r.request_id for r in q.take(3, now=0.1)] == ["r0", "r10", "r1"]
+
+
+def test_a_request_waiting_past_its_tiers_promotion_goes_first():
+    q = RequestQueue(TIERS)
+    q.append(request(0, tier="free"))  # enqueued at t=0
+    q.append(request(1, tier="enterprise"))
+    assert [r.request_id for r in q.take(1, now=0.4)] == ["r1"]  # not yet promoted
+    q.append(request(2, tier="enterprise"))
+    assert [r.request_id for r in q.take(1, now=0.6)] == ["r0"]  # waited 0.6 s > 0.5 s: before any tier
