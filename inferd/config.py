@@ -26,6 +26,8 @@ class ModelConfig:
     kind: str = "batch"  # "batch": our batcher and executor threads; "generation": a vLLM engine
     max_batch_size: int = 32
     max_wait_ms: float = 5.0  # linger, counted from the oldest waiting request
+    slo_ms: float | None = None  # a latency objective (p95, end to end): the linger becomes slo - 2 batch times
+    max_batch_tokens: int | None = None  # a batch's token budget besides max_batch_size (None: none)
     workers: int = 1  # executor threads, one per GPU
     devices: tuple[str, ...] = ()  # one per worker; default "auto:0", "auto:1", ...
     max_queue: int = 1000  # requests waiting for a batch before 503
@@ -252,6 +254,10 @@ def _check_model(m: ModelConfig, where: str) -> None:
         raise ConfigError(f"{where}: `max_isolation_calls` must be an integer >= 0")
     if not isinstance(m.max_wait_ms, (int, float)) or m.max_wait_ms < 0:
         raise ConfigError(f"{where}: `max_wait_ms` must be >= 0")
+    if m.slo_ms is not None and (not isinstance(m.slo_ms, (int, float)) or m.slo_ms <= 0):
+        raise ConfigError(f"{where}: `slo_ms` must be a positive number of milliseconds")
+    if m.max_batch_tokens is not None and (not isinstance(m.max_batch_tokens, int) or m.max_batch_tokens <= 0):
+        raise ConfigError(f"{where}: `max_batch_tokens` must be a positive integer")
     if m.devices and len(m.devices) != m.workers:
         raise ConfigError(f"{where}: `workers` ({m.workers}) disagrees with the `devices` list ({len(m.devices)})")
     if m.timeout_ms > m.max_timeout_ms:

@@ -51,8 +51,9 @@ class Batch:
 
     batch_id: int
     requests: list[PendingRequest]
-    trigger: str  # full | linger | deadline | idle_worker
+    trigger: str  # full | linger | deadline | sparse | idle_worker
     formed_at: float
+    backlog: int = 0  # requests still waiting when it was taken (> 0: its size is what the load allowed)
     worker: str = ""
     started_at: float = 0.0
     finished_at: float = 0.0

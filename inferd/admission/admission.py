@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ..models.generation import GenerationModel
 
 _CLOSED = BreakerState.CLOSED
+WAIT_SLACK = 1.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +69,7 @@ class Admission:
         self._check_open()
         now = time.monotonic()
         if model.breaker.state is not _CLOSED:
-            unavailable_s = model.unavailable_for_s(now)
+            unavailable_s = model.breaker.refusal_s(now)
             if unavailable_s is not None:
                 raise ModelUnavailable(f"model {model.name} is failing; its circuit breaker is open",
                                        retry_after_ms=retry_after_ms(unavailable_s), reason="breaker_open")
@@ -78,7 +79,7 @@ class Admission:
         timeout_s = deadline_s(config, timeout_ms)
         if who.rate_per_s is not None:  # (measuring capacity costs a little: only for limited callers)
             self.limiter.check(who, model.name, model.capacity_scale(), now, len(values))
-        self._shed_by_predicted_wait(model, who.tier, timeout_s, now)
+        self._shed_by_predicted_wait(model, who, timeout_s, now)
         if len(values) == 1:
             return [model.submit(request_id, values[0], timeout_s, who.tier, who.tenant)]
         if model.batcher.depth + len(values) > config.max_queue:
@@ -99,13 +100,15 @@ class Admission:
         if self.lifecycle.draining:
             raise Draining("server is shutting down; retry on another instance", retry_after_ms=1000)
 
-    def _shed_by_predicted_wait(self, model: BatchModel, tier: str, timeout_s: float, now: float) -> None:
-        wait_s = model.predicted_wait_s(tier, now)
+    def _shed_by_predicted_wait(self, model: BatchModel, who: Identity, timeout_s: float, now: float) -> None:
+        tier = who.tier
+        wait_s = model.predicted_wait_s(tier, now, who.tenant)
         limit_s = self.tier_wait_limit_s.get(tier)
         batch_s = model.load.batch_s
-        if wait_s + batch_s <= timeout_s and (limit_s is None or wait_s <= limit_s):
+        # A prediction errs more the longer the wait: 10% of it is kept as slack against the deadline.
+        if WAIT_SLACK * wait_s + batch_s <= timeout_s and (limit_s is None or wait_s <= limit_s):
             return
-        if wait_s + batch_s > timeout_s:
+        if WAIT_SLACK * wait_s + batch_s > timeout_s:
             raise ServiceOverloaded(
                 f"predicted wait {wait_s * 1000:.0f} ms plus {batch_s * 1000:.0f} ms of compute "
                 f"exceeds this request's {timeout_s * 1000:.0f} ms deadline",

@@ -12,7 +12,7 @@ A batch function may also have:
   (e.g. token ids) and its length bucket (batches never mix buckets); run off the event loop, on the
   model's preprocessing thread, for micro-batches of arriving requests. An Exception fails that input
   alone with a 400. Items are strings, or token-id lists where the HTTP API accepts them.
-- `prepare(text) -> (input, bucket)`: the same for one input, run on the event loop: only for cheap,
+- `prepare(text) -> (input, bucket[, tokens])`: the same for one input, run on the event loop: only for cheap,
   pure-Python bucketing (`prepare_batch` wins when both exist).
 - `warmup() -> dict` (e.g. capture CUDA graphs; what it did is shown in `GET /v1/models`) and
   `warmup_batches() -> list of batches`, run before the worker turns ready.

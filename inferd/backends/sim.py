@@ -6,7 +6,9 @@ once. Each output is a deterministic function of its input (`expected_output`), 
 that the answer it got belongs to the input it sent.
 
 Options: `latency_ms` (default 100), `max_batch_size` (default 100), `record_inputs` (default false:
-count every input computed, for tests that check what ran).
+count every input computed, for tests that check what ran), `bucket_chars` (e.g. [50]: inputs of up to
+50 characters in bucket 0, longer ones in bucket 1, with a rough token count of a quarter of their
+characters, as a tokenizer would bucket them; default: one bucket).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -76,10 +79,24 @@ class SimulatedGPU:
         return [expected_output(text) for text in inputs]
 
 
+class BucketedGPU(SimulatedGPU):
+    """The simulated GPU with inputs in length buckets (`prepare`, run on the way in)."""
+
+    def __init__(self, bucket_chars: list[int], **sim: Any) -> None:
+        super().__init__(**sim)
+        self.bucket_chars = sorted(bucket_chars)
+
+    def prepare(self, text: str) -> tuple[str, int, int]:
+        return text, bisect_left(self.bucket_chars, len(text)), len(text) // 4 + 1
+
+
 @backend_factory
 def create(device: str, options: Mapping[str, Any]) -> SimulatedGPU:
     """One simulated GPU per worker."""
-    return SimulatedGPU(name=device, **sim_options(options, "inferd.backends.sim"))
+    options = dict(options)
+    bucket_chars = options.pop("bucket_chars", None)
+    sim = sim_options(options, "inferd.backends.sim")
+    return SimulatedGPU(name=device, **sim) if bucket_chars is None else BucketedGPU(list(bucket_chars), name=device, **sim)
 
 
 def sim_options(options: Mapping[str, Any], where: str, extra: frozenset[str] = frozenset()) -> dict[str, Any]:

@@ -1,14 +1,12 @@
 """One served batch model: where a request becomes a `PendingRequest` with a future and a deadline, and
-where a finished batch resolves those futures on the event loop.
-
-It ties the stages of one model together: intake (prepared off the loop by the preprocessing stage when
-the backend tokenises), the batcher, the deadline wheel, the worker pool, and result delivery. Every
-path (result, backend error, deadline, client gone, shutdown) resolves a future at most once: all of
-them go through `done()` guards on the loop, and the request's state decides whether it may still run.
+where a finished batch resolves those futures on the event loop. It ties one model's stages together:
+intake (prepared off the loop when the backend tokenises), the batcher, the deadline wheel, the worker
+pool, result delivery. Every path (result, backend error, deadline, client gone, shutdown) resolves a
+future at most once, through `done()` guards on the loop; the request's state decides whether it runs.
 
 Faults: a hung or dead worker's batch comes back from the pool and runs again (up to
-`max_batch_attempts`); requests isolated as poison by the worker's bisection fail alone and go to the
-dead-letter log; a model that fails everything trips its circuit breaker.
+`max_batch_attempts`); inputs isolated as poison fail alone and go to the dead-letter log; a model that
+fails everything trips its circuit breaker.
 """
 
 from __future__ import annotations
@@ -20,18 +18,10 @@ from collections import Counter
 from functools import partial
 from typing import Any
 
+from .. import errors
 from ..backends import BatchFunction, build_batch_function
 from ..config import ModelConfig, TierConfig
-from ..errors import (
-    DeadlineExceeded,
-    InferdError,
-    InferenceFailed,
-    InvalidInput,
-    ModelUnavailable,
-    ServiceOverloaded,
-    describe,
-    retry_after_ms,
-)
+from ..errors import DeadlineExceeded, InferdError, InferenceFailed, InvalidInput, ModelUnavailable, ServiceOverloaded
 from ..execution.executor import Worker
 from ..execution.faults import BatchLatencies, BreakerState, CircuitBreaker, DeadLetters
 from ..execution.pool import WorkerPool
@@ -67,10 +57,13 @@ class BatchModel:
         self.metrics = metrics
         self.dead_letters = dead_letters if dead_letters is not None else DeadLetters()
         self.load = LoadModel(config.max_batch_size)
+        self._promote_after_s = {t.name: t.promote_after_ms / 1000.0 for t in tiers if t.promote_after_ms}
+        self._tiered = len(tiers) > 1  # (then the tier each batch served is tracked for predicted waits)
         self.batcher = Batcher(
             max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms, max_queue=config.max_queue, loop=loop,
             tiers=[(t.name, t.promote_after_ms / 1000.0 if t.promote_after_ms else None) for t in tiers],
-            batch_time_s=lambda: self.load.batch_s,
+            batch_time_s=lambda: self.load.batch_s, max_batch_tokens=config.max_batch_tokens,
+            linger_s=lambda: self.load.linger_s(config.max_wait_ms, config.slo_ms),
         )
         self.pool = WorkerPool(
             name=config.name, devices=config.worker_devices, build=partial(_build_for_device, config),
@@ -89,9 +82,7 @@ class BatchModel:
         self._batcher_task: asyncio.Task | None = None
         self._stop_reason: InferdError | None = None
 
-    @property
-    def workers(self) -> list[Worker]:
-        return self.pool.workers
+    workers = property(lambda self: self.pool.workers, doc="The pool's workers, one per device.")
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -104,21 +95,15 @@ class BatchModel:
         """Serving: all workers were warmed once, one is still healthy, and the breaker is not open."""
         return self.pool.warmed and self.pool.healthy > 0 and self.breaker.state is not BreakerState.OPEN
 
-    @property
-    def start_error(self) -> BaseException | None:
-        return self.pool.start_error
+    start_error = property(lambda self: self.pool.start_error, doc="Why the model never came up, if it did not.")
 
     async def stop(self, reason: InferdError, join_timeout_s: float = 2.0) -> None:
         """Stop the workers; requests still waiting get `reason`."""
         self._stop_reason = reason  # what a request still being prepared gets when it comes back
-        if self.preprocessor is not None:
-            for request in self.preprocessor.stop():
-                self._fail(request, reason)
-        for request in self.batcher.stop():
+        waiting = self.preprocessor.stop() if self.preprocessor is not None else []
+        running = [r for batch in self.pool.running() for r in batch.requests]  # past the grace period
+        for request in (*waiting, *self.batcher.stop(), *running):
             self._fail(request, reason)
-        for batch in self.pool.running():  # batches still running when the grace period ended
-            for request in batch.requests:
-                self._fail(request, reason)
         if self._batcher_task is not None:
             await asyncio.gather(self._batcher_task, return_exceptions=True)
         await self.pool.stop(join_timeout_s)
@@ -133,29 +118,42 @@ class BatchModel:
         then queued. The caller awaits `.future`. Raises InvalidInput or ServiceOverloaded when that is
         known at once; otherwise the future carries it."""
         now = time.monotonic()
-        request = PendingRequest(request_id, raw, now, now + timeout_s, self.loop.create_future(), tier=tier, tenant=tenant)
+        request = PendingRequest(request_id, raw, now, now + timeout_s, self.loop.create_future(), tier=tier,
+                                 tenant=tenant, raw=raw)
         if self.preprocessor is not None:
-            request.raw = raw
             request.state = RequestState.PREPARING
             self.deadlines.add(request)
             self.preprocessor.put(request)
             return request
         if self.prepare_one is not None:
             try:
-                request.input, request.bucket = self.prepare_one(raw)
+                prepared = self.prepare_one(raw)
             except Exception as exc:  # noqa: BLE001 - the input is at fault
                 raise self._unreadable(exc) from None
-            request.raw = raw
-        try:
-            self.batcher.submit(request)
-        except QueueFull:
-            raise self._queue_full(tier) from None
+            request.input, request.bucket = prepared[0], prepared[1]
+            request.tokens = prepared[2] if len(prepared) > 2 else 0
+        self._enqueue(request)
         self.deadlines.add(request)
         return request
 
-    def _queue_full(self, tier: str) -> ServiceOverloaded:
-        return ServiceOverloaded(f"model {self.name} has {self.config.max_queue} requests waiting",
-                                 retry_after_ms=self.retry_after_ms(tier), reason="queue_full")
+    def _enqueue(self, request: PendingRequest) -> None:
+        """Into the batcher's queue; raises ServiceOverloaded when it is full and nobody can make room."""
+        try:
+            shed = self.batcher.submit(request)
+        except QueueFull:
+            raise self._queue_full(request) from None
+        if shed is not None:
+            self._shed(shed)
+
+    def _queue_full(self, request: PendingRequest) -> ServiceOverloaded:
+        message = f"model {self.name} has {self.config.max_queue} requests waiting"
+        return ServiceOverloaded(message, retry_after_ms=self.retry_after_ms(request.tier), reason="queue_full")
+
+    def _shed(self, request: PendingRequest) -> None:
+        """A queued request the batcher shed to make room for a higher tier's or a lighter tenant's: 503."""
+        self.metrics.shed[(self.name, request.tier, "queue_full")] += 1
+        message = f"model {self.name} is full: this request made room for a higher tier's or a lighter tenant's"
+        self._fail(request, ServiceOverloaded(message, retry_after_ms=self.retry_after_ms(request.tier), reason="queue_full"))
 
     def _on_prepared(self, requests: list[PendingRequest], results: Any) -> None:
         """Back from the preprocessing thread (on the loop): queue each request that is still waiting."""
@@ -172,14 +170,14 @@ class BatchModel:
                 request.tokens = result[2] if len(result) > 2 else 0
                 request.state = RequestState.QUEUED
                 try:
-                    self.batcher.submit(request)
-                except QueueFull:
+                    self._enqueue(request)
+                except ServiceOverloaded as error:
                     request.state = RequestState.REJECTED
-                    self.metrics.shed[(self.name, request.tier, "queue_full")] += 1
-                    self._fail(request, self._queue_full(request.tier))
+                    self.metrics.shed[(self.name, request.tier, error.reason)] += 1
+                    self._fail(request, error)
 
     def _unreadable(self, exc: BaseException) -> InvalidInput:
-        return InvalidInput(f"model {self.name} cannot take this input: {describe(exc)}")
+        return InvalidInput(f"model {self.name} cannot take this input: {errors.describe(exc)}")
 
     def abandon(self, request: PendingRequest) -> None:
         """The client went away: a request still waiting is removed and never computed."""
@@ -223,7 +221,8 @@ class BatchModel:
         if batch.abandoned:
             return  # the pool gave up on it and its requests went back to the queue: not delivered
         compute = batch.compute_s
-        self.load.observe_batch(compute)
+        by_rank = Counter(self.batcher.tier_rank(r.tier) for r in batch.requests) if self._tiered else None
+        self.load.observe_batch(compute, batch.size, batch.backlog, by_rank, batch.finished_at)
         self.load.note_capacity(self.pool.healthy)
         self.pool.latencies.observe(compute)
         self.batches += 1
@@ -254,7 +253,7 @@ class BatchModel:
             if error is None:
                 request.future.set_result(batch.outputs[i])  # type: ignore[index]
             else:
-                request.future.set_exception(InferenceFailed(f"inference failed: {describe(error, 480)}"))
+                request.future.set_exception(InferenceFailed(f"inference failed: {errors.describe(error, 480)}"))
         if self.breaker.record(len(failures) < batch.size, batch.finished_at):
             self._open_breaker()
 
@@ -286,23 +285,25 @@ class BatchModel:
 
     # ---- what it knows about itself --------------------------------------------------------------
 
-    def unavailable_for_s(self, now: float) -> float | None:
-        """While the breaker is open: seconds until it lets a probe through."""
-        return self.breaker.refusal_s(now)
-
     def capacity_scale(self) -> float:
         """Capacity now as a share of the best measured: what rate limits are multiplied by."""
         return self.load.capacity_scale(self.pool.healthy)
 
-    def predicted_wait_s(self, tier: str | None = None, now: float | None = None) -> float:
-        """How long a request of `tier` (default: the lowest) queued now would wait before its batch starts."""
+    def predicted_wait_s(self, tier: str | None = None, now: float | None = None, tenant: str | None = None) -> float:
+        """How long a request of `tier` (default: the lowest) from `tenant` queued now would wait before its
+        batch starts, counting the higher tiers' work expected to arrive meanwhile."""
         batcher, load = self.batcher, self.load
-        ahead = batcher.depth if tier is None else batcher.depth_ahead_of(tier)
-        return load.predicted_wait_s(ahead, self.pool.healthy, self.pool.first_free_s(
-            time.monotonic() if now is None else now, load.batch_s))
+        now = time.monotonic() if now is None else now
+        ahead = batcher.depth if tier is None else batcher.depth_ahead_of(tier, tenant)
+        healthy, first_free_s = self.pool.healthy, self.pool.first_free_s(now, load.batch_s)
+        if not self._tiered or tier is None:
+            return load.predicted_wait_s(ahead, healthy, first_free_s)
+        wait = load.predicted_wait_s(ahead, healthy, first_free_s, load.share_above(batcher.tier_rank(tier), healthy, now))
+        promote_s = self._promote_after_s.get(tier)
+        return wait if promote_s is None else min(wait, promote_s + 2 * load.batch_s)  # promoted, it goes next
 
     def retry_after_ms(self, tier: str | None = None) -> int:
-        return retry_after_ms(self.predicted_wait_s(tier))
+        return errors.retry_after_ms(self.predicted_wait_s(tier))
 
     def snapshot(self, now: float) -> BatchModelSnapshot:
         return reports.snapshot(self, now)

@@ -23,7 +23,8 @@ def snapshot(model: BatchModel, now: float) -> BatchModelSnapshot:
 
 def describe(model: BatchModel) -> dict[str, Any]:
     c, pool, preprocessor = model.config, model.pool, model.preprocessor
-    settings = ("backend", "max_batch_size", "max_wait_ms", "max_queue", "timeout_ms", "max_timeout_ms")
+    settings = ("backend", "max_batch_size", "max_wait_ms", "slo_ms", "max_batch_tokens", "max_queue", "timeout_ms",
+                "max_timeout_ms")
     return {
         "name": c.name, **{key: getattr(c, key) for key in settings}, "workers": len(pool.workers),
         "devices": list(c.worker_devices), "ready": model.ready, "ready_workers": pool.healthy,
@@ -36,7 +37,7 @@ def describe(model: BatchModel) -> dict[str, Any]:
             "batch_ms_ewma": round(model.load.batch_s * 1000, 3),
             "capacity_rps": round(model.load.capacity_rps(pool.healthy), 1), "queue_depth": model.batcher.depth,
             "predicted_wait_ms": round(min(model.predicted_wait_s(), 1e9) * 1000, 3),
-            "flushes": dict(model.batcher.flushes), "echo_holds": model.batcher.echo_holds,
+            "flushes": dict(model.batcher.flushes), "echo_holds": model.batcher.echo.holds, "shed_for_room": model.batcher.shed,
             "busy_gap_ms_p50": pool.busy_gap_p50_ms(),
             "batch_sizes": {str(size): n for size, n in sorted(model.batch_sizes.items())},
             "preprocess_calls": preprocessor.calls if preprocessor else 0,

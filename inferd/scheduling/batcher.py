@@ -2,29 +2,28 @@
 
 Batches form late: requests leave the queue only when a worker is free to run them, so everything that
 arrived while every worker was busy joins the next batch. Three paths hand out batches, all deciding
-with the same rule (`_due`) under one lock:
+with the same rule (`policy.decide`) under one lock:
 
 - a worker that finishes a batch asks for the next one itself (`next_batch`), from its own thread; when
   one is due it gets it at once, so under saturation it never waits for the event loop; when none is,
   it leaves a taker (a callable that hands it a batch) and parks;
 - `submit` (on the event loop) hands a full batch straight to a parked taker;
-- the batcher coroutine (`run`) times the linger for parked takers: it sleeps until the oldest
-  waiting request has lingered `max_wait_ms`, or until that request's deadline forces an early flush.
+- the batcher coroutine (`run`) times the rest for parked takers: it sleeps until the rule says a
+  bucket is due (a linger ending, a deadline forcing an early flush, a lone request worth sending).
 
 The batcher knows takers only as callables: who they are (executor threads) is not its business.
 
 The linger is counted from the oldest waiting request, so a request that already waited while the
-workers were busy is not made to wait again. One exception: closed-loop clients (each sends again as
-soon as it is answered) whose number is near the batch size can split into two groups whose batches
-alternate half full, forever, since each group is stale when a worker frees. The batcher watches for
-that echo: when most of a finished batch's requests come back within `max_wait_ms` of it and the rest
-of the cycle is quiet, a worker that frees with a stale, partial queue waits up to `max_wait_ms` for
-the echo of the batch it just finished, so the groups merge. Open-loop traffic arrives at the same rate
-inside and outside that window, so it is never held.
+workers were busy is not made to wait again (unless closed-loop clients echo the batches: `arrivals`).
 
 Requests carry a bucket key (e.g. a token-length bucket, from the backend's `prepare`); each bucket
-has its own queue and a batch never mixes buckets. A full bucket goes first, otherwise the bucket
-holding the oldest request.
+has its own queue and a batch never mixes buckets. Which bucket goes, and when, is the scheduling
+rule in `policy` (tiers across buckets, an age bound between buckets, a linger that stops when it
+cannot help). The batcher measures what the rule and the load model need: the arrival rate, per tier.
+
+When the queue is full, room is made before anyone is refused by shedding the newest request of the
+lowest tier waiting, and within the newcomer's own tier, of a tenant holding clearly more than the
+newcomer's tenant: a light tenant is not refused because a heavy one filled the queue.
 """
 
 from __future__ import annotations
@@ -37,13 +36,11 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable
 
 from ..messages import Batch, PendingRequest, RequestState
+from .arrivals import RATE_STEP_S, Echo, Rate
+from .policy import Decision, Limits, decide
 from .request_queue import RequestQueue
 
 Taker = Callable[[Batch | None], None]  # hands a parked worker its batch (None: stop); any thread
-
-ECHO_SCORE_TO_HOLD = 0.5  # the EWMA of "this cycle echoed" past which a worker waits for the echo
-_ECHO_ALPHA = 0.3
-
 
 class QueueFull(Exception):
     """The model already holds `max_queue` waiting requests."""
@@ -64,32 +61,34 @@ class Batcher:
         loop: asyncio.AbstractEventLoop,
         tiers: Iterable[tuple[str, float | None]] = (("default", None),),
         batch_time_s: Callable[[], float] = lambda: 0.0,
+        linger_s: Callable[[], float] | None = None,
+        max_batch_tokens: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_batch_size = max_batch_size
+        self.max_batch_tokens = max_batch_tokens
         self.max_wait_s = max_wait_ms / 1000.0
         self.max_queue = max_queue
         self.flushes: Counter[str] = Counter()  # batches by trigger
+        self.shed = 0  # queued requests shed to make room for a higher tier or a lighter tenant
         self._batch_time_s = batch_time_s
+        self._linger_s = linger_s if linger_s is not None else (lambda: self.max_wait_s)
         self._clock = clock
         self._loop = loop
         self._lock = threading.Lock()
         self._tiers = list(tiers)
+        self._tier_rank = {name: len(self._tiers) - i for i, (name, _) in enumerate(self._tiers)}
         self._single_tier = len(self._tiers) == 1
+        self._one_tenant: str | None = ""  # the only tenant seen so far ("": none yet; None: several)
+        self._arrivals = Rate()
         self._queues: dict[int, RequestQueue] = {0: RequestQueue(self._tiers)}  # by bucket
         self._depth = 0  # live requests over every bucket
         self._takers: deque[Taker] = deque()  # parked workers, first parked first served
         self._wake = asyncio.Event()
         self._batch_ids = itertools.count(1)
         self._stopped = False
-        # The echo of finished batches (see the module docstring), all under the lock.
-        self.echo_score = 0.0
-        self.echo_holds = 0
-        self._hold_until = 0.0
-        self._cycle_start = 0.0  # when the last batch finished
-        self._cycle_size = 0  # how many requests it answered
-        self._arrived_in_window = 0  # arrivals within max_wait of that...
-        self._arrived_after = 0  # ...and after, until the next batch finished
+        self.echo = Echo(self.max_wait_s)  # the closed-loop echo of finished batches (under the lock)
+        self._hold_until = 0.0  # a free worker waits for an echo until then
 
     # ---- event loop side -------------------------------------------------------------------------
 
@@ -104,11 +103,19 @@ class Batcher:
             totals.update(q.live_by_tier())
         return dict(totals)
 
-    def depth_ahead_of(self, tier: str) -> int:
-        """Requests a new request of `tier` would wait behind."""
-        if self._single_tier:
+    def depth_ahead_of(self, tier: str, tenant: str | None = None) -> int:
+        """Requests a new request of `tier` (from `tenant`) would wait behind (see `live_ahead_of`)."""
+        if self._single_tier and (tenant is None or self._one_tenant is not None):
             return self._depth
-        return sum(q.live_ahead_of(tier) for q in self._queues.values())
+        return sum(q.live_ahead_of(tier, tenant) for q in self._queues.values())
+
+    def arrival_rate(self, now: float) -> float:
+        """Requests per second arriving lately (all tiers)."""
+        return self._arrivals.per_s(now)
+
+    def tier_rank(self, tier: str) -> int:
+        """A tier's place: higher goes first."""
+        return self._tier_rank.get(tier, 0)
 
     def oldest_age_by_tier(self, now: float) -> dict[str, float]:
         ages: dict[str, float] = {}
@@ -118,37 +125,81 @@ class Batcher:
                     ages[tier] = max(age, ages.get(tier, 0.0))
         return ages
 
-    def submit(self, request: PendingRequest) -> None:
-        """Queue a request; raises QueueFull when `max_queue` requests already wait."""
+    def submit(self, request: PendingRequest) -> PendingRequest | None:
+        """Queue a request. When `max_queue` requests already wait, a request of a lower tier or of a
+        clearly heavier tenant is shed to make room and returned (the caller answers it); with none,
+        raises QueueFull."""
         taker: Taker | None = None
         batch: Batch | None = None
         wake = False
+        shed = None
         with self._lock:
             if self._depth >= self.max_queue:
-                raise QueueFull
+                shed = self._shed_for(request)
+                if shed is None:
+                    raise QueueFull
             queue = self._queues.get(request.bucket)
             if queue is None:
                 queue = self._queues[request.bucket] = RequestQueue(self._tiers)
             queue.append(request)
             self._depth += 1
-            if self._cycle_start:
-                if request.enqueued_at - self._cycle_start <= self.max_wait_s:
-                    self._arrived_in_window += 1
+            now = request.enqueued_at
+            arrivals = self._arrivals  # (as `Rate.add`, inline: per request)
+            if now - arrivals.at >= RATE_STEP_S:
+                arrivals.decay(now)
+            arrivals.score += 1.0
+            one = self._one_tenant
+            if one is not None and request.tenant != one:  # the first tenant seen, then None for good
+                self._one_tenant = request.tenant if one == "" else None
+            echo = self.echo
+            if echo.cycle_start:  # (inline: per request)
+                if now - echo.cycle_start <= echo.window_s:
+                    echo.in_window += 1
                 else:
-                    self._arrived_after += 1
+                    echo.after += 1
             if self._takers:
-                # A new request can make its bucket full; a linger or deadline running out is the
-                # batcher coroutine's to time (it sleeps until the earliest of them).
-                if queue.live >= self.max_batch_size:
-                    batch = self._take("full", request.enqueued_at, queue)
+                # A new request can make its bucket full; a linger or deadline running out, or a lone
+                # request worth sending at once, is the batcher coroutine's to decide (it sleeps until
+                # the earliest of them), woken by the first request of a bucket.
+                full = queue.live >= self.max_batch_size or (
+                    self.max_batch_tokens is not None and queue.tokens >= self.max_batch_tokens)
+                if full:
+                    decision = self._decision(now, "linger")  # (which bucket goes is still the rule's)
+                    batch = self._take(decision.trigger, now, self._queues[decision.bucket])
                     if batch is not None:
                         taker = self._takers.popleft()
                 else:
-                    wake = queue.live == 1  # the first waiting request of a bucket may start the linger clock
+                    wake = queue.live == 1
         if taker is not None:
             taker(batch)
         elif wake:
             self._wake.set()
+        return shed
+
+    def _shed_for(self, request: PendingRequest) -> PendingRequest | None:
+        """Room for `request` in a full queue (lock held): the newest waiting request of the lowest tier
+        below it, else of its own tier's heaviest tenant if that one holds more than one request more
+        than the newcomer's tenant. None: the newcomer is the one to refuse."""
+        rank = self._tier_rank.get(request.tier, 0)
+        for name, _ in reversed(self._tiers):  # lowest tier first
+            tier_rank = self._tier_rank[name]
+            if tier_rank > rank:
+                return None
+            counts: Counter[str] = Counter()
+            for q in self._queues.values():
+                counts.update(q.tenant_live(name))
+            if not counts:
+                continue
+            heaviest, held = counts.most_common(1)[0]
+            if tier_rank == rank and held <= counts.get(request.tenant, 0) + 1:
+                return None
+            candidates = [(r, q) for q in self._queues.values() if (r := q.newest_of(name, heaviest)) is not None]
+            victim, queue = max(candidates, key=lambda rq: rq[0].enqueued_at)
+            queue.remove(victim, RequestState.REJECTED)
+            self._depth -= 1
+            self.shed += 1
+            return victim
+        return None
 
     def withdraw(self, request: PendingRequest, new_state: RequestState) -> bool:
         """Remove a request that is still waiting (client gone, deadline passed). False if it left already."""
@@ -195,17 +246,18 @@ class Batcher:
                 with self._lock:
                     if not self._takers or not self._depth:
                         break
-                    trigger, due_at, due_queue = self._due(now, "linger")
-                    if trigger is not None:
-                        batch = self._take(trigger, now, due_queue)
+                    decision = self._decision(now, "linger")
+                    if decision.bucket is not None:
+                        batch = self._take(decision.trigger, now, self._queues[decision.bucket])
                         if batch is not None:
                             taker = self._takers.popleft()
-                if trigger is not None:
+                    due_at = decision.due_at
+                if decision.bucket is not None:
                     if taker is not None:
                         taker(batch)
                     continue
-                # A batch that fills up meanwhile is handed over by `submit`; nothing else makes it due sooner.
-                await asyncio.sleep(due_at - now)
+                # A batch that fills up meanwhile is handed over by `submit`, a new bucket wakes this up.
+                await asyncio.sleep(min(1.0, due_at - now))
 
     # ---- worker thread side ----------------------------------------------------------------------
 
@@ -218,14 +270,15 @@ class Batcher:
             stopped = self._stopped
             if not stopped:
                 if finished:
-                    self._end_cycle(now, finished)
-                trigger, _, due_queue = self._due(now, "idle_worker")
-                if trigger == "idle_worker" and finished and self.echo_score >= ECHO_SCORE_TO_HOLD:
+                    self.echo.batch_finished(now, finished)
+                decision = self._decision(now, "idle_worker")
+                trigger = decision.trigger
+                if trigger in ("idle_worker", "sparse") and finished and self.echo.expected:
                     # Stale and partial: the clients of the batch just finished are about to send again.
                     self._hold_until = now + self.max_wait_s
-                    self.echo_holds += 1
-                    trigger = None
-                batch = self._take(trigger, now, due_queue) if trigger is not None else None
+                    self.echo.holds += 1
+                    trigger = ""
+                batch = self._take(trigger, now, self._queues[decision.bucket]) if trigger else None
                 if batch is not None:
                     return batch
                 self._takers.append(taker)
@@ -238,48 +291,23 @@ class Batcher:
 
     # ---- the rule (lock held) --------------------------------------------------------------------
 
-    def _end_cycle(self, now: float, finished: int) -> None:
-        """Score the cycle since the previous batch finished, and start the next one."""
-        length = now - self._cycle_start
-        if self._cycle_start and self._cycle_size and length > 2 * self.max_wait_s > 0:
-            rate_in = self._arrived_in_window / self.max_wait_s
-            rate_after = self._arrived_after / (length - self.max_wait_s)
-            echoed = self._arrived_in_window >= self._cycle_size / 2 and rate_in >= 4 * rate_after
-            self.echo_score += _ECHO_ALPHA * (float(echoed) - self.echo_score)
-        self._cycle_start, self._cycle_size = now, finished
-        self._arrived_in_window = self._arrived_after = 0
+    def _decision(self, now: float, on_linger: str) -> Decision:
+        """The scheduling rule's decision now (see `policy`)."""
+        batch_s = self._batch_time_s()
+        limits = Limits(self.max_batch_size, self.max_batch_tokens, self._linger_s(), max(2 * batch_s, self.max_wait_s))
+        views = [q.view(key, now) for key, q in self._queues.items() if q.live]
+        return decide(views, now, limits, batch_time_s=batch_s, arrival_rate=self._arrivals.per_s(now),
+                      hold_until=self._hold_until, on_linger=on_linger)
 
-    def _due(self, now: float, on_linger: str) -> tuple[str | None, float, RequestQueue | None]:
-        """(trigger, when, bucket queue): the trigger if a batch is due now, else None and when it will be."""
-        oldest: PendingRequest | None = None
-        oldest_queue: RequestQueue | None = None
-        for queue in self._queues.values():
-            if queue.live >= self.max_batch_size:
-                return "full", now, queue
-            head = queue.oldest() if queue.live else None
-            if head is not None and (oldest is None or head.enqueued_at < oldest.enqueued_at):
-                oldest, oldest_queue = head, queue
-        if oldest is None:
-            return None, float("inf"), None
-        linger_end = max(oldest.enqueued_at + self.max_wait_s, self._hold_until)
-        if now >= linger_end:
-            return on_linger, now, oldest_queue
-        # Flush early if lingering on would make the oldest request miss a deadline it can still meet.
-        deadline_end = oldest.deadline - self._batch_time_s()
-        if deadline_end <= oldest.enqueued_at:
-            return None, linger_end, None  # it cannot be met even at once: lingering changes nothing
-        if now >= deadline_end:
-            return "deadline", now, oldest_queue
-        return None, min(linger_end, deadline_end), None
 
     def _take(self, trigger: str, now: float, queue: RequestQueue | None) -> Batch | None:
         if queue is None:
             return None
         live = queue.live
-        requests = queue.take(self.max_batch_size, now)
+        requests = queue.take(self.max_batch_size, now, self.max_batch_tokens)
         self._depth -= live - queue.live  # taken, and any found expired on the way
         if not requests:
             return None  # everything due had expired
         self.flushes[trigger] += 1
         self._hold_until = 0.0
-        return Batch(next(self._batch_ids), requests, trigger, now)
+        return Batch(next(self._batch_ids), requests, trigger, now, backlog=self._depth)

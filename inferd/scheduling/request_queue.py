@@ -1,33 +1,44 @@
-"""A model's waiting requests: one queue per tier, and inside a tier one FIFO per tenant.
+"""One length bucket's waiting requests: one queue per tier, and inside a tier one FIFO per tenant.
 
 A batch is filled from the highest tier down; inside a tier, tenants take turns (round robin), so one
 tenant's burst cannot take every slot of a batch. A request that has waited past its tier's
-`promote_after` is served before any tier order (the starvation guard).
+`promote_after` is served before any tier order (the starvation guard). A batch stops at its size limit
+and at its token budget (a request without a token count costs one).
 
 Not thread-safe by itself: the batcher holds its lock around every call. Cancelled and expired
 requests stay in their deque as tombstones until they reach its head, so a client going away costs
-O(1) instead of a linear removal; `live` counts only the requests still waiting.
+O(1) instead of a linear removal; `live` counts only the requests still waiting (and each tenant's
+share of them, which shedding reads).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable, Iterator
 
 from ..messages import PendingRequest, RequestState
+from .policy import BucketView
 
 _QUEUED = RequestState.QUEUED
 
 
-class _TierQueue:
-    __slots__ = ("name", "promote_after_s", "tenants", "turns", "live")
+def cost(request: PendingRequest) -> int:
+    """A request's share of a token budget: its tokens, or one when nothing counted them."""
+    return request.tokens or 1
 
-    def __init__(self, name: str, promote_after_s: float | None) -> None:
+
+class _TierQueue:
+    __slots__ = ("name", "rank", "promote_after_s", "tenants", "turns", "live", "tenant_live")
+
+    def __init__(self, name: str, rank: int, promote_after_s: float | None) -> None:
         self.name = name
+        self.rank = rank
         self.promote_after_s = promote_after_s
         self.tenants: dict[str, deque[PendingRequest]] = {}
         self.turns: deque[str] = deque()  # tenants with (possibly) waiting requests, in turn order
         self.live = 0
+        self.tenant_live: dict[str, int] = {}  # waiting requests per tenant
 
     def head(self, tenant: str) -> PendingRequest | None:
         items = self.tenants[tenant]
@@ -45,33 +56,48 @@ class _TierQueue:
                 yield head
 
 
+
 class RequestQueue:
     """One length bucket's waiting requests: a FIFO per tenant inside a queue per tier."""
 
     def __init__(self, tiers: Iterable[tuple[str, float | None]] = (("default", None),)) -> None:
         """`tiers`: (name, promote_after_s), highest priority first."""
-        self._tiers = [_TierQueue(name, promote) for name, promote in tiers]
+        tiers = list(tiers)
+        self._tiers = [_TierQueue(name, len(tiers) - i, promote) for i, (name, promote) in enumerate(tiers)]
         self._by_name = {t.name: t for t in self._tiers}
         self._promoting = any(t.promote_after_s is not None for t in self._tiers)
         self.live = 0
+        self.tokens = 0  # the waiting requests' costs (see `cost`)
 
     def live_by_tier(self) -> dict[str, int]:
         return {t.name: t.live for t in self._tiers}
 
-    def live_ahead_of(self, tier: str) -> int:
-        """Waiting requests a new request of `tier` would queue behind: its own tier and those above it."""
+    def live_ahead_of(self, tier: str, tenant: str | None = None) -> int:
+        """Waiting requests a new request of `tier` (and `tenant`) would wait behind: every one of the
+        tiers above, and in its own tier, with tenants taking turns, as many of each tenant's as it has
+        of its own (plus one): a light tenant waits behind a heavy one's first few, not its backlog."""
         ahead = 0
         for t in self._tiers:
-            ahead += t.live
-            if t.name == tier:
-                break
+            if t.name != tier:
+                ahead += t.live
+                continue
+            if tenant is None or (len(t.tenant_live) == 1 and tenant in t.tenant_live):
+                return ahead + t.live
+            mine = t.tenant_live.get(tenant, 0)
+            return ahead + mine + sum(min(n, mine + 1) for name, n in t.tenant_live.items() if name != tenant)
         return ahead
+
+    def tenant_live(self, tier: str) -> dict[str, int]:
+        return self._by_name[tier].tenant_live
 
     def append(self, request: PendingRequest) -> None:
         tier, items = self._tenant_queue(request, front=False)
         items.append(request)
-        tier.live += 1
+        tier.live += 1  # (as in `_joined`, inline: per request)
+        tenant_live = tier.tenant_live
+        tenant_live[request.tenant] = tenant_live.get(request.tenant, 0) + 1
         self.live += 1
+        self.tokens += request.tokens or 1
 
     def appendleft(self, requests: list[PendingRequest]) -> None:
         """Put requests back at the head of their tenants' queues, oldest first (a batch to run again)."""
@@ -79,8 +105,25 @@ class RequestQueue:
             request.state = _QUEUED
             tier, items = self._tenant_queue(request, front=True)
             items.appendleft(request)
-            tier.live += 1
-            self.live += 1
+            self._joined(tier, request)
+
+    def _joined(self, tier: _TierQueue, request: PendingRequest) -> None:
+        tier.live += 1
+        tier.tenant_live[request.tenant] = tier.tenant_live.get(request.tenant, 0) + 1
+        self.live += 1
+        self.tokens += request.tokens or 1
+
+    def _left(self, tier: _TierQueue, request: PendingRequest) -> None:
+        """`request` stopped waiting (taken, expired, cancelled, shed)."""
+        tier.live -= 1
+        tenant_live = tier.tenant_live
+        n = tenant_live[request.tenant] - 1
+        if n:
+            tenant_live[request.tenant] = n
+        else:
+            del tenant_live[request.tenant]
+        self.live -= 1
+        self.tokens -= request.tokens or 1
 
     def _tenant_queue(self, request: PendingRequest, front: bool) -> tuple[_TierQueue, deque[PendingRequest]]:
         """The FIFO of the request's tenant in its tier; a tenant new to the tier joins the turns."""
@@ -100,12 +143,18 @@ class RequestQueue:
             return False
         request.state = new_state
         tier = self._by_name[request.tier]
-        tier.live -= 1
-        self.live -= 1
+        self._left(tier, request)
         items = tier.tenants.get(request.tenant)
         if items is not None and len(items) > 64 and len(items) > 4 * tier.live:
             tier.tenants[request.tenant] = deque(r for r in items if r.state is _QUEUED)
         return True
+
+    def newest_of(self, tier: str, tenant: str) -> PendingRequest | None:
+        """The tenant's most recent waiting request in `tier` (the first to shed: it has waited least)."""
+        items = self._by_name[tier].tenants.get(tenant)
+        while items and items[-1].state is not _QUEUED:
+            items.pop()
+        return items[-1] if items else None
 
     def oldest(self) -> PendingRequest | None:
         """The longest-waiting live request (its age drives the linger)."""
@@ -124,15 +173,37 @@ class RequestQueue:
             ages[tier.name] = now - min(heads) if heads else 0.0
         return ages
 
-    def take(self, limit: int, now: float) -> list[PendingRequest]:
-        """Pop up to `limit` live requests: promoted ones, then tier by tier with tenants in turn.
+    def view(self, key: int, now: float) -> BucketView:
+        """What the scheduling rule needs of this bucket now (see `policy`)."""
+        oldest: PendingRequest | None = None
+        rank, rank_oldest_at = -math.inf, math.inf
+        for tier in self._tiers:
+            if not tier.live:
+                continue
+            tier_head = min(tier.heads(), key=lambda r: r.enqueued_at)
+            promote = tier.promote_after_s
+            tier_rank = math.inf if promote is not None and now - tier_head.enqueued_at >= promote else tier.rank
+            if tier_rank > rank or (tier_rank == rank and tier_head.enqueued_at < rank_oldest_at):
+                rank, rank_oldest_at = tier_rank, tier_head.enqueued_at
+            if oldest is None or tier_head.enqueued_at < oldest.enqueued_at:
+                oldest = tier_head
+        if oldest is None:
+            return BucketView(key, 0, 0, math.inf, math.inf, -math.inf, math.inf)
+        return BucketView(key, self.live, self.tokens, oldest.enqueued_at, oldest.deadline, rank, rank_oldest_at)
+
+    def take(self, limit: int, now: float, token_budget: int | None = None) -> list[PendingRequest]:
+        """Pop up to `limit` live requests, within `token_budget` (the first always goes): promoted ones,
+        then tier by tier with tenants in turn.
 
         Requests whose deadline passed are dropped, never run (their deadline timer answers 504).
         """
         taken: list[PendingRequest] = []
+        budget = [math.inf if token_budget is None else token_budget]
         if self._promoting:
-            self._take_promoted(taken, limit, now)
+            self._take_promoted(taken, limit, now, budget)
         for tier in self._tiers:
+            if tier.live and len(tier.turns) == 1 and token_budget is None:  # one tenant: its FIFO, no turns
+                self._take_fifo(tier, tier.turns[0], limit, now, taken)
             while tier.live and len(taken) < limit:
                 tenant = tier.turns[0]
                 head = tier.head(tenant)
@@ -140,14 +211,41 @@ class RequestQueue:
                     tier.turns.popleft()
                     del tier.tenants[tenant]
                     continue
+                if token_budget is not None and taken and cost(head) > budget[0]:
+                    return taken
                 tier.tenants[tenant].popleft()
                 tier.turns.rotate(-1)
-                self._claim(tier, head, now, taken)
+                self._claim(tier, head, now, taken, budget)
             if len(taken) >= limit:
                 break
         return taken
 
-    def _take_promoted(self, taken: list[PendingRequest], limit: int, now: float) -> None:
+    def _take_fifo(self, tier: _TierQueue, tenant: str, limit: int, now: float, taken: list[PendingRequest]) -> None:
+        """`take` for a tier with one tenant waiting: its FIFO in order (as `_claim` does, inline)."""
+        items = tier.tenants[tenant]
+        left = 0
+        tokens = 0
+        while items and len(taken) < limit:
+            request = items.popleft()
+            if request.state is not _QUEUED:
+                continue  # a tombstone
+            left += 1
+            tokens += request.tokens or 1
+            if request.deadline <= now:
+                request.state = RequestState.EXPIRED
+            else:
+                request.state = RequestState.TAKEN
+                taken.append(request)
+        tier.live -= left
+        self.live -= left
+        self.tokens -= tokens
+        n = tier.tenant_live.get(tenant, 0) - left
+        if n > 0:
+            tier.tenant_live[tenant] = n
+        else:
+            tier.tenant_live.pop(tenant, None)
+
+    def _take_promoted(self, taken: list[PendingRequest], limit: int, now: float, budget: list[float]) -> None:
         for tier in self._tiers[1:]:  # the top tier needs no promotion
             if tier.promote_after_s is None or not tier.live:
                 continue
@@ -155,19 +253,21 @@ class RequestQueue:
             for tenant in list(tier.turns):
                 while len(taken) < limit:
                     head = tier.head(tenant)
-                    if head is None or head.enqueued_at > cutoff:
+                    if head is None or head.enqueued_at > cutoff or (taken and cost(head) > budget[0]):
                         break
                     tier.tenants[tenant].popleft()
-                    self._claim(tier, head, now, taken)
+                    self._claim(tier, head, now, taken, budget)
 
-    def _claim(self, tier: _TierQueue, request: PendingRequest, now: float, taken: list[PendingRequest]) -> None:
-        tier.live -= 1
-        self.live -= 1
+    def _claim(
+        self, tier: _TierQueue, request: PendingRequest, now: float, taken: list[PendingRequest], budget: list[float]
+    ) -> None:
+        self._left(tier, request)
         if request.deadline <= now:
             request.state = RequestState.EXPIRED
         else:
             request.state = RequestState.TAKEN
             taken.append(request)
+            budget[0] -= request.tokens or 1
 
     def drain(self) -> Iterator[PendingRequest]:
         """Remove and yield every live request (shutdown, breaker)."""
@@ -176,8 +276,7 @@ class RequestQueue:
                 for request in items:
                     if request.state is _QUEUED:
                         request.state = RequestState.CANCELLED
-                        tier.live -= 1
-                        self.live -= 1
+                        self._left(tier, request)
                         yield request
             tier.tenants.clear()
             tier.turns.clear()

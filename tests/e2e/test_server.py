@@ -48,14 +48,14 @@ async def test_two_workers_run_two_batches_at_once(http):
         assert overlapping, "with two workers, two batches should have run at the same time"
 
 
-async def test_a_lone_request_is_dispatched_after_the_linger(http):
-    async with running_server(sim_model(latency_ms=10, max_wait_ms=30)) as srv:
+async def test_a_lone_request_goes_at_once_instead_of_lingering_for_nobody(http):
+    async with running_server(sim_model(latency_ms=10, max_wait_ms=300)) as srv:
         for i in range(3):
             status, body, headers = await infer(http, srv.url, {"input": f"lone{i}"})
             assert status == 200
             timing = dict(part.strip().split(";dur=") for part in headers["Server-Timing"].split(","))
-            queued_ms = float(timing["queue"])
-            assert 25 <= queued_ms <= 30 + 45, headers["Server-Timing"]
+            assert float(timing["queue"]) < 100, headers["Server-Timing"]  # not the 300 ms linger
+        assert srv.models["m"].batcher.flushes["sparse"] == 3
 
 
 async def test_requests_that_waited_do_not_linger_again(http):
@@ -89,7 +89,7 @@ async def test_closed_loop_clients_split_in_two_groups_merge_back_into_full_batc
         await asyncio.gather(*group_a, *group_b)
         sizes = [size for _, _, size in backend_of(srv).calls]
         assert 10 in sizes[:4], sizes  # they really were split
-        assert srv.models["m"].batcher.echo_holds >= 1
+        assert srv.models["m"].batcher.echo.holds >= 1
         assert sizes[-4:].count(20) >= 3, sizes  # merged: the last batches are full
 
 
@@ -159,6 +159,7 @@ async def test_grace_drain_answers_admitted_requests_before_stopping(http):
 
 async def test_a_request_deadline_flushes_before_the_linger_would_miss_it(http):
     async with running_server(sim_model(latency_ms=50, max_wait_ms=400)) as srv:
+        await asyncio.gather(*(infer(http, srv.url, {"input": f"busy{i}"}) for i in range(64)))  # arrivals are frequent
         started = time.monotonic()
         status, _, _ = await infer(http, srv.url, {"input": "hurry", "timeout_ms": 200})
         assert status == 200 and time.monotonic() - started < 0.3

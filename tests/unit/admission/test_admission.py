@@ -24,7 +24,7 @@ class StandInModel:
     def __init__(self, *, wait_s: float = 0.0, batch_s: float = 0.05, ready: bool = True, depth: int = 0) -> None:
         self.name = "m"
         self.config = ModelConfig(name="m", backend="x", max_input_chars=10, max_queue=5, timeout_ms=1000)
-        self.breaker = SimpleNamespace(state=BreakerState.CLOSED)
+        self.breaker = SimpleNamespace(state=BreakerState.CLOSED, refusal_s=lambda now: self.unavailable)
         self.ready, self.pool = ready, SimpleNamespace(warmed=True)
         self.load = SimpleNamespace(batch_s=batch_s)
         self.batcher = SimpleNamespace(depth=depth)
@@ -32,13 +32,10 @@ class StandInModel:
         self.submitted: list[tuple[str, str, float]] = []
         self.unavailable = None
 
-    def unavailable_for_s(self, now: float) -> float | None:
-        return self.unavailable
-
     def capacity_scale(self) -> float:
         return 1.0
 
-    def predicted_wait_s(self, tier: str, now: float) -> float:
+    def predicted_wait_s(self, tier: str, now: float, tenant: str | None = None) -> float:
         return self.wait_s
 
     def retry_after_ms(self, tier: str) -> int:

@@ -4,6 +4,7 @@ echo hold for closed-loop clients. No threads, no sleeps: takers are plain calla
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
@@ -57,19 +58,32 @@ def names(batch: Batch | None) -> list[str]:
     return [r.request_id for r in batch.requests]
 
 
-def test_a_free_worker_parks_when_nothing_has_lingered_and_gets_a_full_batch_handed_over(clock):
+def busy(b: Batcher, clock: FakeClock, per_s: float = 2000.0) -> None:
+    """As if requests had been arriving at `per_s` for a while (the rate the rule reads)."""
+    b._arrivals.score, b._arrivals.at = per_s, clock()
+
+
+def test_a_free_worker_parks_while_arrivals_are_coming_and_gets_the_full_batch_handed_over(clock):
     b, takers = batcher(clock), Takers()
+    busy(b, clock)
     arrive(b, clock, "a")
-    assert b.next_batch(0, takers) is None  # "a" has not lingered 20 ms: the worker parks
-    assert b._due(clock(), "linger")[:2] == (None, 100.02)  # due when the linger from "a" ends
+    assert b.next_batch(0, takers) is None  # more are coming within the linger: the worker parks
     for name in "bcd":
         arrive(b, clock, name)
     assert len(takers.got) == 1 and names(takers.got[0]) == ["a", "b", "c", "d"]
     assert takers.got[0].trigger == "full" and b.depth == 0
 
 
+def test_a_lone_request_goes_at_once_when_nothing_else_is_coming(clock):
+    b = batcher(clock)
+    arrive(b, clock, "lone")
+    batch = b.next_batch(0, Takers())
+    assert names(batch) == ["lone"] and batch.trigger == "sparse"
+
+
 def test_requests_that_lingered_go_at_once_to_a_worker_that_frees(clock):
     b = batcher(clock)
+    busy(b, clock)
     arrive(b, clock, "a")
     clock.advance(0.025)  # every worker was busy meanwhile
     batch = b.next_batch(0, Takers())
@@ -78,16 +92,18 @@ def test_requests_that_lingered_go_at_once_to_a_worker_that_frees(clock):
 
 def test_the_linger_is_cut_short_by_a_deadline_it_would_miss(clock):
     b = batcher(clock, max_wait_ms=50, batch_time_s=0.01)
+    busy(b, clock)
     arrive(b, clock, "tight", timeout_s=0.03)  # must start by 100.02 to finish by 100.03
-    assert b._due(clock(), "linger")[:2] == (None, pytest.approx(100.02))
+    assert b.next_batch(0, Takers()) is None
     clock.advance(0.021)
-    assert b._due(clock(), "linger")[0] == "deadline"
-    arrive(b, clock, "hopeless", timeout_s=0.005)  # cannot be met even at once: no early flush for it
-    assert b._due(clock(), "linger")[0] == "deadline"  # (still "tight"'s)
+    busy(b, clock)
+    assert names(b.next_batch(0, Takers())) == ["tight"]
+    assert b.flushes["deadline"] == 1
 
 
 def test_a_full_bucket_goes_before_an_older_partial_one_and_batches_never_mix_buckets(clock):
-    b = batcher(clock)
+    b = batcher(clock, batch_time_s=0.05)  # the age gap is two batch times: 100 ms
+    busy(b, clock)
     arrive(b, clock, "long-1", bucket=1)
     clock.advance(0.001)
     for i in range(4):
@@ -133,13 +149,13 @@ def test_closed_loop_echoes_make_a_free_worker_wait_for_them_and_open_loop_arriv
     for _ in range(6):  # clients answered in a batch come straight back, quiet otherwise: the echo score rises
         run_cycle(b, clock, finished=4, echo=4)
         b.withdraw_all()
-    assert b.echo_score >= 0.5
+    assert b.echo.score >= 0.5
     clock.advance(0.05)
     arrive(b, clock, "stale")  # a partial, stale queue (one group of a split closed loop)
     clock.advance(0.011)
     assert b.next_batch(4, Takers()) is None  # instead of a batch of one, it waits for the echo
-    assert b.echo_holds == 1
-    assert b._due(clock(), "linger")[1] == pytest.approx(clock() + 0.01)  # for at most max_wait
+    assert b.echo.holds == 1
+    assert b._decision(clock(), "linger").due_at == pytest.approx(clock() + 0.01)  # for at most max_wait
 
     open_loop = batcher(FakeClock(100.0), max_batch_size=8, max_wait_ms=10)
     c = open_loop._clock
@@ -150,4 +166,40 @@ def test_closed_loop_echoes_make_a_free_worker_wait_for_them_and_open_loop_arriv
             c.advance(0.005)
             arrive(open_loop, c, f"o{c():.4f}")
         open_loop.withdraw_all()
-    assert open_loop.echo_score < 0.5
+    assert open_loop.echo.score < 0.5
+
+
+def test_a_full_queue_makes_room_by_shedding_a_lower_tier_then_a_heavier_tenant(clock):
+    loop = asyncio.new_event_loop()
+    b = Batcher(max_batch_size=100, max_wait_ms=20, max_queue=4, loop=loop, clock=clock,
+                tiers=(("paid", None), ("free", None)))
+    try:
+        def enqueue(name: str, tier: str, tenant: str) -> PendingRequest | None:
+            r = PendingRequest(name, name, clock(), clock() + 10, None, tier=tier, tenant=tenant)  # type: ignore[arg-type]
+            return b.submit(r)
+
+        for i in range(3):
+            assert enqueue(f"heavy{i}", "paid", "heavy") is None
+        assert enqueue("free0", "free", "cats") is None
+        shed = enqueue("paid-newcomer", "paid", "light")  # the queue is full: the free request makes room
+        assert shed is not None and shed.request_id == "free0" and shed.state is RequestState.REJECTED
+        shed = enqueue("light1", "paid", "light")  # no lower tier left: heavy (3) holds more than light (1) + 1
+        assert shed is not None and shed.request_id == "heavy2"  # heavy's newest
+        with pytest.raises(QueueFull):
+            enqueue("light2", "paid", "light")  # heavy 2, light 2: nobody is heavier: the newcomer is refused
+        with pytest.raises(QueueFull):
+            enqueue("free1", "free", "cats")  # a lower tier never pushes out a higher one
+        assert b.depth == 4 and b.shed == 2
+        assert b.depth_ahead_of("paid", "light") == 4 and b.depth_ahead_of("paid", "newcomer") == 2
+    finally:
+        loop.close()
+
+
+def test_the_arrival_rate_counts_the_last_second_or_so(clock):
+    b = batcher(clock, max_queue=1000)
+    for i in range(200):  # 200 requests over one second
+        arrive(b, clock, f"r{i}")
+        clock.advance(0.005)
+    assert b.arrival_rate(clock()) == pytest.approx(200 * (1 - math.exp(-1)), rel=0.05)
+    clock.advance(3.0)
+    assert b.arrival_rate(clock()) < 10  # quiet since: it fades

@@ -1,0 +1,73 @@
+"""What the batcher learns from arrivals: how fast requests come, and whether closed-loop clients are
+echoing the batch just finished. (`Rate` also measures, per tier, the workers' time each tier takes:
+see `models.load_model`.)
+
+The echo: closed-loop clients (each sends again as soon as it is answered) whose number is near the
+batch size can split into two groups whose batches alternate half full, forever, since each group is
+stale when a worker frees. When most of a finished batch's requests come back within the echo window
+(`max_wait_ms`) of it and the rest of the cycle is quiet, the cycle "echoed"; past a score, a worker
+that frees with a stale, partial queue waits for the echo of the batch it just finished, so the groups
+merge. Open-loop traffic arrives at the same rate inside and outside that window, so it is never held.
+"""
+
+from __future__ import annotations
+
+import math
+
+RATE_WINDOW_S = 1.0  # rates are counts decaying with this time constant...
+RATE_STEP_S = 0.05  # ...applied in steps this long (no exponential per event)
+ECHO_SCORE_TO_HOLD = 0.5  # the moving average of "this cycle echoed" past which a free worker waits
+_ECHO_ALPHA = 0.3
+
+
+class Rate:
+    """An event rate (or of an amount: seconds of work per second): a count that decays exponentially
+    with `RATE_WINDOW_S` (a steady rate r holds about r x RATE_WINDOW_S), the decay applied every
+    `RATE_STEP_S` rather than at every event."""
+
+    __slots__ = ("score", "at")
+
+    def __init__(self) -> None:
+        self.score = 0.0
+        self.at = 0.0  # when the decay was last applied
+
+    def add(self, now: float, amount: float = 1.0) -> None:
+        if now - self.at >= RATE_STEP_S:
+            self.decay(now)
+        self.score += amount
+
+    def decay(self, now: float) -> None:
+        self.score *= math.exp((self.at - now) / RATE_WINDOW_S)
+        self.at = now
+
+    def per_s(self, now: float) -> float:
+        return self.score * math.exp(min(0.0, self.at - now) / RATE_WINDOW_S) / RATE_WINDOW_S
+
+
+class Echo:
+    """Scores each cycle (from one batch's end to the next's) for the closed-loop echo."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.score = 0.0
+        self.holds = 0  # times a free worker waited for an echo
+        self.cycle_start = 0.0  # when the last batch finished
+        self._cycle_size = 0  # how many requests it answered
+        self.in_window = 0  # arrivals within the window after it (counted by the batcher)...
+        self.after = 0  # ...and after, until the next batch finished
+
+    def batch_finished(self, now: float, answered: int) -> None:
+        """Score the cycle since the previous batch finished, and start the next one."""
+        length = now - self.cycle_start
+        if self.cycle_start and self._cycle_size and length > 2 * self.window_s > 0:
+            rate_in = self.in_window / self.window_s
+            rate_after = self.after / (length - self.window_s)
+            echoed = self.in_window >= self._cycle_size / 2 and rate_in >= 4 * rate_after
+            self.score += _ECHO_ALPHA * (float(echoed) - self.score)
+        self.cycle_start, self._cycle_size = now, answered
+        self.in_window = self.after = 0
+
+    @property
+    def expected(self) -> bool:
+        """Closed-loop clients echo the batches: a stale, partial queue is worth holding for them."""
+        return self.score >= ECHO_SCORE_TO_HOLD

@@ -1,0 +1,127 @@
+"""The scheduling rule: which bucket's batch goes to a free worker, and when. One decision, in one place,
+across length buckets, tiers and tenants (tiers and tenants order requests inside a bucket: see
+`request_queue`). Pure: it reads a view of each bucket and a few figures, and decides.
+
+A bucket is *due* when
+- it is full: `max_batch_size` requests, or `max_batch_tokens` tokens;
+- its oldest request has lingered `linger_s` (or the echo hold has ended, whichever is later);
+- lingering on would make its oldest request miss a deadline it can still meet; or
+- waiting cannot add enough to matter: the model's arrival rate over the rest of the linger brings
+  fewer than max(1, 10% of the room left in the batch) requests. A lone request then goes at once
+  instead of paying the whole linger; a burst or closed-loop clients still fill the batch.
+
+Among due buckets:
+1. the highest tier waiting in any of them goes first (a bucket's rank is the highest tier it holds;
+   a request waiting past its tier's `promote_after` ranks above every tier), except that while no
+   bucket of that tier is full and none has waited `age_gap_s`, a lower tier's full bucket may go:
+   the higher tier's batch fills meanwhile, for at most `age_gap_s`;
+2. among the buckets of one rank, a full bucket goes first (full batches are the cheapest) unless
+   another's oldest request has waited longer than the full one's by more than `age_gap_s`: then the
+   oldest goes.
+The bounds: a higher tier's request is held behind lower tiers' work at most `age_gap_s` (plus the
+batch in progress); under saturation the buckets of one tier are all served, and their oldest
+requests' waits stay within `age_gap_s` (plus a batch time) of each other.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class BucketView:
+    """One bucket's queue as the rule needs it."""
+
+    key: int
+    count: int  # waiting requests
+    tokens: int  # their tokens
+    oldest_at: float  # when its oldest waiting request was queued
+    oldest_deadline: float  # that request's deadline
+    rank: float  # the highest effective priority waiting in it (promoted: inf)
+    rank_oldest_at: float  # when the oldest request of that rank was queued
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_batch_size: int
+    max_batch_tokens: int | None  # None: no token budget
+    linger_s: float  # the most a partial batch waits for more requests
+    age_gap_s: float  # past this, an older bucket's request goes before a full bucket
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    bucket: int | None  # the bucket whose batch goes now; None: none is due yet
+    trigger: str  # full | linger | deadline | sparse | idle_worker ("" when none is due)
+    due_at: float  # when none is due: the earliest time one may be
+
+
+def is_full(view: BucketView, limits: Limits) -> bool:
+    return view.count >= limits.max_batch_size or (
+        limits.max_batch_tokens is not None and view.tokens >= limits.max_batch_tokens)
+
+
+def decide(
+    views: Iterable[BucketView],
+    now: float,
+    limits: Limits,
+    *,
+    batch_time_s: float,
+    arrival_rate: float,
+    hold_until: float = 0.0,
+    on_linger: str = "linger",
+) -> Decision:
+    """The bucket to serve now, if any is due (see the module docstring). `on_linger` names the
+    trigger of a bucket whose linger ran out (a worker that frees and finds one says "idle_worker")."""
+    due: list[tuple[BucketView, str]] = []
+    due_at = math.inf
+    for view in views:
+        if view.count == 0:
+            continue
+        trigger, when = _due(view, now, limits, batch_time_s, arrival_rate, hold_until, on_linger)
+        if trigger:
+            due.append((view, trigger))
+        else:
+            due_at = min(due_at, when)
+    if not due:
+        return Decision(None, "", due_at)
+    top = max(view.rank for view, _ in due)
+    best = [(v, t) for v, t in due if v.rank == top]
+    if not any(t == "full" or now - v.rank_oldest_at >= limits.age_gap_s for v, t in best):
+        lower_full = [(v, t) for v, t in due if t == "full"]
+        if lower_full:  # the higher tier's batch is still filling: a full one of a lower tier goes meanwhile
+            best = [max(lower_full, key=lambda vt: (vt[0].rank, -vt[0].rank_oldest_at))]
+    oldest = min(best, key=lambda vt: vt[0].rank_oldest_at)
+    full = [(v, t) for v, t in best if t == "full"]
+    if full:
+        first_full = min(full, key=lambda vt: vt[0].rank_oldest_at)
+        if first_full[0].rank_oldest_at - oldest[0].rank_oldest_at <= limits.age_gap_s:
+            return Decision(first_full[0].key, "full", now)
+    return Decision(oldest[0].key, oldest[1], now)
+
+
+def _due(
+    view: BucketView, now: float, limits: Limits, batch_time_s: float, arrival_rate: float, hold_until: float,
+    on_linger: str,
+) -> tuple[str, float]:
+    """(trigger, "") when `view` is due now; ("", when it will be) otherwise."""
+    if is_full(view, limits):
+        return "full", now
+    linger_end = max(view.oldest_at + limits.linger_s, hold_until)
+    if now >= linger_end:
+        return on_linger, now
+    deadline_end = view.oldest_deadline - batch_time_s
+    meetable = deadline_end > view.oldest_at  # else lingering changes nothing for it
+    if meetable and now >= deadline_end:
+        return "deadline", now
+    wait_until = min(linger_end, deadline_end) if meetable else linger_end
+    if now >= hold_until:  # (a closed-loop echo is about to come back: no early flush meanwhile)
+        room = limits.max_batch_size - view.count
+        enough = max(1.0, 0.1 * room)
+        if arrival_rate * (linger_end - now) < enough:
+            return "sparse", now
+        if arrival_rate > 0:  # the moment the rest of the linger stops being worth it
+            wait_until = min(wait_until, linger_end - enough / arrival_rate)
+    return "", wait_until

@@ -1,0 +1,87 @@
+"""The scheduling rule alone: due or not, and which bucket goes, on made-up bucket views."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from inferd.scheduling.policy import BucketView, Limits, decide
+
+LIMITS = Limits(max_batch_size=32, max_batch_tokens=None, linger_s=0.02, age_gap_s=0.1)
+NOW = 100.0
+
+
+def bucket(key: int, count: int, *, oldest_at: float = NOW, rank: float = 1, rank_oldest_at: float | None = None,
+           deadline: float = math.inf, tokens: int | None = None) -> BucketView:
+    return BucketView(key, count, count if tokens is None else tokens, oldest_at, deadline, rank,
+                      oldest_at if rank_oldest_at is None else rank_oldest_at)
+
+
+def go(*views: BucketView, now: float = NOW, rate: float = 1000.0, limits: Limits = LIMITS, **kw):  # type: ignore[no-untyped-def]
+    decision = decide(views, now, limits, batch_time_s=0.05, arrival_rate=rate, **kw)
+    return (decision.bucket, decision.trigger) if decision.bucket is not None else (None, decision.due_at)
+
+
+def test_a_lone_request_goes_at_once_when_the_linger_would_gather_nothing():
+    assert go(bucket(0, 1), rate=8.0) == (0, "sparse")  # 8/s x 20 ms: 0.16 more expected
+    assert go(bucket(0, 1), rate=0.0) == (0, "sparse")
+
+
+def test_with_arrivals_coming_fast_the_linger_is_worth_it_until_its_tail():
+    bucket_, due_at = go(bucket(0, 1), rate=1000.0)  # 20 more expected in the 20 ms
+    assert bucket_ is None
+    assert due_at == pytest.approx(NOW + 0.02 - 3.1 / 1000.0)  # the last 3.1 ms would gather too few
+    assert go(bucket(0, 1), now=NOW + 0.019, rate=1000.0) == (0, "sparse")
+    assert go(bucket(0, 1), now=NOW + 0.02, rate=1000.0, on_linger="idle_worker") == (0, "idle_worker")
+
+
+def test_full_by_count_or_by_tokens():
+    assert go(bucket(0, 32)) == (0, "full")
+    budget = Limits(32, 1000, 0.02, 0.1)
+    assert go(bucket(0, 5, tokens=1000), limits=budget) == (0, "full")
+    assert go(bucket(0, 5, tokens=999), limits=budget)[0] is None
+
+
+def test_a_deadline_it_would_miss_cuts_the_linger_short_one_it_cannot_meet_does_not():
+    limits = Limits(32, None, 1.0, 0.1)
+    assert go(bucket(0, 1, deadline=NOW + 0.06), limits=limits)[0] is None  # must start by NOW + 0.01
+    assert go(bucket(0, 1, deadline=NOW + 0.06), now=NOW + 0.011, limits=limits) == (0, "deadline")
+    assert go(bucket(0, 1, deadline=NOW + 0.04), now=NOW + 0.011, limits=limits)[0] is None  # lost anyway
+
+
+def test_a_full_bucket_goes_first_unless_another_has_waited_longer_by_more_than_the_gap():
+    full = bucket(0, 32, oldest_at=NOW - 0.05)
+    partial = bucket(1, 3, oldest_at=NOW - 0.12)  # lingered: due, 70 ms older than the full one's head
+    assert go(full, partial) == (0, "full")
+    starving = bucket(1, 3, oldest_at=NOW - 0.2)  # 150 ms older: past the 100 ms gap
+    assert go(full, starving) == (1, "linger")
+
+
+def test_a_higher_tier_waits_behind_a_lower_tiers_full_batch_at_most_the_age_gap():
+    free_full = bucket(0, 32, rank=1, oldest_at=NOW - 1.0)  # a deep free backlog
+    enterprise = bucket(1, 2, rank=3, oldest_at=NOW - 0.03)  # due, its batch filling meanwhile
+    assert go(free_full, enterprise) == (0, "full")
+    waited = bucket(1, 12, rank=3, oldest_at=NOW - 0.101)  # waited the gap: the higher tier goes
+    assert go(free_full, waited) == (1, "linger")
+    enterprise_full = bucket(1, 32, rank=3, oldest_at=NOW - 0.01)
+    assert go(free_full, enterprise_full) == (1, "full")  # a higher tier's full batch never waits
+    free_partial = bucket(0, 5, rank=1, oldest_at=NOW - 0.5)
+    assert go(free_partial, enterprise) == (1, "linger")  # nobody full: the higher tier
+
+
+def test_a_promoted_request_ranks_above_every_tier():
+    enterprise_full = bucket(0, 32, rank=3)
+    promoted = bucket(1, 1, rank=math.inf, oldest_at=NOW - 2.0)
+    assert go(enterprise_full, promoted) == (1, "linger")
+
+
+def test_during_an_echo_hold_nothing_is_sparse_and_the_linger_lasts_the_hold():
+    held = go(bucket(0, 1, oldest_at=NOW - 0.05), rate=0.0, hold_until=NOW + 0.01)
+    assert held == (None, NOW + 0.01)
+    assert go(bucket(0, 1, oldest_at=NOW - 0.05), now=NOW + 0.01, rate=0.0, hold_until=NOW + 0.01) == (0, "linger")
+
+
+def test_nothing_waiting_nothing_due():
+    assert go() == (None, math.inf)
+    assert go(bucket(0, 0)) == (None, math.inf)
