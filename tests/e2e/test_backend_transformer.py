@@ -165,3 +165,21 @@ async def test_another_local_model_folder_classifies(http, tmp_path):
         expected = direct([direct.tokenize(text)])[0]
         assert body["output"]["label"] == expected["label"] in ("negative", "positive")
         assert body["output"]["score"] == pytest.approx(expected["score"], abs=1e-4)
+
+
+async def test_a_token_budget_counts_the_tokenizers_tokens(http, reference, caplog):
+    """`max_batch_tokens` with the real tokenizer's counts: long inputs go at most two to a batch."""
+    long_texts = [f"{i} " + "word " * 40 for i in range(6)]  # ~43 tokens each: three are over 100
+    short_texts = [f"hi {i}" for i in range(8)]  # ~4 tokens each
+    with caplog.at_level(logging.INFO, logger="inferd.access"):
+        async with running_server(minilm(max_batch_tokens=100, max_wait_ms=200), access_log_sample_rate=1.0) as srv:
+            results = await asyncio.gather(*(infer(http, srv.url, {"input": t, "model": "minilm"})
+                                             for t in [*long_texts, *short_texts]))
+    for text, (status, body, _) in zip([*long_texts, *short_texts], results):
+        assert status == 200, body
+        assert np.max(np.abs(np.array(body["output"], dtype=np.float32) - alone(reference, text))) < 1e-4
+    assert len(reference.tokenize(long_texts[0])) > 34
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "inferd.access"]
+    long_bucket = EDGES.index(64)
+    long_batches = {line["batch_id"]: line["batch_size"] for line in lines if line["bucket"] == long_bucket}
+    assert sum(long_batches.values()) == 6 and max(long_batches.values()) <= 2, long_batches
