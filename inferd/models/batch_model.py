@@ -151,7 +151,6 @@ class BatchModel:
 
     def _shed(self, request: PendingRequest) -> None:
         """A queued request the batcher shed to make room for a higher tier's or a lighter tenant's: 503."""
-        self.metrics.shed[(self.name, request.tier, "queue_full")] += 1
         message = f"model {self.name} is full: this request made room for a higher tier's or a lighter tenant's"
         self._fail(request, ServiceOverloaded(message, retry_after_ms=self.retry_after_ms(request.tier), reason="queue_full"))
 
@@ -173,7 +172,6 @@ class BatchModel:
                     self._enqueue(request)
                 except ServiceOverloaded as error:
                     request.state = RequestState.REJECTED
-                    self.metrics.shed[(self.name, request.tier, error.reason)] += 1
                     self._fail(request, error)
 
     def _unreadable(self, exc: BaseException) -> InvalidInput:
@@ -261,9 +259,9 @@ class BatchModel:
         """Fail what waits now, quickly, rather than feeding it to a model that fails everything."""
         cooldown_ms = self.config.breaker_cooldown_ms
         log.error("model %s: circuit breaker open for %d ms after repeated failures", self.name, cooldown_ms)
-        error = ModelUnavailable(f"model {self.name} is failing; retry later or elsewhere", retry_after_ms=cooldown_ms)
+        error = ModelUnavailable(f"model {self.name} is failing; retry later or elsewhere",
+                                 retry_after_ms=cooldown_ms, reason="breaker_open")
         for request in self.batcher.withdraw_all():
-            self.metrics.shed[(self.name, request.tier, "breaker_open")] += 1
             self._fail(request, error)
 
     def _requeue(self, batch: Batch) -> None:

@@ -188,3 +188,25 @@ async def test_the_starvation_guard_promotes_old_free_requests(http):
     assert status == 200
     # 120 paid requests are 1.8 s of work ahead of it; promoted after 300 ms it runs within a batch or two.
     assert waited < 0.3 + 0.7, waited
+
+
+async def test_a_full_queue_sheds_a_free_request_for_an_enterprise_one_and_counts_each_refusal_once(http):
+    kw, _ = server()
+    async with running_server(sim_model(latency_ms=300, max_batch_size=1, max_wait_ms=0, max_queue=3), **kw) as srv:
+        model = srv.models["m"]
+        busy = asyncio.create_task(infer(http, srv.url, {"input": "busy"}, headers=bearer("cats")))
+        await until(lambda: model.workers[0].current is not None)
+        queued = []
+        for i, tenant in enumerate(("dogs", "cats", "dogs")):
+            queued.append(asyncio.create_task(infer(http, srv.url, {"input": f"q{i}"}, headers=bearer(tenant))))
+            await until(lambda n=i + 1: model.batcher.depth == n)
+        enterprise = asyncio.create_task(infer(http, srv.url, {"input": "e"}, headers=bearer("acme")))
+        shed_status, shed_body, _ = await queued[2]  # the newest request of the heaviest free tenant
+        late_status, late_body, _ = await infer(http, srv.url, {"input": "late"}, headers=bearer("cats"))
+        results = await asyncio.gather(busy, enterprise, queued[0], queued[1])
+        shed = dict(model.metrics.shed)
+    assert (shed_status, shed_body["error"]) == (503, "SERVICE_OVERLOADED") and shed_body["retry_after_ms"] > 0
+    # Full again (q0, q1 and enterprise's): nobody below free, and cats holds no more than dogs: refused.
+    assert (late_status, late_body["error"]) == (503, "SERVICE_OVERLOADED")
+    assert [status for status, _, _ in results] == [200] * 4
+    assert shed == {("m", "free", "queue_full"): 2}  # one per 503 answered, not one more for the shed one
