@@ -1,0 +1,162 @@
+"""S10, the scheduler: mixed length buckets, tiers and tenants above capacity.
+
+One simulated GPU at 50 ms per batch of up to 32 (capacity ~640 req/s), `max_wait_ms = 5`, inputs over
+50 characters in a second length bucket (`two_buckets.py`), open-loop Poisson load per class of traffic,
+each request with a 2 s deadline (40 batch times). Reported per class: served, 503, 504, p50/p99.
+- buckets: 90% short, 10% long inputs at 80, 105, 120 and 200% of capacity;
+- tiers: enterprise sends long inputs, free sends short ones (no wait limit), at 120 and 200%;
+- tenants: two tenants of one tier (wait limit 150 ms), one sending ten times the other, at 150%;
+- predicted wait: free (limit 150 ms) beside enterprise at 200%: does "refused past 150 ms" hold?
+- one client, closed loop: a lone request should not pay the linger.
+With --baseline-tree, the same on an earlier checkout in the same run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import time
+from collections import Counter
+from pathlib import Path
+
+import aiohttp
+from common import RESULTS, inferd_server, parse_args
+
+from inferd.bench.loadgen import open_loop
+
+CAPACITY = 640.0
+SHORT, LONG = "short {i}", "a long input, well over fifty characters, in the second bucket {i}"
+KEYS = {"acme": "key-acme", "free": "key-free", "heavy": "key-heavy", "light": "key-light"}
+
+
+def config(tiers: str = "") -> str:
+    tenants = "".join(f'\n[[tenants]]\nname = "{n}"\ntier = "{t}"\nkey_sha256 = "{hashlib.sha256(KEYS[n].encode()).hexdigest()}"\n'
+                      for n, t in (("acme", "enterprise"), ("free", "free"), ("heavy", "paid"), ("light", "paid")))
+    return f"""
+[server]
+access_log = "off"
+{'[auth]' + chr(10) + 'anonymous_tier = "free"' if tiers else ''}
+[[models]]
+name = "m"
+backend = "two_buckets:create"
+max_batch_size = 32
+max_wait_ms = 5
+max_queue = 2000
+timeout_ms = 2000
+[models.options]
+latency_ms = 50
+max_batch_size = 32
+{tiers}
+{tenants if tiers else ''}
+"""
+
+
+TIERS = """
+[tiers.enterprise]
+[tiers.paid]
+max_predicted_wait_ms = 150
+[tiers.free]
+{free}
+"""
+
+
+def bearer(name: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEYS[name]}"}
+
+
+async def offered(url: str, classes: dict[str, tuple[float, str, dict[str, str]]], seconds: float) -> dict[str, dict]:
+    stats = {name: {"lat": [], "status": Counter()} for name in classes}
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=30)) as session:
+        async def stream(name: str, rate: float, template: str, headers: dict[str, str]) -> None:
+            async def send(i: int, scheduled: float) -> None:
+                try:
+                    async with session.post(f"{url}/v1/inference", json={"input": template.format(i=i)}, headers=headers) as resp:
+                        await resp.read()
+                        status = resp.status
+                except (aiohttp.ClientError, TimeoutError):
+                    status = 0
+                stats[name]["status"][status] += 1
+                if status == 200:
+                    stats[name]["lat"].append((loop.time() - scheduled) * 1000)
+
+            await open_loop(rate, seconds, random.Random(name), send)
+
+        await asyncio.gather(*(stream(n, *spec) for n, spec in classes.items()))
+    out = {}
+    for name, s in stats.items():
+        lat, st = sorted(s["lat"]), s["status"]
+        total = sum(st.values())
+        out[name] = {"sent": total, "served": st[200], "503": st[503], "504": st[504], "other": total - st[200] - st[503] - st[504],
+                     "p50_ms": round(lat[len(lat) // 2], 1) if lat else None,
+                     "p99_ms": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 1) if lat else None}
+    return out
+
+
+def one_client(url: str, seconds: float) -> dict:
+    import urllib.request
+
+    latencies, end = [], time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < end:
+        started = time.monotonic()
+        request = urllib.request.Request(f"{url}/v1/inference", data=json.dumps({"input": f"alone {i}"}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            resp.read()
+        latencies.append((time.monotonic() - started) * 1000)
+        i += 1
+    latencies.sort()
+    return {"requests": len(latencies), "p50_ms": round(latencies[len(latencies) // 2], 1)}
+
+
+def run_all(tree, seconds: float) -> dict:  # type: ignore[no-untyped-def]
+    kw = {"tree": tree} if tree else {}
+    rows: dict = {}
+    with inferd_server(config(), **kw) as url:
+        for load in (0.8, 1.05, 1.2, 2.0):
+            rows[f"buckets {int(load * 100)}%"] = asyncio.run(offered(
+                url, {"short": (0.9 * load * CAPACITY, SHORT, {}), "long": (0.1 * load * CAPACITY, LONG, {})}, seconds))
+        rows["one client"] = one_client(url, seconds)
+    with inferd_server(config(TIERS.format(free="")), **kw) as url:
+        for load in (1.2, 2.0):
+            rows[f"tiers {int(load * 100)}%"] = asyncio.run(offered(url, {
+                "enterprise-long": (0.3 * CAPACITY, LONG, bearer("acme")),
+                "free-short": ((load - 0.3) * CAPACITY, SHORT, bearer("free"))}, seconds))
+        rows["tenants 150%"] = asyncio.run(offered(url, {
+            "heavy": (1.5 * CAPACITY * 10 / 11, SHORT, bearer("heavy")),
+            "light": (1.5 * CAPACITY / 11, SHORT, bearer("light"))}, seconds))
+    with inferd_server(config(TIERS.format(free="max_predicted_wait_ms = 150")), **kw) as url:
+        rows["predicted wait 200%"] = asyncio.run(offered(url, {
+            "enterprise": (0.6 * CAPACITY, SHORT, bearer("acme")),
+            "free (limit 150 ms)": (1.4 * CAPACITY, SHORT, bearer("free"))}, seconds))
+    return rows
+
+
+def table(label: str, rows: dict) -> str:
+    lines = [f"#### {label}", "", "| step | class | sent | served | 503 | 504 | p50 ms | p99 ms |", "|---|---|---|---|---|---|---|---|"]
+    for step, classes in rows.items():
+        if step == "one client":
+            lines.append(f"| one client, closed loop | - | {classes['requests']} | {classes['requests']} | 0 | 0 | {classes['p50_ms']} | - |")
+            continue
+        for name, c in classes.items():
+            lines.append(f"| {step} | {name} | {c['sent']} | {c['served']} | {c['503']} | {c['504']} | {c['p50_ms']} | {c['p99_ms']} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    args = parse_args(__doc__, baseline=True)
+    seconds = 3.0 if args.quick else 10.0
+    results = {"inferd": run_all(None, seconds)}
+    if args.baseline_tree:
+        results["unchanged main"] = run_all(args.baseline_tree, seconds)
+    out = Path(args.out_dir or RESULTS)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "S10.json").write_text(json.dumps({"results": results, "note": __doc__}, indent=2) + "\n")
+    text = "### S10: buckets, tiers and tenants above capacity (50 ms batches of up to 32, capacity ~640 req/s)\n\n"
+    text += "\n".join(table(label, rows) for label, rows in results.items())
+    (out / "S10.md").write_text(text)
+    print(text)
