@@ -87,9 +87,10 @@ class Admission:
                                     retry_after_ms=model.retry_after_ms(who.tier), reason="queue_full")
         return [model.submit(f"{request_id}.{i}", v, timeout_s, who.tier, who.tenant) for i, v in enumerate(values)]
 
-    def admit_generation(self, model: GenerationModel, who: Identity, timeout_ms: int | None) -> GenerationTicket:
-        """Admit one generation before its prompt is tokenised: the same open check, rate limit and
-        deadline rule as batch models, then the engine's waiting bounds."""
+    def admit_generation(self, model: GenerationModel, who: Identity, timeout_ms: int | None, chars: int) -> GenerationTicket:
+        """Admit one generation before its prompt (`chars` long) is tokenised: the same length check,
+        open check, rate limit and deadline rule as batch models, then the engine's waiting bounds."""
+        model.check_length(chars)
         self._check_open()
         if who.rate_per_s is not None:
             self.limiter.check(who, model.name, model.capacity_scale(), time.monotonic())

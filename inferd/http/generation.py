@@ -2,9 +2,9 @@
 OpenAI-compatible `/v1/completions` and `/v1/chat/completions`, so the official `openai` client works
 against inferd unchanged.
 
-Each request: identify the caller, admit it (the same rules as batch models, then the engine's waiting
-bounds, before tokenising), tokenise (applying the chat template for chat), then consume the engine's
-deltas under the request's deadline.
+Each request: identify the caller, admit it (the prompt's length first, the same rules as batch models,
+then the engine's waiting bounds, all before tokenising), tokenise off the loop (applying the chat
+template for chat), then consume the engine's deltas under the request's deadline.
 A passed deadline aborts the request in the engine and answers 504 (or, mid-stream, a final error
 event); a client that goes away aborts it too.
 """
@@ -20,6 +20,7 @@ from aiohttp import web
 
 from ..admission.admission import Admission
 from ..admission.rate_limits import Identity
+from ..backends.vllm import VllmEngine
 from ..errors import DeadlineExceeded, InferdError, InvalidInput, ModelNotFound
 from ..lifecycle import Lifecycle
 from ..observability.outcomes import Outcomes
@@ -64,8 +65,8 @@ class GenerationApi:
                 event.update(done=True, finish_reason=last.finish_reason, usage=_usage(last))
             return event
 
-        return await self._serve(request, model, body, who, request_id, started,
-                                 lambda: model.engine.encode(call.input), whole, chunk, done_marker=False)
+        return await self._serve(request, model, body, who, request_id, started, len(call.input),
+                                 lambda engine: engine.encode(call.input), whole, chunk, done_marker=False)
 
     async def completions(self, request: web.BaseRequest) -> web.StreamResponse:
         return await self._openai(request, chat=False)
@@ -90,14 +91,16 @@ class GenerationApi:
                     isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages
                 ):
                     raise InvalidInput("`messages` must be a non-empty list of {role, content} objects")
-                encode = lambda: model.engine.encode_chat(messages)  # noqa: E731
+                chars = sum(len(m["content"]) for m in messages)
+                encode: Callable[[VllmEngine], list[int]] = lambda engine: engine.encode_chat(messages)  # noqa: E731
             else:
                 prompt = body.get("prompt")
                 if isinstance(prompt, list) and len(prompt) == 1:
                     prompt = prompt[0]
                 if not isinstance(prompt, str):
                     raise InvalidInput("`prompt` must be a string")
-                encode = lambda: model.engine.encode(prompt)  # noqa: E731
+                chars = len(prompt)
+                encode = lambda engine: engine.encode(prompt)  # noqa: E731
             if body.get("n", 1) != 1:
                 raise InvalidInput("only n = 1 is supported")
         except InferdError as error:
@@ -128,17 +131,19 @@ class GenerationApi:
                 event["usage"] = _usage(last)
             return event
 
-        return await self._serve(request, model, body, who, request_id, started, encode, whole, chunk, done_marker=True)
+        return await self._serve(request, model, body, who, request_id, started, chars, encode, whole, chunk,
+                                 done_marker=True)
 
     # ---- one generation, whole or streamed -------------------------------------------------------
 
     async def _serve(self, request: web.BaseRequest, model: GenerationModel, body: dict[str, Any], who: Identity,
-                     request_id: str, started: float, encode: Callable[[], list[int]], whole: Callable[[str, Any], dict],
-                     chunk: Callable[[str, Any], dict], *, done_marker: bool) -> web.StreamResponse:
+                     request_id: str, started: float, chars: int, encode: Callable[[VllmEngine], list[int]],
+                     whole: Callable[[str, Any], dict], chunk: Callable[[str, Any], dict], *,
+                     done_marker: bool) -> web.StreamResponse:
         tier = who.tier
         try:
-            ticket = self.admission.admit_generation(model, who, timeout_ms(body))  # before any tokenising
-            prompt_ids = encode()
+            ticket = self.admission.admit_generation(model, who, timeout_ms(body), chars)  # before any tokenising
+            prompt_ids = await model.tokenize(encode)
             if len(prompt_ids) >= model.engine.max_model_len:
                 raise InvalidInput(f"prompt is {len(prompt_ids)} tokens; model {model.name} takes fewer than "
                                    f"{model.engine.max_model_len}")
@@ -150,7 +155,7 @@ class GenerationApi:
             self.outcomes.record_error(request_id, model.name, tier, error, started)
             return error_response(error, request_id, close=self.lifecycle.draining)
         timeout_s = ticket.timeout_s
-        deltas = model.stream(request_id, prompt_ids, sampling, ticket.priority)
+        deltas = model.stream(prompt_ids, sampling, ticket.priority)
         streaming = bool(body.get("stream"))
         response: web.StreamResponse | None = None
         pieces: list[str] = []

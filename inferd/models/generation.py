@@ -9,14 +9,16 @@ are checked before any tokenising, so an overloaded server refuses cheaply (503 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..backends.vllm import Delta, VllmEngine
+from ..backends.vllm import Delta, EngineStats, VllmEngine
 from ..config import ModelConfig
-from ..errors import NotReady, ServiceOverloaded, retry_after_ms
+from ..errors import InvalidInput, NotReady, ServiceOverloaded, describe, retry_after_ms
 from ..observability.histogram import Histogram
 from ..observability.snapshots import GenerationSnapshot
 
@@ -35,7 +37,11 @@ class GenerationMetrics:
 
 
 class GenerationModel:
-    """A vLLM engine in the server's loop, with inferd's bounds on what waits for it."""
+    """A vLLM engine in the server's loop, with inferd's bounds on what waits for it.
+
+    Inside, every request is known by an id of the server's own (the engine's request id, the waiting
+    accounting): a client's `X-Request-ID` is only a label, and two clients sending the same one never
+    touch each other's requests."""
 
     kind = "generation"
 
@@ -43,36 +49,57 @@ class GenerationModel:
         self.config = config
         self.name = config.name
         self.loop = loop
-        self.engine = VllmEngine(config.options)
         self.metrics = GenerationMetrics()
         self.ready = False
         self.start_error: BaseException | None = None
-        self.waiting: dict[str, int] = {}  # request id -> prompt tokens, until its first token
+        self.engine: VllmEngine | None = None
+        try:
+            self.engine = VllmEngine(config.options)
+        except ValueError as exc:  # a configuration mistake: this model's start-up failure, said once
+            self.start_error = exc
+        self.waiting: dict[str, int] = {}  # engine request id -> prompt tokens, until its first token
         self.running = 0
         self._waiting_tokens = 0
+        self._engine_ids = itertools.count(1)
+        # Prompts are tokenised here, off the event loop (one thread: a tokenizer is not shared).
+        self._tokenizing = ThreadPoolExecutor(1, thread_name_prefix=f"tokenize-{self.name}")
         self._start_task: asyncio.Task | None = None
 
     def start(self) -> None:
+        if self.start_error is not None:
+            log.error("generation model %s cannot start: %s", self.name, describe(self.start_error))
+            return
         self._start_task = self.loop.create_task(self._start(), name=f"engine-{self.name}")
 
     async def _start(self) -> None:
+        engine = self.engine
+        assert engine is not None
         try:
-            await self.loop.run_in_executor(None, self.engine.start)  # seconds: keep /healthz answering
-            warm = self.engine.sampling({"max_tokens": 2, "seed": 0})
-            async for _ in self.engine.generate(self.engine.encode("warm up"), warm, f"warmup-{self.name}", 0):
+            await self.loop.run_in_executor(None, engine.start)  # seconds: keep /healthz answering
+            warm = engine.sampling({"max_tokens": 2, "seed": 0})
+            async for _ in engine.generate(engine.encode("warm up"), warm, f"warmup-{self.name}", 0):
                 pass
             self.ready = True
             log.info("generation model %s ready", self.name)
         except Exception as exc:  # noqa: BLE001 - reported by /readyz
-            log.exception("generation model %s failed to start", self.name)
+            log.error("generation model %s failed to start: %s", self.name, describe(exc))
+            log.debug("generation model %s start-up failure", self.name, exc_info=True)
             self.start_error = exc
 
     async def stop(self) -> None:
         if self._start_task is not None and not self._start_task.done():
             await asyncio.gather(self._start_task, return_exceptions=True)
-        await self.loop.run_in_executor(None, self.engine.shutdown)
+        self._tokenizing.shutdown(wait=False, cancel_futures=True)
+        if self.engine is not None:
+            await self.loop.run_in_executor(None, self.engine.shutdown)
 
     # ---- admission -------------------------------------------------------------------------------
+
+    def check_length(self, chars: int) -> None:
+        """First of all, before any tokenising: a prompt (or a chat's messages) over `max_input_chars`."""
+        if chars > self.config.max_input_chars:
+            raise InvalidInput(f"prompt is {chars} characters; model {self.name} accepts at most "
+                               f"{self.config.max_input_chars}")
 
     def check_capacity(self) -> None:
         """Before tokenising: refuse when too much already waits for the engine."""
@@ -87,6 +114,16 @@ class GenerationModel:
                 reason="queue_full",
             )
 
+    @property
+    def waiting_tokens(self) -> int:
+        return self._waiting_tokens
+
+    async def tokenize(self, encode: Callable[[VllmEngine], list[int]]) -> list[int]:
+        """A prompt's token ids, from the tokenizing thread: a long prompt never stalls the loop."""
+        engine = self.engine
+        assert engine is not None
+        return await self.loop.run_in_executor(self._tokenizing, encode, engine)
+
     def retry_after_ms(self) -> int:
         """About the time the waiting requests take to reach their first token, from recent TTFTs."""
         mean = self.metrics.ttft.mean or 0.1
@@ -98,8 +135,10 @@ class GenerationModel:
 
     # ---- generating ------------------------------------------------------------------------------
 
-    async def stream(self, request_id: str, prompt_ids: list[int], sampling: Any, priority: int) -> AsyncIterator[Delta]:
+    async def stream(self, prompt_ids: list[int], sampling: Any, priority: int) -> AsyncIterator[Delta]:
         """Deltas for one request, accounted as waiting until its first token, then running."""
+        assert self.engine is not None
+        request_id = f"{self.name}-{next(self._engine_ids)}"  # the server's own: unique in this engine
         started = time.monotonic()
         self.waiting[request_id] = len(prompt_ids)
         self._waiting_tokens += len(prompt_ids)
@@ -133,7 +172,7 @@ class GenerationModel:
         self._waiting_tokens -= self.waiting.pop(request_id, 0)
 
     def snapshot(self, now: float) -> GenerationSnapshot:
-        stats, m = self.engine.stats, self.metrics
+        stats, m = self._stats, self.metrics
         return GenerationSnapshot(
             name=self.name, ready=self.ready, ttft=m.ttft, time_per_output_token=m.time_per_output_token,
             prompt_tokens=m.prompt_tokens, output_tokens=m.output_tokens, waiting=len(self.waiting), running=self.running,
@@ -141,8 +180,12 @@ class GenerationModel:
             aborts=dict(m.aborts),
         )
 
+    @property
+    def _stats(self) -> EngineStats:
+        return self.engine.stats if self.engine is not None else EngineStats()
+
     def describe(self) -> dict[str, Any]:
-        stats = self.engine.stats
+        stats = self._stats
         return {
             "id": self.name,
             "object": "model",
@@ -150,7 +193,8 @@ class GenerationModel:
             "name": self.name,
             "kind": self.kind,
             "ready": self.ready,
-            "max_model_len": self.engine.max_model_len,
+            **({"error": describe(self.start_error)} if self.start_error is not None else {}),
+            "max_model_len": self.engine.max_model_len if self.engine is not None else None,
             "max_waiting_requests": self.config.max_waiting_requests,
             "max_waiting_prompt_tokens": self.config.max_waiting_prompt_tokens,
             "stats": {

@@ -179,3 +179,30 @@ async def test_waiting_bound_gives_503_and_enterprise_is_scheduled_ahead_of_free
     assert (await enterprise)[0] == 200 and (await free_waiting)[0] == 200
     assert finished.index("enterprise") < finished.index("free-queued"), finished
     assert all(status == 200 for status, _ in await asyncio.gather(*runners))
+
+
+async def test_two_requests_with_one_client_request_id_do_not_touch_each_other(server, client):
+    model = server.models.generation["tiny"]
+    body = {"model": "tiny", "max_tokens": 60, "seed": 3, "ignore_eos": True}
+    headers = {"X-Request-ID": "same-id-from-a-client"}
+    first = asyncio.create_task(generate(client, server.url, {**body, "input": "first"}, headers))
+    await until(lambda: model.running == 1)
+    second = await generate(client, server.url, {**body, "input": "second"}, headers)
+    results = [await first, second]
+    for status, answer in results:
+        assert status == 200, answer
+        assert (answer["finish_reason"], answer["usage"]["completion_tokens"]) == ("length", 60)
+        assert answer["request_id"] == "same-id-from-a-client"  # the client's id stays its label
+    assert not model.waiting and model.waiting_tokens == 0  # nothing leaked in the accounting
+
+
+async def test_a_prompt_over_max_input_chars_is_refused_before_tokenising(server, client):
+    model = server.models.generation["tiny"]
+    encoded = model.metrics.prompt_tokens
+    started = time.monotonic()
+    status, body = await generate(client, server.url, {"model": "tiny", "input": "x" * (model.config.max_input_chars + 1)})
+    assert (status, body["error"]) == (400, "INVALID_INPUT") and "characters" in body["message"]
+    assert time.monotonic() - started < 1.0 and model.metrics.prompt_tokens == encoded
+    messages = [{"role": "user", "content": "y" * (model.config.max_input_chars // 2 + 1)}] * 2
+    async with client.post(f"{server.url}/v1/chat/completions", json={"model": "tiny", "messages": messages}) as resp:
+        assert resp.status == 400 and "characters" in (await resp.json())["message"]
