@@ -61,8 +61,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"inferd: {exc}", file=sys.stderr)
         return 2
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    run(dataclasses.replace(config, **overrides))
-    return 0
+    return run(dataclasses.replace(config, **overrides))
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ from .admission.admission import Admission
 from .admission.auth import Authenticator
 from .admission.rate_limits import RateLimiter
 from .config import ModelConfig, ServerConfig
-from .errors import Draining
+from .errors import Draining, describe
 from .execution.faults import DeadLetters
 from .http.agent_check import start_agent_check
 from .http.api import HttpApi
@@ -66,7 +66,6 @@ class InferenceServer:
             generation={m.name: _generation_model(m, loop) for m in config.models if m.kind == "generation"},
             default=config.default_model,
         )
-        self.models.start()
         limiter = RateLimiter(config)
         registry = None
         if config.metrics:
@@ -88,7 +87,12 @@ class InferenceServer:
         self._runner = web.ServerRunner(http_server, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, config.host, config.port, backlog=4096, reuse_address=True)
-        await site.start()
+        try:
+            await site.start()
+        except OSError:
+            await self._runner.cleanup()
+            raise
+        self.models.start()  # once listening: a port in use stops the process before any model loads
         if config.agent_port is not None:
             self._agent = await start_agent_check(config.host, config.agent_port, self.models, lambda: self.ready,
                                                   config.agent_full_wait_ms)
@@ -116,7 +120,7 @@ class InferenceServer:
         while not self.models.ready:
             failed = self.models.failed()
             if failed:
-                raise RuntimeError(f"model {failed[0].name} failed to start: {failed[0].start_error!r}")
+                raise StartupFailed(f"model {failed[0].name} failed to start: {describe(failed[0].start_error)}")
             if loop.time() > give_up:
                 raise TimeoutError("models did not become ready in time")
             await asyncio.sleep(0.02)
@@ -152,30 +156,51 @@ def _generation_model(config: ModelConfig, loop: asyncio.AbstractEventLoop) -> G
     return GenerationModel(config, loop)
 
 
-async def serve(config: ServerConfig) -> None:
-    """Run until SIGTERM or SIGINT, then drain."""
+class StartupFailed(RuntimeError):
+    """A model could not be built when the server started."""
+
+
+async def serve(config: ServerConfig) -> int:
+    """Run until SIGTERM or SIGINT, then drain: exit status 0. When the server cannot start (the port is
+    taken, a model cannot be built) one line on stderr and 1, so a supervisor sees the mistake at once
+    rather than a process that answers 503 for ever. (A worker that fails later is replaced, with backoff.)"""
     server = InferenceServer(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await server.start()
+    try:
+        await server.start()
+    except OSError as exc:
+        _fatal(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}")
+        return 1
     print(f"inferd listening on {server.url}", file=sys.stderr, flush=True)
-    freeze = loop.create_task(_freeze_once_ready(server))
-    await stop.wait()
-    freeze.cancel()
+    startup = loop.create_task(server.wait_ready(timeout_s=24 * 3600))
+    stopping = loop.create_task(stop.wait())
+    await asyncio.wait((startup, stopping), return_when=asyncio.FIRST_COMPLETED)
+    failure = startup.exception() if startup.done() else None
+    if failure is not None:
+        _fatal(str(failure))
+        stopping.cancel()
+        await server.drain_and_stop()
+        return 1
+    if startup.done():
+        _freeze_survivors()
+        await stopping
+    startup.cancel()
     await server.drain_and_stop()
+    return 0
 
 
-async def _freeze_once_ready(server: InferenceServer) -> None:
+def _fatal(message: str) -> None:
+    print(f"inferd: {message}", file=sys.stderr, flush=True)
+
+
+def _freeze_survivors() -> None:
     """Once the models are loaded, hide everything alive then (modules, models, config) from the cyclic
     garbage collector: its collections scan only what requests allocate from then on. (With torch
     loaded that is ~400,000 objects, ~200 ms per full collection here.) No collection first: it would
     stall the loop just as the balancers start sending; what startup left unreachable stays, once."""
-    try:
-        await server.wait_ready(timeout_s=24 * 3600)
-    except (RuntimeError, TimeoutError):
-        return  # a model failed to start: nothing to optimise
     gc.freeze()
 
 
@@ -186,7 +211,7 @@ def raise_open_file_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def run(config: ServerConfig) -> None:
+def run(config: ServerConfig) -> int:
     raise_open_file_limit()
     # An executor thread coming back from the GPU (or a sleep, or any call that let go of the GIL) waits
     # for the GIL the busy event loop holds until this interval forces a switch. Python's 5 ms is most of
@@ -198,4 +223,4 @@ def run(config: ServerConfig) -> None:
         # second for almost nothing. Measured on S2: about 5-10% less CPU per request.
         gc.set_threshold(config.gc_threshold)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(serve(config))
+        return runner.run(serve(config))

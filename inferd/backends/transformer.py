@@ -101,8 +101,14 @@ class TextModel:
         self.pad_id = hf_tokenizer.pad_token_id or 0
         self._frame = _special_token_frame(self.tokenizer)
 
-        model_class = AutoModel if self.task == "embedding" else AutoModelForSequenceClassification
-        self.model = model_class.from_pretrained(path, dtype=dtype).to(self.device).eval()
+        if self.task == "embedding":
+            model = AutoModel.from_pretrained(path, dtype=dtype)
+        else:
+            model, loading = AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype, output_loading_info=True)
+            if loading["missing_keys"]:  # transformers would fill the head with random weights, and serve them
+                raise ValueError(f"{path} has no trained classification head (missing {sorted(loading['missing_keys'])[:4]}); "
+                                 "task = classification needs a fine-tuned sequence-classification model")
+        self.model = model.to(self.device).eval()
         self.labels = getattr(self.model.config, "id2label", None) or {}
         self.stream = torch.cuda.Stream(self.device) if self.on_cuda else None
         self.calls = 0

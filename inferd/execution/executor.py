@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..backends import BatchFunction
+from ..errors import describe
 from ..messages import Batch
 
 log = logging.getLogger("inferd.executor")
@@ -121,7 +122,8 @@ class Worker:
                 self.warmup_s = time.monotonic() - call_started
             self.warmup_report["warmup_s"] = round(time.monotonic() - started, 3)
         except BaseException as exc:  # noqa: BLE001 - reported to the loop, the model stays not ready
-            log.exception("worker %s failed to start", self.name)
+            log.error("worker %s failed to start: %s", self.name, describe(exc))  # a config mistake, mostly
+            log.debug("worker %s start-up failure", self.name, exc_info=True)
             self._call_loop(self._on_failed, self, exc)
             return
         self.backend = fn

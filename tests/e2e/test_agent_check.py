@@ -52,3 +52,16 @@ async def test_idempotency_key_is_an_alias_for_the_request_id(http):
     async with running_server() as srv:
         _, body, headers = await infer(http, srv.url, {"input": "x"}, headers={"Idempotency-Key": "order-77"})
         assert body["request_id"] == headers["X-Request-ID"] == "order-77"
+
+
+async def test_agent_and_readyz_agree_when_a_generation_model_failed_to_start(http):
+    from inferd.config import ModelConfig
+
+    port = free_port()
+    broken = ModelConfig(name="gen", kind="generation", backend="inferd.backends.vllm")  # no model_path
+    async with running_server(sim_model(latency_ms=5), broken, wait_ready=False, agent_port=port) as srv:
+        await until(lambda: srv.models["m"].ready)
+        assert srv.models["gen"].start_error is not None
+        async with http.get(f"{srv.url}/readyz") as resp:
+            assert resp.status == 503
+        assert await agent_says(port) == "drain\n"

@@ -167,6 +167,12 @@ async def test_another_local_model_folder_classifies(http, tmp_path):
         assert body["output"]["score"] == pytest.approx(expected["score"], abs=1e-4)
 
 
+def test_classification_without_a_trained_head_is_refused_rather_than_served_at_random():
+    """MiniLM is an encoder without a classification head: transformers would make one up at random."""
+    with pytest.raises(ValueError, match="no trained classification head"):
+        TextModel("cpu", {"task": "classification"})
+
+
 async def test_a_token_budget_counts_the_tokenizers_tokens(http, reference, caplog):
     """`max_batch_tokens` with the real tokenizer's counts: long inputs go at most two to a batch."""
     long_texts = [f"{i} " + "word " * 40 for i in range(6)]  # ~43 tokens each: three are over 100

@@ -85,3 +85,43 @@ async def _wait_ready(http, url: str, timeout_s: float = 120) -> None:
                 return
         await asyncio.sleep(0.05)
     raise TimeoutError("server never became ready")
+
+
+BROKEN_MODELS = {
+    "a backend that does not import": 'backend = "inferd.backends.no_such_backend:create"',
+    "a factory that raises": 'backend = "inferd.backends.transformer:create"\n[models.options]\ntask = "embeddings"',
+    "a misspelt backend option": 'backend = "inferd.backends.sim:create"\n[models.options]\nlatency = 10',
+    "a generation model without model_path": 'backend = "inferd.backends.vllm"\nkind = "generation"',
+}
+
+
+@pytest.mark.parametrize("broken", BROKEN_MODELS.values(), ids=BROKEN_MODELS.keys())
+async def test_a_model_that_cannot_be_built_at_start_up_stops_the_process_with_one_line(tmp_path, broken):
+    config = write_config(tmp_path / "broken.toml", f'[[models]]\nname = "m"\n{broken}\n')
+    server = ServerProcess([PYTHON, "-m", "inferd", "serve", "--config", str(config), "--port", "0"])
+    try:
+        code = await asyncio.to_thread(server.proc.wait, 60)
+    finally:
+        server.stop()
+    output = "".join(server.lines)
+    assert code == 1, output
+    assert "Traceback" not in output, output
+    fatal = [line for line in server.lines if line.startswith("inferd: ")]
+    assert len(fatal) == 1 and "model m failed to start" in fatal[0], output
+
+
+async def test_a_port_in_use_is_one_line_and_exit_1(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = ServerProcess([PYTHON, "-m", "inferd", "serve", "--port", str(port)])
+        try:
+            code = await asyncio.to_thread(server.proc.wait, 60)
+        finally:
+            server.stop()
+    output = "".join(server.lines)
+    assert code == 1 and "Traceback" not in output, output
+    assert any(line.startswith("inferd: cannot listen on") and str(port) in line for line in server.lines), output
