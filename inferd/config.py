@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .typed_tables import first_mistyped
+
 
 class ConfigError(ValueError):
     """The configuration file is missing, malformed or inconsistent."""
@@ -141,6 +143,7 @@ def parse_config(raw: Mapping[str, Any]) -> ServerConfig:
     _reject_unknown(raw, {"server", "models", "auth", "tiers", "tenants"}, "top level")
     server = dict(raw.get("server", {}))
     _reject_unknown(server, _field_names(ServerConfig) - {"models", "auth", "tiers", "tenants"}, "[server]")
+    _check_types(server, ServerConfig, "[server]")
     models_raw = raw.get("models", [])
     if not isinstance(models_raw, list) or not models_raw:
         raise ConfigError("at least one [[models]] table is required")
@@ -171,6 +174,7 @@ def _parse_tiers(raw: Any) -> tuple[TierConfig, ...]:
         if not isinstance(table, dict):
             raise ConfigError(f"{where} must be a table")
         _reject_unknown(table, _field_names(TierConfig) - {"name"}, where)
+        _check_types(table, TierConfig, where)
         tier = TierConfig(name=name, **{"priority": DEFAULT_TIER_PRIORITIES.get(name, 0), **table})
         for key in ("rate_per_s", "burst", "max_predicted_wait_ms", "promote_after_ms"):
             value = getattr(tier, key)
@@ -189,6 +193,7 @@ def _parse_tenants(raw: Any, tier_names: set[str]) -> tuple[TenantConfig, ...]:
         if not isinstance(table, dict):
             raise ConfigError(f"{where} must be a table")
         _reject_unknown(table, _field_names(TenantConfig), where)
+        _check_types(table, TenantConfig, where)
         for key in ("name", "tier", "key_sha256"):
             if not isinstance(table.get(key), str):
                 raise ConfigError(f"{where}: `{key}` is required")
@@ -208,6 +213,7 @@ def _parse_auth(raw: Any) -> AuthConfig:
     if not isinstance(raw, dict):
         raise ConfigError("[auth] must be a table")
     _reject_unknown(raw, {"anonymous_tier", "admin_key_sha256"}, "[auth]")
+    _check_types(raw, AuthConfig, "[auth]")
     admin = raw.get("admin_key_sha256")
     if admin is not None:
         _check_sha256(admin, "[auth] admin_key_sha256")
@@ -224,6 +230,7 @@ def _parse_model(raw: Any) -> ModelConfig:
         raise ConfigError("each [[models]] entry must be a table")
     where = f"[[models]] {raw.get('name', '?')!r}"
     _reject_unknown(raw, _field_names(ModelConfig), where)
+    _check_types(raw, ModelConfig, where)
     for key in ("name", "backend"):
         if not isinstance(raw.get(key), str) or not raw[key]:
             raise ConfigError(f"{where}: `{key}` is required and must be a non-empty string")
@@ -291,6 +298,15 @@ def _check_server(c: ServerConfig) -> None:
         raise ConfigError("[server] gc_threshold must be an integer >= 0")
     if c.access_log.lower() not in ("off", "debug", "info", "warning", "error"):
         raise ConfigError("[server] access_log must be off, debug, info, warning or error")
+
+
+def _check_types(table: Mapping[str, Any], cls: type, where: str) -> None:
+    """Each value against its field's annotation, so `grace_period_s = "30"` or `devices = "cuda:0"`
+    is one line naming the key rather than a traceback later (or six workers, one per character)."""
+    wrong = first_mistyped(table, cls)
+    if wrong is not None:
+        key, expected = wrong
+        raise ConfigError(f"{where}: `{key}` must be {expected}, got {table[key]!r}")
 
 
 def _field_names(cls: type) -> set[str]:

@@ -20,6 +20,7 @@ LAYERS: list[set[str]] = [
     {"scheduling", "execution"},
     {"observability", "backends", "bench"},
     {"errors", "config", "messages", "lifecycle", "__init__"},
+    {"typed_tables"},
 ]
 MAX_LINES = 320
 

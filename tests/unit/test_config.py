@@ -61,3 +61,36 @@ def test_missing_file_and_bad_toml(tmp_path):
     bad.write_text("[[models]\n")
     with pytest.raises(ConfigError, match="TOML"):
         load_config(bad)
+
+
+@pytest.mark.parametrize(
+    "mutate, key",
+    [
+        (lambda r: r.update(server={"access_log": 5}), "access_log"),
+        (lambda r: r.update(server={"grace_period_s": "30"}), "grace_period_s"),
+        (lambda r: r.update(server={"host": 5}), "host"),
+        (lambda r: r.update(server={"metrics": "no"}), "metrics"),
+        (lambda r: r.update(server={"max_body_bytes": True}), "max_body_bytes"),
+        (lambda r: r["models"][0].update(devices=3), "devices"),
+        (lambda r: r["models"][0].update(devices="cuda:0"), "devices"),  # not six workers, one per character
+        (lambda r: r["models"][0].update(factory="yes"), "factory"),
+        (lambda r: r["models"][0].update(warmup_inputs=[1, 2]), "warmup_inputs"),
+        (lambda r: r["models"][0].update(options=[1]), "options"),
+        (lambda r: r.update(tiers={"paid": {"priority": "high"}}), "priority"),
+        (lambda r: r.update(auth={"anonymous_tier": 0}), "anonymous_tier"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_one_line_naming_its_key(mutate, key):
+    raw = {"models": [dict(m) for m in MINIMAL["models"]]}
+    mutate(raw)
+    with pytest.raises(ConfigError) as caught:
+        parse_config(raw)
+    message = str(caught.value)
+    assert f"`{key}` must be" in message and "\n" not in message, message
+
+
+def test_numbers_and_lists_of_the_right_kind_are_taken_as_they_are():
+    raw = {"server": {"grace_period_s": 30, "metrics": False}, "models": [
+        {"name": "m", "backend": "x:y", "max_wait_ms": 2, "devices": ["cpu"], "factory": True, "options": {"k": 1}}]}
+    config = parse_config(raw)
+    assert (config.grace_period_s, config.metrics, config.models[0].devices) == (30, False, ("cpu",))

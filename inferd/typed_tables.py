@@ -1,0 +1,55 @@
+"""A TOML table's values checked against the annotations of the dataclass they will build.
+
+TOML has booleans, integers, floats, strings, arrays and tables; a config dataclass says which of
+those each field takes (`int`, `float | None`, `tuple[str, ...]`, `Mapping[str, Any]`). A `true` where
+a number belongs is a mistake, not 1.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+
+def first_mistyped(table: Mapping[str, Any], cls: type) -> tuple[str, str] | None:
+    """The first key whose value does not fit its field, with what the field takes in words."""
+    hints = typing.get_type_hints(cls)
+    for key, value in table.items():
+        expected = hints.get(key)
+        if expected is not None and not _conforms(value, expected):
+            return key, _describe(expected)
+    return None
+
+
+def _conforms(value: Any, expected: Any) -> bool:
+    origin, args = typing.get_origin(expected), typing.get_args(expected)
+    if expected is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, arm) for arm in args if arm is not type(None))
+    if expected is bool:
+        return isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if expected is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if expected is str:
+        return isinstance(value, str)
+    if origin is tuple:
+        return isinstance(value, (list, tuple)) and all(_conforms(v, args[0]) for v in value)
+    if origin is Mapping:
+        return isinstance(value, Mapping)
+    return True  # a nested table: checked by its own parser
+
+
+def _describe(expected: Any) -> str:
+    origin, args = typing.get_origin(expected), typing.get_args(expected)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(arm) for arm in args if arm is not type(None))
+    if origin is tuple:
+        return "a list of " + {str: "strings", int: "integers", float: "numbers"}.get(args[0], "values")
+    if origin is Mapping:
+        return "a table"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(expected, str(expected))
