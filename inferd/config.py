@@ -95,6 +95,11 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     max_body_bytes: int = 1 << 20
+    header_timeout_s: float = 10.0  # from a request's first byte to the end of its headers, else 408 and close
+    body_timeout_s: float = 30.0  # to receive a whole body once the headers are in, else 408 and close
+    keepalive_timeout_s: float = 75.0  # an idle connection between requests is closed after this
+    max_connections: int = 0  # open connections (0: the file-descriptor limit less 256); past it, closed at once
+    connection_reserve: int = 32  # the last of max_connections: /healthz and /readyz only
     grace_period_s: float = 30.0  # how long admitted requests get to finish after SIGTERM
     lame_duck_s: float = 0.0  # after SIGTERM, keep serving this long while health checks notice /readyz 503
     agent_port: int | None = None  # HAProxy agent-check port (weight from predicted wait); None: off
@@ -253,37 +258,31 @@ def _check_model(m: ModelConfig, where: str) -> None:
     )
     if m.kind not in ("batch", "generation"):
         raise ConfigError(f"{where}: `kind` must be batch or generation")
-    for key in positive_ints:
+    for key in (*positive_ints, "slo_ms", "max_batch_tokens"):  # (types were checked against the fields)
         value = getattr(m, key)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ConfigError(f"{where}: `{key}` must be a positive integer, got {value!r}")
-    if not isinstance(m.max_isolation_calls, int) or m.max_isolation_calls < 0:
-        raise ConfigError(f"{where}: `max_isolation_calls` must be an integer >= 0")
-    if not isinstance(m.max_wait_ms, (int, float)) or m.max_wait_ms < 0:
-        raise ConfigError(f"{where}: `max_wait_ms` must be >= 0")
-    if m.slo_ms is not None and (not isinstance(m.slo_ms, (int, float)) or m.slo_ms <= 0):
-        raise ConfigError(f"{where}: `slo_ms` must be a positive number of milliseconds")
-    if m.max_batch_tokens is not None and (not isinstance(m.max_batch_tokens, int) or m.max_batch_tokens <= 0):
-        raise ConfigError(f"{where}: `max_batch_tokens` must be a positive integer")
+        if value is not None and value <= 0:
+            raise ConfigError(f"{where}: `{key}` must be positive, got {value!r}")
+    if m.max_isolation_calls < 0 or m.max_wait_ms < 0:
+        raise ConfigError(f"{where}: `max_isolation_calls` and `max_wait_ms` must be >= 0")
     if m.devices and len(m.devices) != m.workers:
         raise ConfigError(f"{where}: `workers` ({m.workers}) disagrees with the `devices` list ({len(m.devices)})")
     if m.timeout_ms > m.max_timeout_ms:
         raise ConfigError(f"{where}: `timeout_ms` exceeds `max_timeout_ms`")
-    if not isinstance(m.options, Mapping):
-        raise ConfigError(f"{where}: [models.options] must be a table")
     if not m.warmup_inputs:
         raise ConfigError(f"{where}: `warmup_inputs` must hold at least one input")
 
 
 def _check_server(c: ServerConfig) -> None:
-    if not isinstance(c.port, int) or not 0 <= c.port < 65536:
-        raise ConfigError(f"[server] port out of range: {c.port!r}")
-    if not isinstance(c.max_body_bytes, int) or c.max_body_bytes <= 0:
-        raise ConfigError("[server] max_body_bytes must be a positive integer")
-    if c.grace_period_s < 0 or c.lame_duck_s < 0:
-        raise ConfigError("[server] grace_period_s and lame_duck_s must be >= 0")
-    if c.agent_port is not None and (not isinstance(c.agent_port, int) or not 0 <= c.agent_port < 65536):
-        raise ConfigError("[server] agent_port out of range")
+    # (types were checked against the fields: see _check_types)
+    if not 0 <= c.port < 65536 or (c.agent_port is not None and not 0 <= c.agent_port < 65536):
+        raise ConfigError(f"[server] port or agent_port out of range: {c.port!r}, {c.agent_port!r}")
+    for key in ("max_body_bytes", "header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
+        if getattr(c, key) <= 0:
+            raise ConfigError(f"[server] `{key}` must be positive")
+    if c.grace_period_s < 0 or c.lame_duck_s < 0 or c.max_connections < 0 or c.connection_reserve < 0:
+        raise ConfigError("[server] grace_period_s, lame_duck_s, max_connections, connection_reserve must be >= 0")
+    if c.max_connections and c.connection_reserve >= c.max_connections:
+        raise ConfigError("[server] connection_reserve must be below max_connections")
     tier_names = {t.name for t in c.tiers}
     anonymous = c.auth.anonymous_tier
     if anonymous is not None and anonymous not in tier_names:
@@ -292,9 +291,9 @@ def _check_server(c: ServerConfig) -> None:
         raise ConfigError("[tiers] without [auth]: say which tier anonymous requests get ([auth] anonymous_tier)")
     if not 0.0 <= c.access_log_sample_rate <= 1.0:
         raise ConfigError("[server] access_log_sample_rate must be between 0 and 1")
-    if not isinstance(c.gil_switch_interval_ms, (int, float)) or not 0 < c.gil_switch_interval_ms <= 100:
+    if not 0 < c.gil_switch_interval_ms <= 100:
         raise ConfigError("[server] gil_switch_interval_ms must be a number of ms in (0, 100]")
-    if not isinstance(c.gc_threshold, int) or c.gc_threshold < 0:
+    if c.gc_threshold < 0:
         raise ConfigError("[server] gc_threshold must be an integer >= 0")
     if c.access_log.lower() not in ("off", "debug", "info", "warning", "error"):
         raise ConfigError("[server] access_log must be off, debug, info, warning or error")

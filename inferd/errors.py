@@ -48,6 +48,10 @@ class MethodNotAllowed(InferdError):
     status, code = 405, "METHOD_NOT_ALLOWED"
 
 
+class RequestTimeout(InferdError):
+    status, code = 408, "REQUEST_TIMEOUT"
+
+
 class PayloadTooLarge(InferdError):
     status, code = 413, "PAYLOAD_TOO_LARGE"
 

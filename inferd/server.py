@@ -28,6 +28,8 @@ from .errors import Draining, describe
 from .execution.faults import DeadLetters
 from .http.agent_check import start_agent_check
 from .http.api import HttpApi
+from .http.connections import ConnectionLimits, GuardedServer
+from .http.protocol import BodyReader
 from .lifecycle import Lifecycle, Phase
 from .models.batch_model import BatchModel
 from .models.registry import Models
@@ -80,11 +82,15 @@ class InferenceServer:
             limiter=limiter,
             dead_letters=self.dead_letters,
             registry=registry,
-            max_body_bytes=config.max_body_bytes,
+            body=BodyReader(config.max_body_bytes, config.body_timeout_s, self.lifecycle),
+            connections=lambda: self.connections.stats(),
         )
-        # The API reads bodies itself, with its own limit (413): no client_max_size here.
-        http_server = web.Server(self.api.handle, handler_cancellation=True, access_log=None)
-        self._runner = web.ServerRunner(http_server, shutdown_timeout=1.0)
+        # The API reads bodies itself, with its own limits (413, 408): no client_max_size here.
+        limits = ConnectionLimits(config.max_connections or connection_budget(), config.connection_reserve,
+                                  config.header_timeout_s)
+        self.connections = GuardedServer(self.api.handle, limits=limits, ids=self.api.ids, handler_cancellation=True,
+                                         access_log=None, keepalive_timeout=config.keepalive_timeout_s)
+        self._runner = web.ServerRunner(self.connections, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, config.host, config.port, backlog=4096, reuse_address=True)
         try:
@@ -202,6 +208,12 @@ def _freeze_survivors() -> None:
     loaded that is ~400,000 objects, ~200 ms per full collection here.) No collection first: it would
     stall the loop just as the balancers start sending; what startup left unreachable stays, once."""
     gc.freeze()
+
+
+def connection_budget() -> int:
+    """Connections the process can hold: its file-descriptor limit, less 256 for its own files (model
+    weights, the agent port, logs, the engine's sockets)."""
+    return max(64, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 256)
 
 
 def raise_open_file_limit() -> None:

@@ -26,7 +26,7 @@ from ..models.registry import Models
 from ..observability.outcomes import Outcomes
 from .generation import GenerationApi
 from .inference import InferenceApi
-from .protocol import RequestIds
+from .protocol import BodyReader, RequestIds
 from .responses import error_response, json_response
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
@@ -38,7 +38,8 @@ class HttpApi:
 
     def __init__(
         self, *, models: Models, admission: Admission, lifecycle: Lifecycle, outcomes: Outcomes, limiter: RateLimiter,
-        dead_letters: DeadLetters, registry: CollectorRegistry | None, max_body_bytes: int,
+        dead_letters: DeadLetters, registry: CollectorRegistry | None, body: BodyReader,
+        connections: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         self.models = models
         self.admission = admission
@@ -46,14 +47,15 @@ class HttpApi:
         self.limiter = limiter
         self.dead_letter_log = dead_letters
         self.registry = registry
+        self.connections = connections
         self.ids = RequestIds()
         self.created = int(time.time())  # `created` of every model in GET /v1/models (OpenAI's list shape)
         generation = None
         if models.generation:
             generation = GenerationApi(models=models.generation, admission=admission, outcomes=outcomes,
-                                       lifecycle=lifecycle, ids=self.ids, max_body_bytes=max_body_bytes)
+                                       lifecycle=lifecycle, ids=self.ids, body=body)
         inference = InferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle, ids=self.ids,
-                                 max_body_bytes=max_body_bytes, generation=generation)
+                                 body=body, generation=generation)
         # path -> (method, handler, counted as in flight)
         self.routes: dict[str, tuple[str, Handler, bool]] = {
             "/v1/inference": ("POST", inference.inference, True),
@@ -163,6 +165,7 @@ class HttpApi:
                 "rss_bytes": _current_rss_bytes(),
                 "in_flight": self.lifecycle.in_flight,
             },
+            "connections": self.connections() if self.connections is not None else None,
             "models": {name: m.describe()["stats"] for name, m in self.models.batch.items()},
         }
         return json_response(payload, self.ids.pick(request.headers.get("X-Request-ID")))

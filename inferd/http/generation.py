@@ -24,7 +24,7 @@ from ..backends.vllm import VllmEngine
 from ..errors import DeadlineExceeded, InferdError, InvalidInput, ModelNotFound
 from ..lifecycle import Lifecycle
 from ..observability.outcomes import Outcomes
-from .protocol import InferenceCall, RequestIds, json_object, read_body, timeout_ms
+from .protocol import BodyReader, InferenceCall, RequestIds, json_object, timeout_ms
 from .responses import WholeResponse, dumps, error_response
 
 if TYPE_CHECKING:
@@ -38,14 +38,14 @@ class GenerationApi:
 
     def __init__(
         self, *, models: dict[str, GenerationModel], admission: Admission, outcomes: Outcomes, lifecycle: Lifecycle,
-        ids: RequestIds, max_body_bytes: int,
+        ids: RequestIds, body: BodyReader,
     ) -> None:
         self.models = models
         self.admission = admission
         self.outcomes = outcomes
         self.lifecycle = lifecycle
         self.ids = ids
-        self.max_body_bytes = max_body_bytes
+        self.body = body
 
     # ---- the three request shapes ----------------------------------------------------------------
 
@@ -81,7 +81,7 @@ class GenerationApi:
         try:
             who = self.admission.identify(request.headers)
             tier = who.tier
-            body = json_object(await read_body(request, self.max_body_bytes))
+            body = json_object(await self.body.read(request))
             model = self.models.get(body.get("model") or "")
             if model is None:
                 raise ModelNotFound(f"no generation model named {body.get('model')!r}; see GET /v1/models")

@@ -21,7 +21,7 @@ from ..models.registry import Models
 from ..observability.outcomes import Outcomes
 from .embeddings import embeddings_payload, parse_embeddings_body
 from .generation import GenerationApi
-from .protocol import RequestIds, encode_vector, parse_inference_body, read_body
+from .protocol import BodyReader, RequestIds, encode_vector, parse_inference_body
 from .responses import WholeResponse, dumps, error_response
 
 
@@ -30,14 +30,14 @@ class InferenceApi:
 
     def __init__(
         self, *, models: Models, admission: Admission, outcomes: Outcomes, lifecycle: Lifecycle, ids: RequestIds,
-        max_body_bytes: int, generation: GenerationApi | None,
+        body: BodyReader, generation: GenerationApi | None,
     ) -> None:
         self.models = models
         self.admission = admission
         self.outcomes = outcomes
         self.lifecycle = lifecycle
         self.ids = ids
-        self.max_body_bytes = max_body_bytes
+        self.body = body
         self.generation = generation
 
     async def inference(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -48,7 +48,7 @@ class InferenceApi:
         try:
             who = self.admission.identify(headers)
             tier = who.tier
-            call = parse_inference_body(await read_body(request, self.max_body_bytes))
+            call = parse_inference_body(await self.body.read(request))
             name = call.model or self.models.default
             model = self.models.batch.get(name)
             if model is None:
@@ -88,7 +88,7 @@ class InferenceApi:
         try:
             who = self.admission.identify(headers)
             tier = who.tier
-            call = parse_embeddings_body(await read_body(request, self.max_body_bytes))
+            call = parse_embeddings_body(await self.body.read(request))
             name = call.model or self.models.default
             model = self.models.batch.get(name)
             if model is None:

@@ -5,6 +5,7 @@ Kept apart from the handlers so the rules (what is a valid body, what is a valid
 
 from __future__ import annotations
 
+import asyncio
 import binascii
 import itertools
 import os
@@ -15,7 +16,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from ..errors import InvalidInput, PayloadTooLarge
+from ..errors import Draining, InvalidInput, PayloadTooLarge, RequestTimeout
+from ..lifecycle import Lifecycle
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 
@@ -31,20 +33,41 @@ class InferenceCall:
     body: dict[str, Any]  # the whole body (a generation model reads its sampling fields from it)
 
 
-async def read_body(request: web.BaseRequest, limit: int) -> bytes:
-    """The whole body, at most `limit` bytes. A small body has usually arrived with the headers: then it
-    is taken from the buffer at once, without the two awaits of `request.read()`."""
-    content = request.content
-    if content.is_eof():
-        body = content.read_nowait()
-    else:
+class BodyReader:
+    """Reads a request's whole body: at most `max_bytes` (413), within `timeout_s` (408).
+
+    A small body has usually arrived with the headers: then it is taken from the buffer at once, without
+    the two awaits of `request.read()`. A body still arriving is not owed an answer yet: while it is
+    read the request does not count as in flight, so a drain does not wait for a client that stalls
+    half-way (if the drain began meanwhile, the request is refused 503 DRAINING once it is in)."""
+
+    def __init__(self, max_bytes: int, timeout_s: float, lifecycle: Lifecycle) -> None:
+        self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
+        self.lifecycle = lifecycle
+
+    async def read(self, request: web.BaseRequest) -> bytes:
+        content = request.content
+        body = content.read_nowait() if content.is_eof() else await self._read_arriving(content)
+        if len(body) > self.max_bytes:
+            raise PayloadTooLarge(f"body exceeds {self.max_bytes} bytes")
+        return body
+
+    async def _read_arriving(self, content: Any) -> bytes:
+        lifecycle, limit = self.lifecycle, self.max_bytes
         parts = bytearray(content.read_nowait())
-        while not content.is_eof() and len(parts) <= limit:
-            parts += await content.readany()
-        body = bytes(parts)
-    if len(body) > limit:
-        raise PayloadTooLarge(f"body exceeds {limit} bytes")
-    return body
+        lifecycle.leave()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                while not content.is_eof() and len(parts) <= limit:
+                    parts += await content.readany()
+        except TimeoutError:
+            raise RequestTimeout(f"request body not received within {self.timeout_s:g} s") from None
+        finally:
+            lifecycle.enter()
+        if lifecycle.draining:
+            raise Draining("server is shutting down; retry on another instance", retry_after_ms=1000)
+        return bytes(parts)
 
 
 def json_object(body: bytes) -> dict[str, Any]:

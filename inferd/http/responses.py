@@ -44,17 +44,19 @@ def dumps(payload: Any) -> bytes:
 class WholeResponse(web.StreamResponse):
     """A complete JSON response; `headers` are extra (name, value) pairs besides the usual ones."""
 
-    def __init__(self, status: int, body: bytes, headers: tuple[tuple[str, str], ...] = (), *, close: bool = False) -> None:
+    def __init__(self, status: int, body: bytes, headers: tuple[tuple[str, str], ...] = (), *, close: bool = False,
+                 drop_body: bool = False) -> None:
         super().__init__(status=status)
         self._whole_body = body
         self._extra = headers
-        self._close = close
+        self._close = close or drop_body
+        self._drop_body = drop_body  # close at once, without reading what is left of the request body
 
     async def prepare(self, request: web.BaseRequest) -> None:  # type: ignore[override]
         if self._eof_sent:
             return None
         self._eof_sent = True
-        keep_alive = not self._close and request.keep_alive
+        keep_alive = not self._close and request.keep_alive and self._keep_alive is not False  # (force_close())
         self._keep_alive = keep_alive
         body = self._whole_body
         head = [b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % (
@@ -66,6 +68,8 @@ class WholeResponse(web.StreamResponse):
         head.append(b"Date: %s\r\nServer: inferd\r\n\r\n" % _date())
         head.append(body)
         await request.writer.write(b"".join(head))
+        if self._drop_body:
+            request.protocol.force_close()  # (the transport sends what was written, then closes)
         return None
 
     async def write_eof(self, data: bytes = b"") -> None:
@@ -97,7 +101,8 @@ def error_response(
         payload = {"error": error.code, "message": error.message, "request_id": request_id}
         if error.retry_after_ms is not None:
             payload["retry_after_ms"] = error.retry_after_ms
-    return WholeResponse(error.status, dumps(payload), headers, close=close)
+    # A 408's body is still arriving, or never will: the connection closes without waiting for it.
+    return WholeResponse(error.status, dumps(payload), headers, close=close, drop_body=error.status == 408)
 
 
 # OpenAI's error `type` by HTTP status; inferd's own stable code goes in `code`.

@@ -1,0 +1,119 @@
+"""Connections: how many may be open, and how long a client may take over a request's headers.
+
+aiohttp closes a connection that idles between requests (`keepalive_timeout_s`), but not one that is
+part-way through its headers, and it takes as many connections as the process has file descriptors.
+A few thousand silent or trickling clients then hold every descriptor, and every new client is
+refused, health checks included. Here each connection gets `header_timeout_s` from its first byte (or
+from its opening, for a client that sends nothing) to the end of its headers, else a 408 and the
+connection closes. Past `max_connections - connection_reserve` open connections, a new one may only
+ask `/healthz` or `/readyz` (anything else: 503 and close), so a load balancer still sees how the host
+is doing; past `max_connections` a new connection is closed at once.
+(A body that trickles is the handlers' business: `body_timeout_s`, see `protocol.BodyReader`.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from ..errors import ServiceOverloaded
+from .protocol import RequestIds
+from .responses import dumps, error_response
+
+HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    max_connections: int
+    connection_reserve: int  # of those, kept for health checks
+    header_timeout_s: float
+
+
+class GuardedServer(web.Server):
+    """aiohttp's low-level server, with a count of open connections and a clock on headers."""
+
+    def __init__(self, handler: Any, *, limits: ConnectionLimits, ids: RequestIds, **kwargs: Any) -> None:
+        super().__init__(handler, **kwargs)
+        self.limits = limits
+        self.ids = ids
+        self.open = 0
+        self.refused = 0  # connections closed at once: max_connections were open
+        self.reserved = 0  # requests refused on a reserved connection (not a health check)
+        self.header_timeouts = 0
+
+    def __call__(self) -> RequestHandler:
+        return GuardedConnection(self, loop=self._loop, **self._kwargs)
+
+    def stats(self) -> dict[str, int]:
+        return {"open": self.open, "max": self.limits.max_connections, "refused": self.refused,
+                "refused_requests_in_reserve": self.reserved, "header_timeouts": self.header_timeouts}
+
+
+class GuardedConnection(RequestHandler):
+    """One client connection under the server's limits."""
+
+    __slots__ = ("_header_timer", "_server")
+
+    def __init__(self, server: GuardedServer, **kwargs: Any) -> None:
+        super().__init__(server, **kwargs)
+        self._server = server
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        server, limits = self._server, self._server.limits
+        server.open += 1
+        if server.open > limits.max_connections:
+            server.refused += 1
+            self.force_close()
+            return
+        if server.open > limits.max_connections - limits.connection_reserve:
+            self._request_handler = self._health_only  # this connection holds a reserved descriptor
+        self._start_header_clock()
+
+    def data_received(self, data: bytes) -> None:
+        if self._header_timer is None and self._waiter is not None and not self._messages:
+            self._start_header_clock()  # the first bytes of the next request on a kept-alive connection
+        super().data_received(data)
+        if self._header_timer is not None and self._messages:  # its headers are in
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        self._server.open -= 1
+        super().connection_lost(exc)
+
+    def _start_header_clock(self) -> None:
+        self._header_timer = self._loop.call_later(self._server.limits.header_timeout_s, self._headers_too_slow)
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        transport = self.transport
+        if self._messages or transport is None or transport.is_closing():
+            return
+        self._server.header_timeouts += 1
+        seconds = self._server.limits.header_timeout_s
+        body = dumps({"error": "REQUEST_TIMEOUT", "message": f"request headers not received within {seconds:g} s",
+                      "request_id": self._server.ids.pick(None)})
+        transport.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        self.force_close()
+
+    async def _health_only(self, request: web.BaseRequest) -> web.StreamResponse:
+        server = self._server
+        if request.path in HEALTH_PATHS:
+            response = await server.request_handler(request)
+            response.force_close()  # one answer, then the reserved descriptor is free again
+            return response
+        server.reserved += 1
+        error = ServiceOverloaded(f"{server.open} connections are open; the last {server.limits.connection_reserve} "
+                                  "are kept for health checks", retry_after_ms=1000, reason="connections")
+        return error_response(error, server.ids.pick(request.headers.get("X-Request-ID")), close=True)

@@ -1,0 +1,104 @@
+"""Hostile and careless connections: silent, trickling headers or bodies, too many at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import orjson
+
+from ..helpers import infer, running_server, sim_model
+
+FAST = dict(header_timeout_s=0.3, body_timeout_s=0.3, keepalive_timeout_s=0.6)
+
+
+async def connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = url.removeprefix("http://").split(":")
+    return await asyncio.open_connection(host, int(port))
+
+
+async def answer(reader: asyncio.StreamReader, timeout_s: float = 5.0) -> tuple[int | None, dict | None]:
+    """The status and JSON body of what the server sends before it closes (None, None: it just closed)."""
+    raw = await asyncio.wait_for(reader.read(), timeout_s)
+    if not raw:
+        return None, None
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), orjson.loads(body)
+
+
+async def test_silent_and_trickling_headers_get_408_and_are_closed(http):
+    async with running_server(sim_model(latency_ms=5), **FAST) as srv:
+        silent = await connect(srv.url)
+        partial = await connect(srv.url)
+        partial[1].write(b"POST /v1/inference HTTP/1.1\r\nHost: x\r\nContent-Len")
+        started = time.monotonic()
+        for reader, _ in (silent, partial):
+            status, body = await answer(reader)
+            assert (status, body["error"]) == (408, "REQUEST_TIMEOUT") and body["request_id"]
+        assert time.monotonic() - started < 2.0
+        assert srv.connections.stats()["header_timeouts"] == 2
+        for _, writer in (silent, partial):
+            writer.close()
+        assert (await infer(http, srv.url, {"input": "still fine"}))[0] == 200
+
+
+async def test_a_body_that_stalls_gets_408_and_a_slow_model_is_not_cut_off(http):
+    async with running_server(sim_model(latency_ms=800, max_wait_ms=0), **FAST) as srv:
+        reader, writer = await connect(srv.url)
+        writer.write(b"POST /v1/inference HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"input\": ")
+        status, body = await answer(reader)
+        assert (status, body["error"]) == (408, "REQUEST_TIMEOUT") and "body" in body["message"]
+        writer.close()
+        # The header clock stops once the headers are in: 800 ms of compute is not a slow client.
+        status, body, _ = await infer(http, srv.url, {"input": "slow model"})
+        assert status == 200, body
+
+
+async def test_an_idle_kept_alive_connection_is_closed_after_keepalive_timeout(http):
+    async with running_server(sim_model(latency_ms=5), **FAST) as srv:
+        reader, writer = await connect(srv.url)
+        request = b'POST /v1/inference HTTP/1.1\r\nHost: x\r\nContent-Length: 16\r\n\r\n{"input": "one"}'
+        writer.write(request)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200")
+        length = int(next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")).split(b":")[1])
+        await reader.readexactly(length)
+        started = time.monotonic()
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # idle: closed, no 408 (no request had begun)
+        assert 0.5 < time.monotonic() - started < 2.0
+        writer.close()
+
+
+async def test_past_the_cap_new_connections_get_health_checks_only_then_nothing(http):
+    limits = dict(max_connections=8, connection_reserve=3, header_timeout_s=30)
+    async with running_server(sim_model(latency_ms=5), **limits) as srv:
+        held = [await connect(srv.url) for _ in range(5)]  # silent clients holding every ordinary slot
+        await asyncio.sleep(0.05)
+        assert srv.connections.open == 5
+        status, body, headers = await infer(http, srv.url, {"input": "in the reserve"})
+        assert (status, body["error"]) == (503, "SERVICE_OVERLOADED") and body["retry_after_ms"] > 0
+        assert headers["Connection"].lower() == "close"
+        async with http.get(f"{srv.url}/readyz") as resp:
+            assert resp.status == 200  # a load balancer still sees the host
+        held += [await connect(srv.url) for _ in range(3)]  # now every descriptor allowed is taken
+        await asyncio.sleep(0.05)
+        reader, writer = await connect(srv.url)
+        assert await answer(reader) == (None, None)  # closed at once
+        writer.close()
+        assert srv.connections.stats()["refused"] >= 1
+        for _, w in held:
+            w.close()
+        await asyncio.sleep(0.1)
+        assert (await infer(http, srv.url, {"input": "room again"}))[0] == 200
+
+
+async def test_the_drain_does_not_wait_for_a_body_that_never_finishes(http):
+    async with running_server(sim_model(latency_ms=5), grace_period_s=10, body_timeout_s=60) as srv:
+        reader, writer = await connect(srv.url)
+        writer.write(b"POST /v1/inference HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"in")
+        await asyncio.sleep(0.1)
+        started = time.monotonic()
+        assert await srv.drain_and_stop()  # nothing admitted was left unanswered
+        assert time.monotonic() - started < 3.0
+        writer.close()
