@@ -60,6 +60,7 @@ class AuthConfig:
     enabled: bool = False
     anonymous_tier: str | None = None  # None (with [auth]): anonymous requests get 401
     admin_key_sha256: str | None = None
+    operations: str = "open"  # /metrics, /v1/stats, /v1/models: "open", "key" (any valid key) or "admin"
 
 
 DEFAULT_TIER_PRIORITIES = {"enterprise": 2, "paid": 1, "free": 0}
@@ -100,6 +101,7 @@ class ServerConfig:
     keepalive_timeout_s: float = 75.0  # an idle connection between requests is closed after this
     max_connections: int = 0  # open connections (0: the file-descriptor limit less 256); past it, closed at once
     connection_reserve: int = 32  # the last of max_connections: /healthz and /readyz only
+    answer_half_closed: bool = False  # true: a client that shuts its side after sending still gets the answer
     grace_period_s: float = 30.0  # how long admitted requests get to finish after SIGTERM
     lame_duck_s: float = 0.0  # after SIGTERM, keep serving this long while health checks notice /readyz 503
     agent_port: int | None = None  # HAProxy agent-check port (weight from predicted wait); None: off
@@ -217,12 +219,13 @@ def _parse_auth(raw: Any) -> AuthConfig:
         return AuthConfig()
     if not isinstance(raw, dict):
         raise ConfigError("[auth] must be a table")
-    _reject_unknown(raw, {"anonymous_tier", "admin_key_sha256"}, "[auth]")
+    _reject_unknown(raw, _field_names(AuthConfig) - {"enabled"}, "[auth]")
     _check_types(raw, AuthConfig, "[auth]")
-    admin = raw.get("admin_key_sha256")
-    if admin is not None:
-        _check_sha256(admin, "[auth] admin_key_sha256")
-    return AuthConfig(enabled=True, anonymous_tier=raw.get("anonymous_tier"), admin_key_sha256=admin and admin.lower())
+    if raw.get("admin_key_sha256") is not None:
+        _check_sha256(raw["admin_key_sha256"], "[auth] admin_key_sha256")
+    if raw.get("operations", "open") not in ("open", "key", "admin"):
+        raise ConfigError("[auth] `operations` must be open, key or admin")
+    return AuthConfig(**{**raw, "enabled": True, "admin_key_sha256": raw.get("admin_key_sha256", "").lower() or None})
 
 
 def _check_sha256(value: Any, where: str) -> None:
@@ -251,11 +254,9 @@ def _parse_model(raw: Any) -> ModelConfig:
 
 
 def _check_model(m: ModelConfig, where: str) -> None:
-    positive_ints = (
-        "max_batch_size", "workers", "max_queue", "timeout_ms", "max_timeout_ms", "max_input_chars", "max_inputs_per_call",
-        "batch_timeout_ms", "max_batch_attempts", "breaker_failures", "breaker_cooldown_ms",
-        "max_waiting_requests", "max_waiting_prompt_tokens",
-    )
+    positive_ints = ("max_batch_size", "workers", "max_queue", "timeout_ms", "max_timeout_ms", "max_input_chars",
+                     "max_inputs_per_call", "batch_timeout_ms", "max_batch_attempts", "breaker_failures",
+                     "breaker_cooldown_ms", "max_waiting_requests", "max_waiting_prompt_tokens")
     if m.kind not in ("batch", "generation"):
         raise ConfigError(f"{where}: `kind` must be batch or generation")
     for key in (*positive_ints, "slo_ms", "max_batch_tokens"):  # (types were checked against the fields)

@@ -16,6 +16,7 @@ class InferdError(Exception):
 
     status: int = 500
     code: str = "INTERNAL_ERROR"
+    drops_connection = False  # the request's body cannot be read to its end: close without trying
 
     def __init__(self, message: str, *, retry_after_ms: int | None = None, reason: str | None = None) -> None:
         super().__init__(message)
@@ -48,8 +49,21 @@ class MethodNotAllowed(InferdError):
     status, code = 405, "METHOD_NOT_ALLOWED"
 
 
+class UnreadableBody(InvalidInput):
+    drops_connection = True  # e.g. a body that says gzip and is not
+
+
+class MalformedRequest(InferdError):
+    status, code = 400, "MALFORMED_REQUEST"  # not HTTP as aiohttp's parser reads it
+
+
+class InternalError(InferdError):
+    status, code = 500, "INTERNAL_ERROR"  # a bug of ours, logged with its traceback
+
+
 class RequestTimeout(InferdError):
     status, code = 408, "REQUEST_TIMEOUT"
+    drops_connection = True
 
 
 class PayloadTooLarge(InferdError):

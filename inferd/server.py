@@ -69,6 +69,7 @@ class InferenceServer:
             default=config.default_model,
         )
         limiter = RateLimiter(config)
+        outcomes = Outcomes(request_metrics if config.metrics else None, AccessLog(config.access_log, config.access_log_sample_rate))
         registry = None
         if config.metrics:
             collector = InferdCollector(request_metrics, lambda: self.models.snapshots(time.monotonic()), lambda: self.ready)
@@ -77,8 +78,7 @@ class InferenceServer:
             models=self.models,
             admission=Admission(self.lifecycle, Authenticator(config, limiter), limiter, config.tiers),
             lifecycle=self.lifecycle,
-            outcomes=Outcomes(request_metrics if config.metrics else None,
-                              AccessLog(config.access_log, config.access_log_sample_rate)),
+            outcomes=outcomes,
             limiter=limiter,
             dead_letters=self.dead_letters,
             registry=registry,
@@ -87,9 +87,12 @@ class InferenceServer:
         )
         # The API reads bodies itself, with its own limits (413, 408): no client_max_size here.
         limits = ConnectionLimits(config.max_connections or connection_budget(), config.connection_reserve,
-                                  config.header_timeout_s)
-        self.connections = GuardedServer(self.api.handle, limits=limits, ids=self.api.ids, handler_cancellation=True,
-                                         access_log=None, keepalive_timeout=config.keepalive_timeout_s)
+                                  config.header_timeout_s, config.answer_half_closed)
+        self.connections = GuardedServer(
+            self.api.handle, limits=limits, ids=self.api.ids, handler_cancellation=True, access_log=None,
+            keepalive_timeout=config.keepalive_timeout_s,
+            on_error=lambda request_id, error: outcomes.record(request_id, "-", "-", error.status, error.code, time.monotonic()),
+        )
         self._runner = web.ServerRunner(self.connections, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, config.host, config.port, backlog=4096, reuse_address=True)

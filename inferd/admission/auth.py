@@ -62,6 +62,19 @@ class Authenticator:
             raise Unauthorized("unknown API key")
         return who
 
+    def require_operations(self, headers: Mapping[str, str]) -> None:
+        """The operations endpoints (metrics, stats, the model list), as `[auth] operations` says."""
+        mode = self.config.operations
+        if mode == "admin":
+            self.require_admin(headers)
+        elif mode == "key":
+            key = presented_key(headers)
+            if key is None:
+                raise Unauthorized("this endpoint needs an API key (Authorization: Bearer KEY)")
+            admin = self.config.admin_key_sha256
+            if admin is None or not hmac.compare_digest(key_digest(key), admin):
+                self.identify(headers)  # a tenant's key, or 401
+
     def require_admin(self, headers: Mapping[str, str]) -> None:
         """Admin endpoints: the admin key, and nothing else, opens them."""
         expected = self.config.admin_key_sha256

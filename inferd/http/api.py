@@ -73,6 +73,11 @@ class HttpApi:
         if generation is not None:
             self.routes["/v1/completions"] = ("POST", generation.completions, True)
             self.routes["/v1/chat/completions"] = ("POST", generation.chat_completions, True)
+        if admission.auth.config.operations != "open":
+            for path in ("/metrics", "/v1/stats", "/v1/models"):
+                if path in self.routes:
+                    method, handler, counted = self.routes[path]
+                    self.routes[path] = (method, self._operations_only(handler), counted)
 
     @property
     def ready(self) -> bool:
@@ -80,8 +85,12 @@ class HttpApi:
         return self.lifecycle.serving and self.models.ready
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        """The low-level server's one handler: route by exact path, then method."""
-        route = self.routes.get(request.path)
+        """The low-level server's one handler: route by exact path, then method. The path as sent, not
+        percent-decoded: `/%6Detrics` is not `/metrics`, so a proxy's rule on a path holds here too."""
+        path = request.raw_path
+        if "?" in path:
+            path = path.partition("?")[0]
+        route = self.routes.get(path)
         if route is not None and route[0] == request.method:
             if not route[2]:
                 return await route[1](request)
@@ -93,8 +102,17 @@ class HttpApi:
                 lifecycle.leave()
         request_id = self.ids.pick(request.headers.get("X-Request-ID"))
         if route is None:
-            return error_response(NotFound(f"no route for {request.method} {request.path}"), request_id)
-        return error_response(MethodNotAllowed(f"{request.path} accepts {route[0]} only"), request_id, allow=route[0])
+            return error_response(NotFound(f"no route for {request.method} {path}"), request_id)
+        return error_response(MethodNotAllowed(f"{path} accepts {route[0]} only"), request_id, allow=route[0])
+
+    def _operations_only(self, handler: Handler) -> Handler:
+        async def guarded(request: web.BaseRequest) -> web.StreamResponse:
+            try:
+                self.admission.auth.require_operations(request.headers)
+            except InferdError as error:
+                return error_response(error, self.ids.pick(request.headers.get("X-Request-ID")))
+            return await handler(request)
+        return guarded
 
     # ---- operations ------------------------------------------------------------------------------
 
@@ -153,7 +171,7 @@ class HttpApi:
     async def prometheus(self, request: web.BaseRequest) -> web.StreamResponse:
         """Prometheus text format, rendered by prometheus-client from this server's registry."""
         body = generate_latest(self.registry)  # type: ignore[arg-type]
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST, "Server": "inferd"})
 
     async def stats(self, request: web.BaseRequest) -> web.StreamResponse:
         """Process-level figures a load generator reads before and after a run."""

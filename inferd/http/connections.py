@@ -14,17 +14,20 @@ is doing; past `max_connections` a new connection is closed at once.
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from ..errors import ServiceOverloaded
+from ..errors import InferdError, InternalError, MalformedRequest, PayloadTooLarge, ServiceOverloaded, describe
 from .protocol import RequestIds
 from .responses import dumps, error_response
 
 HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
+log = logging.getLogger("inferd.http")
 
 
 @dataclass(frozen=True)
@@ -32,15 +35,18 @@ class ConnectionLimits:
     max_connections: int
     connection_reserve: int  # of those, kept for health checks
     header_timeout_s: float
+    answer_half_closed: bool = False  # a client's end of input is not its going away (see eof_received)
 
 
 class GuardedServer(web.Server):
     """aiohttp's low-level server, with a count of open connections and a clock on headers."""
 
-    def __init__(self, handler: Any, *, limits: ConnectionLimits, ids: RequestIds, **kwargs: Any) -> None:
+    def __init__(self, handler: Any, *, limits: ConnectionLimits, ids: RequestIds,
+                 on_error: Callable[[str, InferdError], None], **kwargs: Any) -> None:
         super().__init__(handler, **kwargs)
         self.limits = limits
         self.ids = ids
+        self.on_error = on_error  # counts an answer made here (a request aiohttp could not parse, a bug)
         self.open = 0
         self.refused = 0  # connections closed at once: max_connections were open
         self.reserved = 0  # requests refused on a reserved connection (not a health check)
@@ -83,6 +89,35 @@ class GuardedConnection(RequestHandler):
         if self._header_timer is not None and self._messages:  # its headers are in
             self._header_timer.cancel()
             self._header_timer = None
+
+    def eof_received(self) -> bool:
+        """The client's end of input. A client that closes and one that only half-closes after sending
+        look the same here, so by default (as nginx and Go's server do) it has gone away: its queued work
+        is withdrawn. With `answer_half_closed` it still gets its answer, then the connection closes."""
+        if not self._server.limits.answer_half_closed:
+            return False
+        busy = self._waiter is None or bool(self._messages)  # a request being handled, or parsed and queued
+        if busy:
+            self.keep_alive(False)
+        return busy
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        """What aiohttp answers itself (a request it cannot parse, a handler that raised) in the shape of
+        every other answer: JSON, a stable code, a request id, counted, and the connection closed."""
+        if request.writer.output_size > 0:
+            raise ConnectionError("the response had begun; the connection is dropped")
+        if status >= 500:
+            log.error("error handling %s %s: %s", request.method, request.raw_path, describe(exc) if exc else message,
+                      exc_info=exc)
+            error: InferdError = InternalError("internal error (logged with this request id)")
+        elif status == 413:
+            error = PayloadTooLarge(" ".join(str(message or exc).split()))
+        else:
+            error = MalformedRequest(" ".join(str(message or exc or "malformed HTTP request").split())[:300])
+        request_id = self._server.ids.pick(request.headers.get("X-Request-ID"))
+        self._server.on_error(request_id, error)
+        return error_response(error, request_id, close=True)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._header_timer is not None:

@@ -12,6 +12,7 @@ event); a client that goes away aborts it too.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -30,7 +31,7 @@ from .responses import WholeResponse, dumps, error_response
 if TYPE_CHECKING:
     from ..models.generation import GenerationModel
 
-_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Server": "inferd"}
 
 
 class GenerationApi:
@@ -66,7 +67,7 @@ class GenerationApi:
             return event
 
         return await self._serve(request, model, body, who, request_id, started, len(call.input),
-                                 lambda engine: engine.encode(call.input), whole, chunk, done_marker=False)
+                                 lambda engine: engine.encode(call.input), whole, chunk, openai=False)
 
     async def completions(self, request: web.BaseRequest) -> web.StreamResponse:
         return await self._openai(request, chat=False)
@@ -105,7 +106,7 @@ class GenerationApi:
                 raise InvalidInput("only n = 1 is supported")
         except InferdError as error:
             self.outcomes.record_error(request_id, "-", tier, error, started)
-            return error_response(error, request_id, close=self.lifecycle.draining)
+            return error_response(error, request_id, close=self.lifecycle.draining, openai=True)
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"
 
@@ -127,33 +128,37 @@ class GenerationApi:
                 choice["text"] = text
             event = {"id": request_id, "object": f"{kind}.chunk" if chat else kind, "created": created,
                      "model": model.name, "choices": [choice]}
-            if last.finished and (body.get("stream_options") or {}).get("include_usage"):
+            if last.finished and include_usage:
                 event["usage"] = _usage(last)
             return event
 
+        options = body.get("stream_options")  # (checked with the sampling fields)
+        include_usage = isinstance(options, dict) and options.get("include_usage") is True
         return await self._serve(request, model, body, who, request_id, started, chars, encode, whole, chunk,
-                                 done_marker=True)
+                                 openai=True)
 
     # ---- one generation, whole or streamed -------------------------------------------------------
 
     async def _serve(self, request: web.BaseRequest, model: GenerationModel, body: dict[str, Any], who: Identity,
                      request_id: str, started: float, chars: int, encode: Callable[[VllmEngine], list[int]],
                      whole: Callable[[str, Any], dict], chunk: Callable[[str, Any], dict], *,
-                     done_marker: bool) -> web.StreamResponse:
+                     openai: bool) -> web.StreamResponse:
+        """`openai`: errors in OpenAI's shape, and a stream ends with `data: [DONE]`."""
         tier = who.tier
         try:
+            overrides = _sampling_overrides(body)
             ticket = self.admission.admit_generation(model, who, timeout_ms(body), chars)  # before any tokenising
             prompt_ids = await model.tokenize(encode)
             if len(prompt_ids) >= model.engine.max_model_len:
                 raise InvalidInput(f"prompt is {len(prompt_ids)} tokens; model {model.name} takes fewer than "
                                    f"{model.engine.max_model_len}")
             try:
-                sampling = model.engine.sampling(_sampling_overrides(body))
+                sampling = model.engine.sampling(overrides)
             except (TypeError, ValueError) as exc:
                 raise InvalidInput(f"bad sampling parameters: {exc}") from None
         except InferdError as error:
             self.outcomes.record_error(request_id, model.name, tier, error, started)
-            return error_response(error, request_id, close=self.lifecycle.draining)
+            return error_response(error, request_id, close=self.lifecycle.draining, openai=openai)
         timeout_s = ticket.timeout_s
         deltas = model.stream(prompt_ids, sampling, ticket.priority)
         streaming = bool(body.get("stream"))
@@ -176,7 +181,7 @@ class GenerationApi:
             error = DeadlineExceeded(f"deadline of {timeout_s * 1000:.0f} ms passed during generation; aborted")
             self.outcomes.record_error(request_id, model.name, tier, error, started)
             if response is None:
-                return error_response(error, request_id)
+                return error_response(error, request_id, openai=openai)
             await response.write(b"event: error\ndata: " + dumps({"error": error.code, "message": error.message,
                                                                    "request_id": request_id}) + b"\n\n")
             await response.write_eof()
@@ -193,18 +198,49 @@ class GenerationApi:
         if response is None:  # nothing was generated: still a well-formed stream
             response = web.StreamResponse(headers={**_SSE_HEADERS, "X-Request-ID": request_id})
             await response.prepare(request)
-        if done_marker:
+        if openai:
             await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
 
 
 def _sampling_overrides(body: dict[str, Any]) -> dict[str, Any]:
-    keys = ("max_tokens", "temperature", "top_p", "seed", "stop", "ignore_eos")
-    overrides = {k: body[k] for k in keys if body.get(k) is not None}
+    """The body's sampling fields, each checked here: a bad value is a 400 naming it, never an engine error."""
     if body.get("max_completion_tokens") is not None:
-        overrides["max_tokens"] = body["max_completion_tokens"]
+        body = {**body, "max_tokens": body["max_completion_tokens"]}
+    overrides = {}
+    for key, (fits, what) in _SAMPLING_FIELDS.items():
+        value = body.get(key)
+        if value is None:
+            continue
+        if not fits(value):
+            raise InvalidInput(f"`{key}` must be {what}, got {str(value)[:40]}")
+        overrides[key] = value
+    if not isinstance(body.get("stream", False), bool):
+        raise InvalidInput("`stream` must be true or false")
+    options = body.get("stream_options")
+    if options is not None and not (isinstance(options, dict) and isinstance(options.get("include_usage", False), bool)):
+        raise InvalidInput("`stream_options` must be an object like {\"include_usage\": true}")
     return overrides
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_SAMPLING_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "max_tokens": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
+    "temperature": (lambda v: _number(v) and 0 <= v <= 2, "a number from 0 to 2"),
+    "top_p": (lambda v: _number(v) and 0 < v <= 1, "a number above 0, at most 1"),
+    "seed": (_integer, "an integer"),
+    "stop": (lambda v: isinstance(v, str) or (isinstance(v, list) and len(v) <= 4 and all(isinstance(s, str) for s in v)),
+             "a string or a list of at most 4 strings"),
+    "ignore_eos": (lambda v: isinstance(v, bool), "true or false"),
+}
 
 
 def _usage(last: Any) -> dict[str, int]:

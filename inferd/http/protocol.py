@@ -15,8 +15,9 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
-from ..errors import Draining, InvalidInput, PayloadTooLarge, RequestTimeout
+from ..errors import Draining, InvalidInput, PayloadTooLarge, RequestTimeout, UnreadableBody
 from ..lifecycle import Lifecycle
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
@@ -48,7 +49,10 @@ class BodyReader:
 
     async def read(self, request: web.BaseRequest) -> bytes:
         content = request.content
-        body = content.read_nowait() if content.is_eof() else await self._read_arriving(content)
+        try:
+            body = content.read_nowait() if content.is_eof() else await self._read_arriving(content)
+        except RequestPayloadError as exc:  # e.g. a body that says gzip and is not
+            raise UnreadableBody(f"body could not be read: {' '.join(str(exc).split())}") from None
         if len(body) > self.max_bytes:
             raise PayloadTooLarge(f"body exceeds {self.max_bytes} bytes")
         return body

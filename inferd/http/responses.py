@@ -89,6 +89,8 @@ def error_response(
     headers: tuple[tuple[str, str], ...] = (("X-Request-ID", request_id),)
     if allow is not None:
         headers += (("Allow", allow),)
+    if error.status == 401:
+        headers += (("WWW-Authenticate", 'Bearer realm="inferd"'),)
     if error.retry_after_ms is not None:
         headers += (("Retry-After", str(max(1, math.ceil(error.retry_after_ms / 1000)))),)
     if openai:
@@ -101,8 +103,7 @@ def error_response(
         payload = {"error": error.code, "message": error.message, "request_id": request_id}
         if error.retry_after_ms is not None:
             payload["retry_after_ms"] = error.retry_after_ms
-    # A 408's body is still arriving, or never will: the connection closes without waiting for it.
-    return WholeResponse(error.status, dumps(payload), headers, close=close, drop_body=error.status == 408)
+    return WholeResponse(error.status, dumps(payload), headers, close=close, drop_body=error.drops_connection)
 
 
 # OpenAI's error `type` by HTTP status; inferd's own stable code goes in `code`.

@@ -205,4 +205,22 @@ async def test_a_prompt_over_max_input_chars_is_refused_before_tokenising(server
     assert time.monotonic() - started < 1.0 and model.metrics.prompt_tokens == encoded
     messages = [{"role": "user", "content": "y" * (model.config.max_input_chars // 2 + 1)}] * 2
     async with client.post(f"{server.url}/v1/chat/completions", json={"model": "tiny", "messages": messages}) as resp:
-        assert resp.status == 400 and "characters" in (await resp.json())["message"]
+        assert resp.status == 400 and "characters" in (await resp.json())["error"]["message"]  # OpenAI's shape
+
+
+@pytest.mark.parametrize("field", [{"max_tokens": -1}, {"max_tokens": 0}, {"temperature": 1e308}, {"top_p": 5},
+                                   {"stop": {}}, {"seed": "x"}, {"stream_options": "yes", "stream": True}])
+async def test_bad_sampling_parameters_are_a_400_naming_the_field(server, client, field):
+    status, body = await generate(client, server.url, {"input": "hi", "model": "tiny", **field})
+    assert (status, body["error"]) == (400, "INVALID_INPUT") and f"`{next(iter(field))}`" in body["message"], body
+
+
+async def test_openai_endpoints_answer_errors_in_openais_shape(server):
+    api = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=KEYS["enterprise"], max_retries=0)
+    with pytest.raises(openai.BadRequestError) as caught:
+        await api.completions.create(model="tiny", prompt="hi", top_p=5)
+    assert caught.value.code == "INVALID_INPUT" and "top_p" in caught.value.message
+    with pytest.raises(openai.NotFoundError) as missing:
+        await api.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+    assert missing.value.code == "MODEL_NOT_FOUND"
+    await api.close()
