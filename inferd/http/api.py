@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from .. import __version__
 from ..admission.admission import Admission
 from ..admission.rate_limits import RateLimiter
 from ..errors import InferdError, MethodNotAllowed, NotFound, describe
@@ -26,8 +27,9 @@ from ..models.registry import Models
 from ..observability.outcomes import Outcomes
 from .generation import GenerationApi
 from .inference import InferenceApi
+from .openapi import openapi_document
 from .protocol import BodyReader, RequestIds
-from .responses import error_response, json_response
+from .responses import WholeResponse, dumps, error_response, json_response
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
@@ -73,6 +75,8 @@ class HttpApi:
         if generation is not None:
             self.routes["/v1/completions"] = ("POST", generation.completions, True)
             self.routes["/v1/chat/completions"] = ("POST", generation.chat_completions, True)
+        self.routes["/openapi.json"] = ("GET", self.openapi, False)
+        self._openapi = dumps(openapi_document(self.routes, __version__))
         if admission.auth.config.operations != "open":
             for path in ("/metrics", "/v1/stats", "/v1/models"):
                 if path in self.routes:
@@ -167,6 +171,10 @@ class HttpApi:
             return error_response(error, request_id)
         log = self.dead_letter_log
         return json_response({"total": log.total, "entries": log.entries()}, request_id)
+
+    async def openapi(self, request: web.BaseRequest) -> web.StreamResponse:
+        """This server's OpenAPI 3.1 document (`openapi.py`)."""
+        return WholeResponse(200, self._openapi, (("X-Request-ID", self.ids.pick(request.headers.get("X-Request-ID"))),))
 
     async def prometheus(self, request: web.BaseRequest) -> web.StreamResponse:
         """Prometheus text format, rendered by prometheus-client from this server's registry."""

@@ -27,6 +27,7 @@ from .protocol import RequestIds
 from .responses import dumps, error_response
 
 HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
+OPENAI_PATHS = frozenset({"/v1/embeddings", "/v1/completions", "/v1/chat/completions"})  # errors in OpenAI's shape
 log = logging.getLogger("inferd.http")
 
 
@@ -117,7 +118,8 @@ class GuardedConnection(RequestHandler):
             error = MalformedRequest(" ".join(str(message or exc or "malformed HTTP request").split())[:300])
         request_id = self._server.ids.pick(request.headers.get("X-Request-ID"))
         self._server.on_error(request_id, error)
-        return error_response(error, request_id, close=True)
+        openai = request.raw_path.partition("?")[0] in OPENAI_PATHS
+        return error_response(error, request_id, close=True, openai=openai)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._header_timer is not None:

@@ -12,7 +12,7 @@ event); a client that goes away aborts it too.
 from __future__ import annotations
 
 import asyncio
-import math
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -22,15 +22,16 @@ from aiohttp import web
 from ..admission.admission import Admission
 from ..admission.rate_limits import Identity
 from ..backends.vllm import VllmEngine
-from ..errors import DeadlineExceeded, InferdError, InvalidInput, ModelNotFound
+from ..errors import DeadlineExceeded, InferdError, InferenceFailed, InvalidInput, ModelNotFound, describe
 from ..lifecycle import Lifecycle
 from ..observability.outcomes import Outcomes
-from .protocol import BodyReader, InferenceCall, RequestIds, json_object, timeout_ms
+from .protocol import BodyReader, InferenceCall, RequestIds, json_object, sampling_fields, timeout_ms
 from .responses import WholeResponse, dumps, error_response
 
 if TYPE_CHECKING:
     from ..models.generation import GenerationModel
 
+log = logging.getLogger("inferd.generation")
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Server": "inferd"}
 
 
@@ -83,9 +84,12 @@ class GenerationApi:
             who = self.admission.identify(request.headers)
             tier = who.tier
             body = json_object(await self.body.read(request))
-            model = self.models.get(body.get("model") or "")
+            name = body.get("model")
+            if not isinstance(name, str):
+                raise InvalidInput("`model` is required and must be a string; see GET /v1/models")
+            model = self.models.get(name)
             if model is None:
-                raise ModelNotFound(f"no generation model named {body.get('model')!r}; see GET /v1/models")
+                raise ModelNotFound(f"no generation model named {name!r}; see GET /v1/models")
             if chat:
                 messages = body.get("messages")
                 if not isinstance(messages, list) or not messages or not all(
@@ -146,16 +150,18 @@ class GenerationApi:
         """`openai`: errors in OpenAI's shape, and a stream ends with `data: [DONE]`."""
         tier = who.tier
         try:
-            overrides = _sampling_overrides(body)
+            overrides = sampling_fields(body)
             ticket = self.admission.admit_generation(model, who, timeout_ms(body), chars)  # before any tokenising
             prompt_ids = await model.tokenize(encode)
+            if not prompt_ids:
+                raise InvalidInput("the prompt is empty")
             if len(prompt_ids) >= model.engine.max_model_len:
                 raise InvalidInput(f"prompt is {len(prompt_ids)} tokens; model {model.name} takes fewer than "
                                    f"{model.engine.max_model_len}")
             try:
                 sampling = model.engine.sampling(overrides)
-            except (TypeError, ValueError) as exc:
-                raise InvalidInput(f"bad sampling parameters: {exc}") from None
+            except Exception as exc:  # noqa: BLE001 - vLLM's own checks (its validation error is no ValueError)
+                raise InvalidInput(f"bad sampling parameters: {describe(exc)}") from None
         except InferdError as error:
             self.outcomes.record_error(request_id, model.name, tier, error, started)
             return error_response(error, request_id, close=self.lifecycle.draining, openai=openai)
@@ -190,6 +196,19 @@ class GenerationApi:
             model.record_abort("client_disconnect")
             self.outcomes.record(request_id, model.name, tier, 499, "CLIENT_DISCONNECTED", started)
             raise
+        except Exception as exc:  # noqa: BLE001 - the engine refused or failed this request: answered, counted
+            model.record_abort("engine_error")
+            log.warning("model %s request %s: the engine failed it: %s", model.name, request_id, describe(exc))
+            failed: InferdError = (InvalidInput(f"the engine refused this request: {describe(exc)}")
+                                   if isinstance(exc, ValueError) and last is None else
+                                   InferenceFailed(f"generation failed: {describe(exc)}"))
+            self.outcomes.record_error(request_id, model.name, tier, failed, started)
+            if response is None:
+                return error_response(failed, request_id, openai=openai)
+            await response.write(b"event: error\ndata: " + dumps({"error": failed.code, "message": failed.message,
+                                                                    "request_id": request_id}) + b"\n\n")
+            await response.write_eof()
+            return response
         finally:
             await deltas.aclose()  # aborts the request in the engine if it is still there
         self.outcomes.record(request_id, model.name, tier, 200, "", started)
@@ -202,45 +221,6 @@ class GenerationApi:
             await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
-
-
-def _sampling_overrides(body: dict[str, Any]) -> dict[str, Any]:
-    """The body's sampling fields, each checked here: a bad value is a 400 naming it, never an engine error."""
-    if body.get("max_completion_tokens") is not None:
-        body = {**body, "max_tokens": body["max_completion_tokens"]}
-    overrides = {}
-    for key, (fits, what) in _SAMPLING_FIELDS.items():
-        value = body.get(key)
-        if value is None:
-            continue
-        if not fits(value):
-            raise InvalidInput(f"`{key}` must be {what}, got {str(value)[:40]}")
-        overrides[key] = value
-    if not isinstance(body.get("stream", False), bool):
-        raise InvalidInput("`stream` must be true or false")
-    options = body.get("stream_options")
-    if options is not None and not (isinstance(options, dict) and isinstance(options.get("include_usage", False), bool)):
-        raise InvalidInput("`stream_options` must be an object like {\"include_usage\": true}")
-    return overrides
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-_SAMPLING_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "max_tokens": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
-    "temperature": (lambda v: _number(v) and 0 <= v <= 2, "a number from 0 to 2"),
-    "top_p": (lambda v: _number(v) and 0 < v <= 1, "a number above 0, at most 1"),
-    "seed": (_integer, "an integer"),
-    "stop": (lambda v: isinstance(v, str) or (isinstance(v, list) and len(v) <= 4 and all(isinstance(s, str) for s in v)),
-             "a string or a list of at most 4 strings"),
-    "ignore_eos": (lambda v: isinstance(v, bool), "true or false"),
-}
 
 
 def _usage(last: Any) -> dict[str, int]:

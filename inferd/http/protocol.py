@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import binascii
 import itertools
+import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +22,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from ..errors import Draining, InvalidInput, PayloadTooLarge, RequestTimeout, UnreadableBody
 from ..lifecycle import Lifecycle
 
+_BATCH_FIELDS = frozenset({"input", "model", "timeout_ms", "encoding_format"})
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 
 
@@ -93,7 +96,51 @@ def parse_inference_body(body: bytes) -> InferenceCall:
     if model is not None and not isinstance(model, str):
         raise InvalidInput("`model` must be a string")
     fmt = data.get("encoding_format")
+    if not _BATCH_FIELDS.issuperset(data):
+        sampling_fields(data)
     return InferenceCall(value, model, timeout_ms(data), fmt is not None and encoding_format(data) == "base64", data)
+
+
+def sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """A generation request's sampling fields, each checked here: a bad value is a 400 naming it, never
+    an engine error. (Checked on a batch model's request too, where they are ignored: a body is valid or
+    not whatever model it goes to.)"""
+    if body.get("max_completion_tokens") is not None:
+        body = {**body, "max_tokens": body["max_completion_tokens"]}
+    overrides = {}
+    for key, (fits, what) in _SAMPLING_FIELDS.items():
+        value = body.get(key)
+        if value is None:
+            continue
+        if not fits(value):
+            raise InvalidInput(f"`{key}` must be {what}, got {str(value)[:40]}")
+        overrides[key] = value
+    if not isinstance(body.get("stream", False), bool):
+        raise InvalidInput("`stream` must be true or false")
+    options = body.get("stream_options")
+    if options is not None and not (isinstance(options, dict) and isinstance(options.get("include_usage", False), bool)):
+        raise InvalidInput("`stream_options` must be an object like {\"include_usage\": true}")
+    return overrides
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_SAMPLING_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "max_tokens": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
+    "temperature": (lambda v: _number(v) and 0 <= v <= 2, "a number from 0 to 2"),
+    "top_p": (lambda v: _number(v) and 0 < v <= 1, "a number above 0, at most 1"),
+    "seed": (_integer, "an integer"),
+    "stop": (lambda v: (isinstance(v, str) and v != "") or (
+        isinstance(v, list) and len(v) <= 4 and all(isinstance(s, str) and s for s in v)),
+             "a non-empty string or a list of at most 4 of them"),
+    "ignore_eos": (lambda v: isinstance(v, bool), "true or false"),
+}
 
 
 def timeout_ms(data: dict[str, Any]) -> int | None:

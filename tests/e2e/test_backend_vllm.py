@@ -224,3 +224,14 @@ async def test_openai_endpoints_answer_errors_in_openais_shape(server):
         await api.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
     assert missing.value.code == "MODEL_NOT_FOUND"
     await api.close()
+
+
+async def test_schemathesis_finds_no_500_on_the_generation_endpoints(server, tmp_path):
+    """The OpenAPI document's generation operations, fuzzed against the real engine (fewer examples than
+    the batch endpoints get: each one generates)."""
+    from .test_openapi import schemathesis_command
+
+    command = schemathesis_command(server.url, tmp_path, 25, "--include-path-regex", "completions|/v1/inference$")
+    proc = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    output, _ = await asyncio.wait_for(proc.communicate(), 600)
+    assert proc.returncode == 0, output.decode()[-6000:]

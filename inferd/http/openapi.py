@@ -1,0 +1,175 @@
+"""The OpenAPI 3.1 document of the HTTP API, served at `GET /openapi.json`.
+
+Written by hand, next to the handlers it describes, and kept true two ways: a test checks that its
+paths are exactly the server's routes, and schemathesis sends it generated requests against a live
+server (tests/e2e/test_openapi.py) and checks every answer against it: no 500, no undocumented status,
+no body outside its schema. A server without a generation model serves it without the OpenAI text
+endpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+_REF = "#/components/schemas/"
+_ERROR_STATUSES = {
+    "400": "the body or a parameter is wrong", "401": "no valid API key", "404": "no such model",
+    "408": "the body did not arrive in time", "413": "the body is over max_body_bytes",
+    "429": "the tenant's rate limit", "500": "inference failed for this request", "503": "overloaded, draining, "
+    "not ready or failing: retry after retry_after_ms", "504": "the deadline passed",
+}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": _REF + name}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(schema: str, statuses: Iterable[str]) -> dict[str, Any]:
+    return {s: _json(_ref(schema), _ERROR_STATUSES[s]) for s in statuses}
+
+
+def _or_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """A field whose null means the same as its absence (as OpenAI's clients send it)."""
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+_COMPUTE_ERRORS = ("400", "401", "404", "408", "413", "429", "500", "503", "504")
+_GENERATION_FIELDS: dict[str, Any] = {key: _or_null(schema) for key, schema in {
+    "max_tokens": {"type": "integer", "minimum": 1}, "max_completion_tokens": {"type": "integer", "minimum": 1},
+    "temperature": {"type": "number", "minimum": 0, "maximum": 2}, "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    "seed": {"type": "integer"}, "ignore_eos": {"type": "boolean"}, "stream": {"type": "boolean"},
+    "stop": {"oneOf": [{"type": "string", "minLength": 1},
+                       {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4}]},
+    "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+}.items()}
+_TIMEOUT = _or_null({"type": "integer", "minimum": 1, "description": "this request's deadline, capped at max_timeout_ms"})
+_MODEL = _or_null({"type": "string", "description": "default: the first configured model"})
+# One Server-Sent Event: `data` a JSON chunk (or [DONE]); `event: error` for a failure mid-stream.
+_SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}, "event": {"enum": ["message", "error"]}}}
+_INFERENCE = {
+    "post": {
+        "summary": "One input, one output: batched with other requests (or, for a generation model, generated)",
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("InferenceRequest")}}},
+        "responses": {
+            "200": {"description": "the output", "content": {
+                "application/json": {"schema": _ref("InferenceResponse")},
+                "text/event-stream": {"schema": _SSE_EVENT, "description": "generation with stream: true"}}},
+            **_errors("Error", _COMPUTE_ERRORS),
+        },
+    }
+}
+_OPENAI_TEXT = {
+    "responses": {
+        "200": {"description": "the completion (or Server-Sent Events ending with data: [DONE])", "content": {
+            "application/json": {"schema": {"type": "object"}}, "text/event-stream": {"schema": _SSE_EVENT}}},
+        **_errors("OpenAIError", _COMPUTE_ERRORS),
+    },
+}
+
+
+def _get(summary: str, schema: dict[str, Any], *errors: str, content_type: str = "application/json") -> dict[str, Any]:
+    ok = {"description": summary, "content": {content_type: {"schema": schema}}}
+    return {"get": {"summary": summary, "responses": {"200": ok, **_errors("Error", errors)}}}
+
+
+PATHS: dict[str, Any] = {
+    "/v1/inference": _INFERENCE,
+    "/api/inference": _INFERENCE,
+    "/v1/embeddings": {"post": {
+        "summary": "OpenAI's embeddings: each item batched like a request of its own, answered in order",
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("EmbeddingsRequest")}}},
+        "responses": {"200": _json(_ref("EmbeddingsResponse"), "one embedding per item, in order"),
+                      **_errors("OpenAIError", _COMPUTE_ERRORS)},
+    }},
+    "/v1/completions": {"post": {"summary": "OpenAI's text completions (generation models)", "requestBody": {
+        "required": True, "content": {"application/json": {"schema": {
+            "type": "object", "required": ["model", "prompt"],
+            "properties": {"model": {"type": "string"}, "timeout_ms": _TIMEOUT, "n": {"const": 1},
+                           "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
+                                                                     "minItems": 1, "maxItems": 1}]},
+                           **_GENERATION_FIELDS}}}}}, **_OPENAI_TEXT}},
+    "/v1/chat/completions": {"post": {"summary": "OpenAI's chat completions (generation models)", "requestBody": {
+        "required": True, "content": {"application/json": {"schema": {
+            "type": "object", "required": ["model", "messages"],
+            "properties": {"model": {"type": "string"}, "timeout_ms": _TIMEOUT, "n": {"const": 1},
+                           "messages": {"type": "array", "minItems": 1, "items": {
+                               "type": "object", "required": ["role", "content"],
+                               "properties": {"role": {"type": "string"}, "content": {"type": "string"}}}},
+                           **_GENERATION_FIELDS}}}}}, **_OPENAI_TEXT}},
+    "/healthz": _get("the process is up", {"type": "object", "required": ["status"]}),
+    "/readyz": {"get": {"summary": "ready for traffic: serving, and every model ready", "responses": {
+        "200": _json(_ref("Readiness"), "ready"), "503": _json(_ref("Readiness"), "not ready (starting, draining, a model down)")}}},
+    "/v1/models": _get("every model, in OpenAI's list shape, with its settings and figures",
+                       {"type": "object", "required": ["object", "data"],
+                        "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {"type": "object"}}}},
+                       "401"),
+    "/v1/stats": _get("process figures (CPU, memory, in flight, connections) and each model's", {"type": "object"}, "401"),
+    "/v1/limits": _get("the caller's tier, and per model its rate limit now and what is left", {"type": "object"}, "401"),
+    "/v1/dead-letters": {"get": {"summary": "poison inputs isolated by bisection: ids, hashes, lengths (admin key)",
+                                 "responses": {"200": _json({"type": "object"}, "the entries"),
+                                               **_errors("Error", ("401",)), "403": _json(_ref("Error"), "not the admin key")}}},
+    "/metrics": _get("Prometheus text format", {"type": "string"}, "401", content_type="text/plain"),
+    "/openapi.json": _get("this document", {"type": "object"}),
+}
+for _operations in PATHS.values():  # every route: a request with a method it does not take is a 405
+    for _operation in _operations.values():
+        _operation["responses"].setdefault("405", _json(_ref("Error"), "the path takes another method"))
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {"type": "object", "required": ["error", "message", "request_id"], "properties": {
+        "error": {"type": "string", "description": "a stable code, e.g. SERVICE_OVERLOADED"},
+        "message": {"type": "string"}, "request_id": {"type": "string"},
+        "retry_after_ms": {"type": "integer", "minimum": 1, "description": "with 429 and 503"}}},
+    "OpenAIError": {"type": "object", "required": ["error"], "properties": {
+        "error": {"type": "object", "required": ["message", "type", "code"], "properties": {
+            "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},
+            "code": {"type": "string"}, "retry_after_ms": {"type": "integer"}}},
+        "request_id": {"type": "string"}}},
+    "InferenceRequest": {"type": "object", "required": ["input"], "properties": {
+        "input": {"type": "string"}, "model": _MODEL, "timeout_ms": _TIMEOUT,
+        "encoding_format": _or_null({"enum": ["float", "base64"]}), **_GENERATION_FIELDS}},
+    "InferenceResponse": {"type": "object", "required": ["output", "request_id", "model", "latency_ms"], "properties": {
+        "output": {"description": "the model's output: text, a vector (or base64 of its float32s), a label and score"},
+        "request_id": {"type": "string"}, "model": {"type": "string"}, "latency_ms": {"type": "number"},
+        "finish_reason": {"type": ["string", "null"]}, "usage": {"type": "object"}}},
+    "EmbeddingsRequest": {"type": "object", "required": ["input"], "properties": {
+        "input": {"oneOf": [
+            {"type": "string", "minLength": 1},
+            {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+            {"type": "array", "minItems": 1, "items": {"type": "integer"}},
+            {"type": "array", "minItems": 1, "items": {"type": "array", "minItems": 1, "items": {"type": "integer"}}}]},
+        "model": _MODEL, "timeout_ms": _TIMEOUT, "encoding_format": {"enum": ["float", "base64"]},
+        "user": {"type": "string"}}},
+    "EmbeddingsResponse": {"type": "object", "required": ["object", "data", "model", "usage"], "properties": {
+        "object": {"const": "list"}, "model": {"type": "string"}, "usage": {"type": "object"},
+        "data": {"type": "array", "items": {"type": "object", "required": ["object", "index", "embedding"], "properties": {
+            "object": {"const": "embedding"}, "index": {"type": "integer"},
+            "embedding": {"oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}]}}}}}},
+    "Readiness": {"type": "object", "required": ["ready", "phase", "models"], "properties": {
+        "ready": {"type": "boolean"}, "phase": {"enum": ["starting", "serving", "lame_duck", "draining"]},
+        "models": {"type": "object"}}},
+}
+
+
+def openapi_document(routes: Iterable[str], version: str) -> dict[str, Any]:
+    """The document for a server with these routes (a server without a generation model has no
+    `/v1/completions`)."""
+    served = set(routes)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "inferd", "version": version,
+                 "description": "A dynamic-batching inference server: one input per request, batched inside. Every "
+                                "error is JSON with a stable code and the request id (OpenAI's shape on the OpenAI "
+                                "endpoints); 429 and 503 carry retry_after_ms and Retry-After."},
+        "paths": {path: item for path, item in PATHS.items() if path in served},
+        "components": {
+            "schemas": SCHEMAS,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                                "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"}},
+        },
+    }
