@@ -232,6 +232,7 @@ async def test_schemathesis_finds_no_500_on_the_generation_endpoints(server, tmp
     from .test_openapi import schemathesis_command
 
     command = schemathesis_command(server.url, tmp_path, 25, "--include-path-regex", "completions|/v1/inference$")
-    proc = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    proc = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                                                cwd=tmp_path)
     output, _ = await asyncio.wait_for(proc.communicate(), 600)
     assert proc.returncode == 0, output.decode()[-6000:]
