@@ -27,6 +27,7 @@ from .protocol import RequestIds
 from .responses import dumps, error_response
 
 HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
+_parse = RequestHandler.data_received  # (called directly: super() in a method called per request costs)
 OPENAI_PATHS = frozenset({"/v1/embeddings", "/v1/completions", "/v1/chat/completions"})  # errors in OpenAI's shape
 log = logging.getLogger("inferd.http")
 
@@ -52,9 +53,30 @@ class GuardedServer(web.Server):
         self.refused = 0  # connections closed at once: max_connections were open
         self.reserved = 0  # requests refused on a reserved connection (not a health check)
         self.header_timeouts = 0
+        # Connections whose headers are on the clock, with their deadlines. One sweep a fraction of the
+        # timeout apart finds the late ones: cheaper than a timer per request (a request's headers
+        # nearly always arrive in one piece, and its connection never gets on the clock at all).
+        self.awaiting_headers: dict[GuardedConnection, float] = {}
+        self._sweeper: asyncio.Task | None = None
 
     def __call__(self) -> RequestHandler:
+        if self._sweeper is None:
+            self._sweeper = self._loop.create_task(self._sweep(), name="header-timeouts")
         return GuardedConnection(self, loop=self._loop, **self._kwargs)
+
+    async def _sweep(self) -> None:
+        period = min(1.0, self.limits.header_timeout_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            now = self._loop.time()
+            late = [conn for conn, deadline in self.awaiting_headers.items() if deadline <= now]
+            for conn in late:
+                conn.headers_too_slow()
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        await super().shutdown(timeout)
 
     def stats(self) -> dict[str, int]:
         return {"open": self.open, "max": self.limits.max_connections, "refused": self.refused,
@@ -64,12 +86,12 @@ class GuardedServer(web.Server):
 class GuardedConnection(RequestHandler):
     """One client connection under the server's limits."""
 
-    __slots__ = ("_header_timer", "_server")
+    __slots__ = ("_on_clock", "_server")
 
     def __init__(self, server: GuardedServer, **kwargs: Any) -> None:
         super().__init__(server, **kwargs)
         self._server = server
-        self._header_timer: asyncio.TimerHandle | None = None
+        self._on_clock = False  # in the server's awaiting_headers
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -84,12 +106,13 @@ class GuardedConnection(RequestHandler):
         self._start_header_clock()
 
     def data_received(self, data: bytes) -> None:
-        if self._header_timer is None and self._waiter is not None and not self._messages:
-            self._start_header_clock()  # the first bytes of the next request on a kept-alive connection
-        super().data_received(data)
-        if self._header_timer is not None and self._messages:  # its headers are in
-            self._header_timer.cancel()
-            self._header_timer = None
+        idle = self._waiter is not None  # no request in hand: these bytes begin the next one
+        _parse(self, data)
+        if self._messages:  # a request's headers are in
+            if self._on_clock:
+                self._stop_header_clock()
+        elif idle and not self._on_clock:
+            self._start_header_clock()
 
     def eof_received(self) -> bool:
         """The client's end of input. A client that closes and one that only half-closes after sending
@@ -122,17 +145,22 @@ class GuardedConnection(RequestHandler):
         return error_response(error, request_id, close=True, openai=openai)
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+        if self._on_clock:
+            self._stop_header_clock()
         self._server.open -= 1
         super().connection_lost(exc)
 
     def _start_header_clock(self) -> None:
-        self._header_timer = self._loop.call_later(self._server.limits.header_timeout_s, self._headers_too_slow)
+        self._on_clock = True
+        self._server.awaiting_headers[self] = self._loop.time() + self._server.limits.header_timeout_s
 
-    def _headers_too_slow(self) -> None:
-        self._header_timer = None
+    def _stop_header_clock(self) -> None:
+        self._on_clock = False
+        self._server.awaiting_headers.pop(self, None)
+
+    def headers_too_slow(self) -> None:
+        """The sweep found this connection past its header deadline: 408 and close."""
+        self._stop_header_clock()
         transport = self.transport
         if self._messages or transport is None or transport.is_closing():
             return
