@@ -7,12 +7,17 @@ import dataclasses
 import logging
 import sys
 
+from . import __version__
 from .config import ConfigError, default_config, load_config
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="inferd", description="A dynamic-batching inference server.")
+    parser.add_argument("--version", action="version", version=f"inferd {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    check = sub.add_parser("check-config", help="validate a config file and build nothing")
+    check.add_argument("config", help="TOML config file")
 
     serve = sub.add_parser("serve", help="run the server")
     serve.add_argument("--config", help="TOML config file (default: the built-in seed workload)")
@@ -47,7 +52,20 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)
     if args.command == "bench":
         return _bench(args)
+    if args.command == "check-config":
+        return _check_config(args.config)
     return 2
+
+
+def _check_config(path: str) -> int:
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        print(f"inferd: {exc}", file=sys.stderr)
+        return 2
+    models = ", ".join(f"{m.name} ({m.kind}, {m.backend})" for m in config.models)
+    print(f"{path}: valid; listens on {config.host}:{config.port}; models: {models}")
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -66,6 +84,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     import json
+    from pathlib import Path
     from urllib.parse import urlsplit
 
     from .bench.loadgen import LoadSpec
@@ -108,6 +127,17 @@ def _bench(args: argparse.Namespace) -> int:
         write_results(args.out, steps, meta={"url": args.url, "engine": args.engine},
                       ceiling_rps=args.ceiling_rps, floor_ms=args.floor_ms, plots=not args.no_plots)
     print(markdown_table(steps, args.ceiling_rps, args.floor_ms))
-    if not args.out:
+    if args.out:
+        out = Path(args.out)
+        written = [p for p in (out, out.with_suffix(".md"), *sorted(out.parent.glob(f"{out.stem}_*.png"))) if p.exists()]
+        print("written: " + ", ".join(str(p) for p in written))
+    else:
         print(json.dumps(steps[-1], indent=2))
+    if not any(step["ok"] for step in steps):
+        statuses: dict[str, int] = {}
+        for step in steps:
+            for status, n in step["statuses"].items():
+                statuses[status] = statuses.get(status, 0) + n
+        print(f"inferd bench: no request succeeded (answers by status: {statuses})", file=sys.stderr)
+        return 1
     return 0

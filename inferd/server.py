@@ -106,7 +106,7 @@ class InferenceServer:
             self._agent = await start_agent_check(config.host, config.agent_port, self.models, lambda: self.ready,
                                                   config.agent_full_wait_ms)
         self.lifecycle.phase = Phase.SERVING
-        log.info("inferd listening on %s", self.url)
+        log.debug("listening on %s; models loading", self.url)
 
     @property
     def ready(self) -> bool:
@@ -178,6 +178,9 @@ async def serve(config: ServerConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # Its default action would end the process with no drain; a reload is not built yet, so say so.
+    loop.add_signal_handler(signal.SIGHUP, log.warning, "SIGHUP ignored: inferd does not reload its config yet; "
+                            "restart it (SIGTERM drains) to apply changes")
     try:
         await server.start()
     except OSError as exc:
@@ -194,6 +197,8 @@ async def serve(config: ServerConfig) -> int:
         await server.drain_and_stop()
         return 1
     if startup.done():
+        models = ", ".join(m.name for m in server.models.all())
+        print(f"inferd ready on {server.url}: {models}", file=sys.stderr, flush=True)
         _freeze_survivors()
         await stopping
     startup.cancel()

@@ -18,7 +18,7 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 def markdown_table(steps: list[dict[str, Any]], ceiling_rps: float | None = None, floor_ms: float | None = None) -> str:
     labelled = any("variant" in s for s in steps)
-    header = "| mode | offered | achieved req/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | errors | mean batch | CPU µs/req |"
+    header = "| mode | offered | answered 200 req/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | errors | mean batch | CPU µs/req |"
     if labelled:
         header = "| variant " + header
     if ceiling_rps:
@@ -31,14 +31,14 @@ def markdown_table(steps: list[dict[str, Any]], ceiling_rps: float | None = None
         offered = f"{_fmt(s['offered'])} req/s" if s["mode"] == "open" else f"{s['offered']} clients"
         row = (
             (f"| {s.get('variant', '')} " if labelled else "")
-            + f"| {s['mode']} | {offered} | {_fmt(s['achieved_rps'])} | {_fmt(lat['p50'])} | {_fmt(lat['p90'])} | "
+            + f"| {s['mode']} | {offered} | {_fmt(s['ok_rps'])} | {_fmt(lat['p50'])} | {_fmt(lat['p90'])} | "
             f"{_fmt(lat['p99'])} | {_fmt(lat.get('p999'))} | {_fmt(lat['max'])} | {s['errors']} | "
             f"{_fmt(view.get('mean_batch_size'))} | {_fmt(view.get('cpu_us_per_request'))} |"
         )
         if ceiling_rps:
             row += f" {s['ok_rps'] / ceiling_rps * 100:.1f}% |"
         if floor_ms:
-            row += f" +{lat['p50'] - floor_ms:.1f} ms |"
+            row += f" +{lat['p50'] - floor_ms:.1f} ms |" if lat["p50"] is not None else " – |"
         lines.append(row)
     return "\n".join(lines) + "\n"
 
@@ -107,13 +107,14 @@ def plot(
         ax1.set_title("latency vs load")
         ax1.grid(alpha=0.3)
         ax1.legend(fontsize=8)
-        ax2.plot(x, [s["ok_rps"] for s in chosen], "o-", label="achieved (200s)")
+        ax2.plot(x, [s["ok_rps"] for s in chosen], "o-", label="answered 200 (req/s)")
         if mode == "open":
             ax2.plot(x, x, color="grey", lw=1, ls=":", label="offered")
         if ceiling_rps:
             ax2.axhline(ceiling_rps, color="red", lw=1, ls="--", label=f"ceiling {ceiling_rps:g} req/s")
         ax2.set_xlabel(xlabel)
         ax2.set_ylabel("requests/s")
+        ax2.set_ylim(bottom=0)
         ax2.set_title("throughput")
         ax2.grid(alpha=0.3)
         ax2.legend(fontsize=8)

@@ -25,10 +25,10 @@ def run_load(spec: LoadSpec, engine: str = "python") -> Samples:
     return run_wrk(spec) if engine == "wrk" else run_python(spec)
 
 
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Exact percentile (nearest rank) of sorted samples."""
+def percentile(sorted_values: list[float], q: float) -> float | None:
+    """Exact percentile (nearest rank) of sorted samples; None without any (JSON has no NaN)."""
     if not sorted_values:
-        return float("nan")
+        return None
     rank = math.ceil(q / 100.0 * len(sorted_values))
     return sorted_values[max(0, min(len(sorted_values), rank) - 1)]
 
@@ -80,8 +80,8 @@ def summarise(spec: LoadSpec, samples: Samples, view: dict | None) -> dict[str, 
             "p90": percentile(latencies, 90),
             "p99": percentile(latencies, 99),
             "p999": percentile(latencies, 99.9),
-            "max": latencies[-1] if latencies else float("nan"),
-            "mean": sum(latencies) / len(latencies) if latencies else float("nan"),
+            "max": latencies[-1] if latencies else None,
+            "mean": sum(latencies) / len(latencies) if latencies else None,
         }
     wall = samples.wall_s or spec.duration_s
     if samples.engine == "wrk":
@@ -105,7 +105,7 @@ def summarise(spec: LoadSpec, samples: Samples, view: dict | None) -> dict[str, 
         "error_codes": dict(samples.error_codes),
         "timeouts": samples.statuses.get("timeout", 0),
         "connect_errors": samples.statuses.get("connect_error", 0),
-        "latency_ms": {k: round(v, 3) for k, v in lat.items()},
+        "latency_ms": {k: None if v is None else round(v, 3) for k, v in lat.items()},
         "connect_ms": _connect_summary(samples.connect_ms),
         "server": view,
     }

@@ -137,10 +137,20 @@ async def test_connection_failures_are_counted_apart_from_latency(tmp_path, body
     out = tmp_path / "refused.json"
     code, text = await bench("--url", f"http://127.0.0.1:{port}/v1/inference", "--body-file", str(body_file),
                              "--rate", "50", "--duration", "1", "--stats-url", "none", "--out", str(out), "--no-plots")
-    assert code == 0, text
-    result = json.loads(out.read_text())
+    assert code == 1 and "no request succeeded" in text, text  # total failure is not a success
+    assert f"written: {out}" in text
+    result = json.loads(out.read_text())  # valid JSON: no NaN where there is no latency
     assert result["connect_errors"] == result["statuses"]["connect_error"] == result["sent"] > 20
-    assert result["completed"] == 0 and result["server"] is None
+    assert result["completed"] == 0 and result["server"] is None and result["latency_ms"]["p50"] is None
+
+
+async def test_without_out_the_last_step_is_printed_as_valid_json_and_all_404_fails(tmp_path, body_file):
+    async with running_server(sim_model(latency_ms=5)) as srv:
+        code, text = await bench("--url", f"{srv.url}/v1/inference", "--body", '{"input": "x", "model": "nope"}',
+                                 "--concurrency", "2", "--duration", "0.5")
+    assert code == 1, text
+    printed, _ = json.JSONDecoder().raw_decode(text, text.index("{\n"))
+    assert printed["ok"] == 0 and printed["statuses"] == {"404": printed["completed"]}
 
 
 async def test_a_server_whose_stats_are_not_inferds_is_measured_without_the_server_view(tmp_path, body_file):

@@ -125,3 +125,34 @@ async def test_a_port_in_use_is_one_line_and_exit_1(tmp_path):
     output = "".join(server.lines)
     assert code == 1 and "Traceback" not in output, output
     assert any(line.startswith("inferd: cannot listen on") and str(port) in line for line in server.lines), output
+
+
+async def test_sighup_is_ignored_with_a_log_line_and_ready_is_said_once(http, tmp_path):
+    config = write_config(tmp_path / "slow.toml", SLOW_MODEL)
+    server = ServerProcess([PYTHON, "-m", "inferd", "serve", "--config", str(config), "--port", "0"])
+    try:
+        url = await asyncio.to_thread(server.wait_listening)
+        await _wait_ready(http, url)
+        server.signal(signal.SIGHUP)
+        await asyncio.sleep(0.3)
+        assert (await infer(http, url, {"input": "still here"}))[0] == 200
+    finally:
+        code = server.stop()
+    output = "".join(server.lines)
+    assert code == 0 and "SIGHUP ignored" in output, output
+    assert sum("inferd ready on" in line for line in server.lines) == 1
+    assert sum("listening on" in line for line in server.lines) == 1
+
+
+async def test_version_and_check_config_build_nothing(tmp_path):
+    good = write_config(tmp_path / "good.toml", SLOW_MODEL)
+    bad = write_config(tmp_path / "bad.toml", SLOW_MODEL.replace("grace_period_s = 10", 'grace_period_s = "10"'))
+    results = []
+    for args in (["--version"], ["check-config", str(good)], ["check-config", str(bad)]):
+        proc = await asyncio.create_subprocess_exec(PYTHON, "-m", "inferd", *args, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        results.append((proc.returncode, out.decode()))
+    assert results[0][0] == 0 and results[0][1].startswith("inferd 0.")
+    assert results[1][0] == 0 and "valid" in results[1][1] and "slow (batch" in results[1][1]
+    assert results[2][0] == 2 and "`grace_period_s` must be a number" in results[2][1]
