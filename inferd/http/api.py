@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from .. import __version__
 from ..admission.admission import Admission
 from ..admission.rate_limits import RateLimiter
-from ..errors import InferdError, MethodNotAllowed, NotFound, describe
+from ..errors import InferdError, MethodNotAllowed, ModelNotFound, NotFound, describe
 from ..execution.faults import DeadLetters
 from ..lifecycle import Lifecycle
 from ..models.batch_model import BatchModel
@@ -76,12 +76,14 @@ class HttpApi:
             self.routes["/v1/completions"] = ("POST", generation.completions, True)
             self.routes["/v1/chat/completions"] = ("POST", generation.chat_completions, True)
         self.routes["/openapi.json"] = ("GET", self.openapi, False)
+        self._model_route: Handler = self.model  # GET /v1/models/{id}: the one path with a parameter
         self._openapi = dumps(openapi_document(self.routes, __version__))
         if admission.auth.config.operations != "open":
             for path in ("/metrics", "/v1/stats", "/v1/models"):
                 if path in self.routes:
                     method, handler, counted = self.routes[path]
                     self.routes[path] = (method, self._operations_only(handler), counted)
+            self._model_route = self._operations_only(self.model)
 
     @property
     def ready(self) -> bool:
@@ -104,6 +106,10 @@ class HttpApi:
                 return await route[1](request)
             finally:
                 lifecycle.leave()
+        if route is None and path.startswith("/v1/models/"):
+            if request.method == "GET":
+                return await self._model_route(request)
+            route = ("GET", self.model, False)  # (for the 405 below)
         request_id = self.ids.pick(request.headers.get("X-Request-ID"))
         if route is None:
             return error_response(NotFound(f"no route for {request.method} {path}"), request_id)
@@ -136,10 +142,23 @@ class HttpApi:
 
     async def list_models(self, request: web.BaseRequest) -> web.StreamResponse:
         """Every model, in a shape the OpenAI client's models.list() also reads (id, object, created)."""
-        data = [{"id": m.name, "object": "model", "created": self.created, "owned_by": "inferd", "kind": "batch",
-                 **m.describe()} for m in self.models.batch.values()]
-        data += [{"created": self.created, **g.describe()} for g in self.models.generation.values()]
+        data = [self._model_entry(name) for name in (*self.models.batch, *self.models.generation)]
         return json_response({"object": "list", "data": data}, self.ids.pick(request.headers.get("X-Request-ID")))
+
+    async def model(self, request: web.BaseRequest) -> web.StreamResponse:
+        """`GET /v1/models/{id}`: one model, as the OpenAI client's models.retrieve() reads it."""
+        request_id = self.ids.pick(request.headers.get("X-Request-ID"))
+        name = request.raw_path.partition("?")[0].removeprefix("/v1/models/")
+        if name not in self.models.batch and name not in self.models.generation:
+            return error_response(ModelNotFound(f"no model named {name!r}; see GET /v1/models"), request_id, openai=True)
+        return json_response(self._model_entry(name), request_id)
+
+    def _model_entry(self, name: str) -> dict[str, Any]:
+        batch = self.models.batch.get(name)
+        if batch is not None:
+            return {"id": name, "object": "model", "created": self.created, "owned_by": "inferd", "kind": "batch",
+                    **batch.describe()}
+        return {"created": self.created, **self.models.generation[name].describe()}
 
     async def limits(self, request: web.BaseRequest) -> web.StreamResponse:
         """The caller's tier, and per model its rate limit now (scaled by capacity) and what is left."""

@@ -25,6 +25,7 @@ from ..backends.vllm import VllmEngine
 from ..errors import DeadlineExceeded, InferdError, InferenceFailed, InvalidInput, ModelNotFound, describe
 from ..lifecycle import Lifecycle
 from ..observability.outcomes import Outcomes
+from .openai_text import TextAnswer, parse_text_call
 from .protocol import BodyReader, InferenceCall, RequestIds, json_object, sampling_fields, timeout_ms
 from .responses import WholeResponse, dumps, error_response
 
@@ -61,11 +62,11 @@ class GenerationApi:
                     "latency_ms": round((time.monotonic() - started) * 1000, 3),
                     "finish_reason": last.finish_reason, "usage": _usage(last)}
 
-        def chunk(text: str, last: Any) -> dict[str, Any]:
+        def chunk(text: str, last: Any) -> list[dict[str, Any]]:
             event: dict[str, Any] = {"delta": text, "request_id": request_id}
             if last.finished:
                 event.update(done=True, finish_reason=last.finish_reason, usage=_usage(last))
-            return event
+            return [event]
 
         return await self._serve(request, model, body, who, request_id, started, len(call.input),
                                  lambda engine: engine.encode(call.input), whole, chunk, openai=False)
@@ -90,62 +91,24 @@ class GenerationApi:
             model = self.models.get(name)
             if model is None:
                 raise ModelNotFound(f"no generation model named {name!r}; see GET /v1/models")
-            if chat:
-                messages = body.get("messages")
-                if not isinstance(messages, list) or not messages or not all(
-                    isinstance(m, dict) and isinstance(m.get("content"), str) for m in messages
-                ):
-                    raise InvalidInput("`messages` must be a non-empty list of {role, content} objects")
-                chars = sum(len(m["content"]) for m in messages)
-                encode: Callable[[VllmEngine], list[int]] = lambda engine: engine.encode_chat(messages)  # noqa: E731
-            else:
-                prompt = body.get("prompt")
-                if isinstance(prompt, list) and len(prompt) == 1:
-                    prompt = prompt[0]
-                if not isinstance(prompt, str):
-                    raise InvalidInput("`prompt` must be a string")
-                chars = len(prompt)
-                encode = lambda engine: engine.encode(prompt)  # noqa: E731
-            if body.get("n", 1) != 1:
-                raise InvalidInput("only n = 1 is supported")
+            call = parse_text_call(body, chat)
         except InferdError as error:
             self.outcomes.record_error(request_id, "-", tier, error, started)
             return error_response(error, request_id, close=self.lifecycle.draining, openai=True)
-        created = int(time.time())
-        kind = "chat.completion" if chat else "text_completion"
+        answer = TextAnswer(call, model.name, int(time.time()))
 
-        def whole(text: str, last: Any) -> dict[str, Any]:
-            choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason, "logprobs": None}
-            if chat:
-                choice["message"] = {"role": "assistant", "content": text}
-            else:
-                choice["text"] = text
-            return {"id": request_id, "object": kind, "created": created, "model": model.name,
-                    "choices": [choice], "usage": _usage(last)}
+        def encode(engine: VllmEngine) -> list[int]:
+            return engine.encode_chat(call.messages) if call.chat else engine.encode(call.prompt)
 
-        def chunk(text: str, last: Any) -> dict[str, Any]:
-            reason = last.finish_reason if last.finished else None
-            choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
-            if chat:
-                choice["delta"] = {"role": "assistant", "content": text} if text or not last.finished else {}
-            else:
-                choice["text"] = text
-            event = {"id": request_id, "object": f"{kind}.chunk" if chat else kind, "created": created,
-                     "model": model.name, "choices": [choice]}
-            if last.finished and include_usage:
-                event["usage"] = _usage(last)
-            return event
-
-        options = body.get("stream_options")  # (checked with the sampling fields)
-        include_usage = isinstance(options, dict) and options.get("include_usage") is True
-        return await self._serve(request, model, body, who, request_id, started, chars, encode, whole, chunk,
-                                 openai=True)
+        return await self._serve(request, model, body, who, request_id, started, call.chars, encode,
+                                 lambda text, last: answer.whole(text, last, _usage(last)),
+                                 lambda text, last: answer.chunks(text, last, _usage(last)), openai=True)
 
     # ---- one generation, whole or streamed -------------------------------------------------------
 
     async def _serve(self, request: web.BaseRequest, model: GenerationModel, body: dict[str, Any], who: Identity,
                      request_id: str, started: float, chars: int, encode: Callable[[VllmEngine], list[int]],
-                     whole: Callable[[str, Any], dict], chunk: Callable[[str, Any], dict], *,
+                     whole: Callable[[str, Any], dict], chunk: Callable[[str, Any], list[dict]], *,
                      openai: bool) -> web.StreamResponse:
         """`openai`: errors in OpenAI's shape, and a stream ends with `data: [DONE]`."""
         tier = who.tier
@@ -181,7 +144,7 @@ class GenerationApi:
                     if response is None:
                         response = web.StreamResponse(headers={**_SSE_HEADERS, "X-Request-ID": request_id})
                         await response.prepare(request)
-                    await response.write(b"data: " + dumps(chunk(delta.text, delta)) + b"\n\n")
+                    await response.write(b"".join(b"data: " + dumps(event) + b"\n\n" for event in chunk(delta.text, delta)))
         except TimeoutError:
             model.record_abort("deadline")
             error = DeadlineExceeded(f"deadline of {timeout_s * 1000:.0f} ms passed during generation; aborted")

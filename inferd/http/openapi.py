@@ -99,7 +99,10 @@ PATHS: dict[str, Any] = {
             "properties": {"model": {"type": "string"}, "timeout_ms": _TIMEOUT, "n": {"const": 1},
                            "messages": {"type": "array", "minItems": 1, "items": {
                                "type": "object", "required": ["role", "content"],
-                               "properties": {"role": {"type": "string"}, "content": {"type": "string"}}}},
+                               "properties": {"role": {"type": "string"}, "content": {"oneOf": [
+                                   {"type": "string"}, {"type": "array", "items": {
+                                       "type": "object", "required": ["type", "text"],
+                                       "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]}}}},
                            **_GENERATION_FIELDS}}}}}, **_OPENAI_TEXT}},
     "/healthz": _get("the process is up", {"type": "object", "required": ["status"]}),
     "/readyz": {"get": {"summary": "ready for traffic: serving, and every model ready", "responses": {
@@ -108,6 +111,11 @@ PATHS: dict[str, Any] = {
                        {"type": "object", "required": ["object", "data"],
                         "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {"type": "object"}}}},
                        "401"),
+    "/v1/models/{model}": {"get": {
+        "summary": "one model, as OpenAI's models.retrieve() reads it",
+        "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "responses": {"200": _json({"type": "object", "required": ["id", "object"]}, "the model"),
+                      **_errors("OpenAIError", ("404",)), **_errors("Error", ("401",))}}},
     "/v1/stats": _get("process figures (CPU, memory, in flight, connections) and each model's", {"type": "object"}, "401"),
     "/v1/limits": _get("the caller's tier, and per model its rate limit now and what is left", {"type": "object"}, "401"),
     "/v1/dead-letters": {"get": {"summary": "poison inputs isolated by bisection: ids, hashes, lengths (admin key)",
@@ -166,7 +174,7 @@ def openapi_document(routes: Iterable[str], version: str) -> dict[str, Any]:
                  "description": "A dynamic-batching inference server: one input per request, batched inside. Every "
                                 "error is JSON with a stable code and the request id (OpenAI's shape on the OpenAI "
                                 "endpoints); 429 and 503 carry retry_after_ms and Retry-After."},
-        "paths": {path: item for path, item in PATHS.items() if path in served},
+        "paths": {path: item for path, item in PATHS.items() if path in served or path == "/v1/models/{model}"},
         "components": {
             "schemas": SCHEMAS,
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},

@@ -236,3 +236,32 @@ async def test_schemathesis_finds_no_500_on_the_generation_endpoints(server, tmp
                                                 cwd=tmp_path)
     output, _ = await asyncio.wait_for(proc.communicate(), 600)
     assert proc.returncode == 0, output.decode()[-6000:]
+
+
+async def test_openai_details_as_the_official_client_reads_them(server):
+    api = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=KEYS["enterprise"], max_retries=0)
+    assert (await api.models.retrieve("tiny")).id == "tiny"
+    with pytest.raises(openai.NotFoundError):
+        await api.models.retrieve("nope")
+    done = await api.completions.create(model="tiny", prompt="ids", max_tokens=2, seed=1)
+    assert done.id.startswith("cmpl-")
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hel"}, {"type": "text", "text": "lo"}]}]
+    chat = await api.chat.completions.create(model="tiny", messages=parts, max_tokens=3, seed=5)
+    plain = await api.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}],
+                                              max_tokens=3, seed=5)
+    assert chat.id.startswith("chatcmpl-") and chat.choices[0].message.content == plain.choices[0].message.content
+    chunks = [c async for c in await api.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=4, seed=5, stream=True,
+        stream_options={"include_usage": True})]
+    assert [c.choices[0].delta.role for c in chunks if c.choices] == ["assistant"] + [None] * (len(chunks) - 2)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4  # usage: a chunk of its own
+    assert all(c.usage is None for c in chunks[:-1])
+    for refused in ({"logprobs": True}, {"tools": [{"type": "function", "function": {"name": "f"}}]},
+                    {"response_format": {"type": "json_object"}}):
+        with pytest.raises(openai.BadRequestError) as caught:
+            await api.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], **refused)
+        assert next(iter(refused)) in caught.value.message
+    with pytest.raises(openai.BadRequestError) as zero:
+        await api.completions.create(model="tiny", prompt="x", max_tokens=0)
+    assert "max_tokens" in zero.value.message
+    await api.close()

@@ -1,0 +1,114 @@
+"""The wire format of OpenAI's `/v1/completions` and `/v1/chat/completions`: the request body, and the
+answer whole or as stream chunks, the way the official `openai` client and its stream helpers read them.
+
+Kept apart from the handler (`generation.py`) as `protocol` and `embeddings` are for their endpoints.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InvalidInput
+
+# Fields the engine path cannot honour yet: refused with a 400 rather than silently ignored.
+_UNSUPPORTED = ("logprobs", "top_logprobs", "tools", "tool_choice", "functions", "function_call", "logit_bias",
+                "echo", "best_of", "suffix", "parallel_tool_calls")
+
+
+@dataclass(slots=True)
+class TextCall:
+    """A parsed completion or chat body: the prompt (text) or the messages, and their length in characters."""
+
+    chat: bool
+    prompt: str = ""
+    messages: list[dict[str, str]] = field(default_factory=list)
+    chars: int = 0
+    include_usage: bool = False
+
+
+def parse_text_call(body: dict[str, Any], chat: bool) -> TextCall:
+    for key in _UNSUPPORTED:
+        if body.get(key) not in (None, False):
+            raise InvalidInput(f"`{key}` is not supported by this server")
+    response_format = body.get("response_format")
+    if response_format not in (None, {"type": "text"}):
+        raise InvalidInput("`response_format` other than {\"type\": \"text\"} is not supported by this server")
+    if body.get("n", 1) not in (1, None):
+        raise InvalidInput("only n = 1 is supported")
+    options = body.get("stream_options")  # (its shape is checked with the sampling fields)
+    include_usage = isinstance(options, dict) and options.get("include_usage") is True
+    if chat:
+        messages = [_message(m, i) for i, m in enumerate(_non_empty_list(body.get("messages")))]
+        return TextCall(True, messages=messages, chars=sum(len(m["content"]) for m in messages),
+                        include_usage=include_usage)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise InvalidInput("`prompt` must be a string (or a list holding one)")
+    return TextCall(False, prompt=prompt, chars=len(prompt), include_usage=include_usage)
+
+
+def _non_empty_list(value: Any) -> list[Any]:
+    if not isinstance(value, list) or not value:
+        raise InvalidInput("`messages` must be a non-empty list of {role, content} objects")
+    return value
+
+
+def _message(message: Any, i: int) -> dict[str, str]:
+    """One chat message; `content` a string or a list of text parts (joined), as OpenAI's clients send."""
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise InvalidInput(f"`messages[{i}]` must be an object with a string `role`")
+    content = message.get("content")
+    if isinstance(content, list):
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            raise InvalidInput(f"`messages[{i}].content`: only text parts ({{\"type\": \"text\", \"text\": ...}}) are supported")
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise InvalidInput(f"`messages[{i}].content` must be a string or a list of text parts")
+    return {"role": message["role"], "content": content}
+
+
+class TextAnswer:
+    """Builds the answer of one call: whole, or chunk by chunk (the role in the first delta only, the
+    usage in a final chunk of its own with no choices when `stream_options.include_usage`)."""
+
+    def __init__(self, call: TextCall, model: str, created: int) -> None:
+        self.call = call
+        self.model = model
+        self.created = created
+        self.id = ("chatcmpl-" if call.chat else "cmpl-") + os.urandom(12).hex()
+        self.kind = "chat.completion" if call.chat else "text_completion"
+        self._role_sent = False
+
+    def whole(self, text: str, last: Any, usage: dict[str, int]) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason if last else "stop", "logprobs": None}
+        if self.call.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return {"id": self.id, "object": self.kind, "created": self.created, "model": self.model,
+                "choices": [choice], "usage": usage}
+
+    def chunks(self, text: str, last: Any, usage: dict[str, int]) -> list[dict[str, Any]]:
+        reason = last.finish_reason if last.finished else None
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
+        if self.call.chat:
+            delta: dict[str, str] = {}
+            if not self._role_sent:
+                delta["role"], self._role_sent = "assistant", True
+            if text or not last.finished:
+                delta["content"] = text
+            choice["delta"] = delta
+        else:
+            choice["text"] = text
+        events = [self._event([choice])]
+        if last.finished and self.call.include_usage:
+            events.append({**self._event([]), "usage": usage})
+        return events
+
+    def _event(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "object": f"{self.kind}.chunk" if self.call.chat else self.kind,
+                "created": self.created, "model": self.model, "choices": choices}
