@@ -265,3 +265,18 @@ async def test_openai_details_as_the_official_client_reads_them(server):
         await api.completions.create(model="tiny", prompt="x", max_tokens=0)
     assert "max_tokens" in zero.value.message
     await api.close()
+
+
+async def test_the_python_client_generates_whole_and_streamed(server):
+    from inferd.client import AsyncClient, Client
+
+    async with AsyncClient(server.url, model="tiny") as client:
+        whole = await client.generate("The batching server", max_tokens=12, seed=4, ignore_eos=True)
+        pieces = [piece async for piece in client.stream("The batching server", max_tokens=12, seed=4, ignore_eos=True)]
+    assert whole and "".join(pieces) == whole
+
+    def sync() -> str:
+        with Client(server.url, model="tiny") as client:
+            return "".join(client.stream("The batching server", max_tokens=12, seed=4, ignore_eos=True))
+
+    assert await asyncio.to_thread(sync) == whole

@@ -18,7 +18,7 @@ LAYERS: list[set[str]] = [
     {"admission"},
     {"models"},
     {"scheduling", "execution"},
-    {"observability", "backends", "bench"},
+    {"observability", "backends", "bench", "client"},
     {"errors", "config", "messages", "lifecycle", "__init__"},
     {"typed_tables"},
 ]

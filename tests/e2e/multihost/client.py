@@ -16,6 +16,7 @@ import aiohttp
 
 from inferd.backends.sim import expected_output
 from inferd.bench.loadgen import open_loop
+from inferd.client import AsyncClient, InferdClientError, NotFromInferd
 
 
 async def run(url: str, rate: float, duration_s: float, timeout_s: float, prefix: str) -> dict:
@@ -23,31 +24,28 @@ async def run(url: str, rate: float, duration_s: float, timeout_s: float, prefix
     loop = asyncio.get_running_loop()
     records: list[dict] = []
 
-    async def one(session: aiohttp.ClientSession, i: int, scheduled: float) -> None:
+    async def one(client: AsyncClient, i: int, scheduled: float) -> None:
         rid = f"{prefix}-{i}"
         record = {"id": rid, "sent_at": round(scheduled - began, 4)}
         try:
-            async with session.post(f"{url}/v1/inference", json={"input": rid}, headers={"X-Request-ID": rid}) as resp:
-                record["status"] = resp.status
-                text = await resp.text()
-                try:
-                    body = json.loads(text)
-                except ValueError:  # not inferd's answer: the load balancer's own error page
-                    body = {"error": "NOT_FROM_INFERD", "detail": text[:200]}
-                    record["detail"] = body["detail"]
-                record["right"] = resp.status != 200 or (body.get("output") == expected_output(rid)
-                                                         and body.get("request_id") == rid)
-                record["error"] = body.get("error") if resp.status != 200 else None
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            record["status"] = 0
-            record["error"] = type(exc).__name__
+            answer = await client.infer(rid, request_id=rid)
+            record.update(status=200, error=None,
+                          right=answer.output == expected_output(rid) and answer.request_id == rid)
+        except InferdClientError as error:  # inferd's typed errors, or NOT_FROM_INFERD (the balancer's page)
+            record.update(status=error.status, error=error.code, right=True)
+            if isinstance(error, NotFromInferd):
+                record["detail"] = error.message
+        except TimeoutError as exc:
+            record.update(status=0, error=type(exc).__name__)
         record["latency_s"] = round(loop.time() - scheduled, 4)
         records.append(record)
 
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=2000)) as session:
+        # No retries here: the balancer's are what is measured. The server's deadline stays its own.
+        client = AsyncClient(url, retries=0, timeout_s=timeout_s, session=session)
         began = loop.time()
-        sent = await open_loop(rate, duration_s, rng, lambda i, scheduled: one(session, i, scheduled), began=began)
+        sent = await open_loop(rate, duration_s, rng, lambda i, scheduled: one(client, i, scheduled), began=began)
     return {"sent": sent, "records": records, "wall_s": round(loop.time() - began, 2)}
 
 
