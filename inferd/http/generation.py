@@ -80,10 +80,10 @@ class GenerationApi:
     async def _openai(self, request: web.BaseRequest, chat: bool) -> web.StreamResponse:
         started = time.monotonic()
         request_id = self.ids.pick(request.headers.get("X-Request-ID") or request.headers.get("Idempotency-Key"))
-        tier = "-"
+        tier, tenant = "-", "-"
         try:
             who = self.admission.identify(request.headers)
-            tier = who.tier
+            tier, tenant = who.tier, who.tenant
             body = json_object(await self.body.read(request))
             name = body.get("model")
             if not isinstance(name, str):
@@ -93,7 +93,7 @@ class GenerationApi:
                 raise ModelNotFound(f"no generation model named {name!r}; see GET /v1/models")
             call = parse_text_call(body, chat)
         except InferdError as error:
-            self.outcomes.record_error(request_id, "-", tier, error, started)
+            self.outcomes.record_error(request_id, "-", tier, error, started, tenant=tenant)
             return error_response(error, request_id, close=self.lifecycle.draining, openai=True)
         answer = TextAnswer(call, model.name, int(time.time()))
 
@@ -111,7 +111,7 @@ class GenerationApi:
                      whole: Callable[[str, Any], dict], chunk: Callable[[str, Any], list[dict]], *,
                      openai: bool) -> web.StreamResponse:
         """`openai`: errors in OpenAI's shape, and a stream ends with `data: [DONE]`."""
-        tier = who.tier
+        tier, tenant = who.tier, who.tenant
         try:
             overrides = sampling_fields(body)
             ticket = self.admission.admit_generation(model, who, timeout_ms(body), chars)  # before any tokenising
@@ -126,7 +126,7 @@ class GenerationApi:
             except Exception as exc:  # noqa: BLE001 - vLLM's own checks (its validation error is no ValueError)
                 raise InvalidInput(f"bad sampling parameters: {describe(exc)}") from None
         except InferdError as error:
-            self.outcomes.record_error(request_id, model.name, tier, error, started)
+            self.outcomes.record_error(request_id, model.name, tier, error, started, tenant=tenant)
             return error_response(error, request_id, close=self.lifecycle.draining, openai=openai)
         timeout_s = ticket.timeout_s
         deltas = model.stream(prompt_ids, sampling, ticket.priority)
@@ -148,7 +148,7 @@ class GenerationApi:
         except TimeoutError:
             model.record_abort("deadline")
             error = DeadlineExceeded(f"deadline of {timeout_s * 1000:.0f} ms passed during generation; aborted")
-            self.outcomes.record_error(request_id, model.name, tier, error, started)
+            self.outcomes.record_error(request_id, model.name, tier, error, started, tenant=tenant)
             if response is None:
                 return error_response(error, request_id, openai=openai)
             await response.write(b"event: error\ndata: " + dumps({"error": error.code, "message": error.message,
@@ -157,7 +157,7 @@ class GenerationApi:
             return response
         except (asyncio.CancelledError, ConnectionResetError):
             model.record_abort("client_disconnect")
-            self.outcomes.record(request_id, model.name, tier, 499, "CLIENT_DISCONNECTED", started)
+            self.outcomes.record(request_id, model.name, tier, 499, "CLIENT_DISCONNECTED", started, tenant=tenant)
             raise
         except Exception as exc:  # noqa: BLE001 - the engine refused or failed this request: answered, counted
             model.record_abort("engine_error")
@@ -165,7 +165,7 @@ class GenerationApi:
             failed: InferdError = (InvalidInput(f"the engine refused this request: {describe(exc)}")
                                    if isinstance(exc, ValueError) and last is None else
                                    InferenceFailed(f"generation failed: {describe(exc)}"))
-            self.outcomes.record_error(request_id, model.name, tier, failed, started)
+            self.outcomes.record_error(request_id, model.name, tier, failed, started, tenant=tenant)
             if response is None:
                 return error_response(failed, request_id, openai=openai)
             await response.write(b"event: error\ndata: " + dumps({"error": failed.code, "message": failed.message,
@@ -174,7 +174,7 @@ class GenerationApi:
             return response
         finally:
             await deltas.aclose()  # aborts the request in the engine if it is still there
-        self.outcomes.record(request_id, model.name, tier, 200, "", started)
+        self.outcomes.record(request_id, model.name, tier, 200, "", started, tenant=tenant)
         if not streaming:
             return WholeResponse(200, dumps(whole("".join(pieces), last)), (("X-Request-ID", request_id),))
         if response is None:  # nothing was generated: still a well-formed stream

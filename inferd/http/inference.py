@@ -44,10 +44,10 @@ class InferenceApi:
         started = time.monotonic()
         headers = request.headers
         request_id = self.ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key"))
-        model_name, tier, pending = "-", "-", None
+        model_name, tier, tenant, pending = "-", "-", "-", None
         try:
             who = self.admission.identify(headers)
-            tier = who.tier
+            tier, tenant = who.tier, who.tenant
             call = parse_inference_body(await self.body.read(request))
             name = call.model or self.models.default
             model = self.models.batch.get(name)
@@ -62,12 +62,12 @@ class InferenceApi:
                 output = await pending.future
             except asyncio.CancelledError:
                 model.abandon(pending)  # client went away: never computed if still queued
-                self.outcomes.record(request_id, model_name, tier, 499, "CLIENT_DISCONNECTED", started, pending)
+                self.outcomes.record(request_id, model_name, tier, 499, "CLIENT_DISCONNECTED", started, pending, tenant=tenant)
                 raise
         except InferdError as error:
-            self.outcomes.record_error(request_id, model_name, tier, error, started, pending)
+            self.outcomes.record_error(request_id, model_name, tier, error, started, pending, tenant=tenant)
             return error_response(error, request_id, close=self.lifecycle.draining)
-        now = self.outcomes.record(request_id, model_name, tier, 200, "", started, pending)
+        now = self.outcomes.record(request_id, model_name, tier, 200, "", started, pending, tenant=tenant)
         batch = pending.batch
         extra: tuple[tuple[str, str], ...] = (("X-Request-ID", request_id),)
         if batch is not None:
@@ -84,10 +84,10 @@ class InferenceApi:
         started = time.monotonic()
         headers = request.headers
         request_id = self.ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key"))
-        model_name, tier, model, items = "-", "-", None, []
+        model_name, tier, tenant, model, items = "-", "-", "-", None, []
         try:
             who = self.admission.identify(headers)
-            tier = who.tier
+            tier, tenant = who.tier, who.tenant
             call = parse_embeddings_body(await self.body.read(request))
             name = call.model or self.models.default
             model = self.models.batch.get(name)
@@ -103,14 +103,14 @@ class InferenceApi:
             try:
                 vectors = await asyncio.gather(*(item.future for item in items))
             except asyncio.CancelledError:
-                self.outcomes.record(request_id, model_name, tier, 499, "CLIENT_DISCONNECTED", started)
+                self.outcomes.record(request_id, model_name, tier, 499, "CLIENT_DISCONNECTED", started, tenant=tenant)
                 raise
         except InferdError as error:
-            self.outcomes.record_error(request_id, model_name, tier, error, started)
+            self.outcomes.record_error(request_id, model_name, tier, error, started, tenant=tenant)
             return error_response(error, request_id, close=self.lifecycle.draining, openai=True)
         finally:
             _withdraw_unanswered(model, items)
-        self.outcomes.record(request_id, model_name, tier, 200, "", started)
+        self.outcomes.record(request_id, model_name, tier, 200, "", started, tenant=tenant)
         payload = embeddings_payload(model_name, vectors, sum(item.tokens for item in items), call.base64)
         return WholeResponse(200, dumps(payload), (("X-Request-ID", request_id),))
 

@@ -11,6 +11,7 @@ import logging.handlers
 import queue
 import random
 import sys
+import time
 from typing import Any
 
 import orjson
@@ -52,6 +53,12 @@ def configure_access_logger(max_pending_lines: int = 10_000) -> logging.handlers
     return listener
 
 
+def _timestamp() -> str:
+    """Now, in UTC, to the millisecond (ISO 8601), as log pipelines parse it."""
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+
+
 class AccessLog:
     """Writes (some of) the answers as JSON lines: every 500 and 504, others at the sample rate."""
 
@@ -74,13 +81,16 @@ class AccessLog:
         error: str,
         latency_s: float,
         pending: PendingRequest | None,
+        tenant: str = "-",
     ) -> None:
         """Write one line (callers ask `wants` first)."""
         must = status in (500, 504)
         line: dict[str, Any] = {
+            "ts": _timestamp(),
             "request_id": request_id,
             "model": model,
             "tier": tier,
+            "tenant": pending.tenant if pending is not None else tenant,
             "status": status,
             "latency_ms": round(latency_s * 1000, 3),
         }

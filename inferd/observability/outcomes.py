@@ -20,7 +20,7 @@ class Outcomes:
 
     def record(
         self, request_id: str, model: str, tier: str, status: int, error: str, started: float,
-        pending: PendingRequest | None = None,
+        pending: PendingRequest | None = None, tenant: str = "-",
     ) -> float:
         """One answer; returns the time it was recorded."""
         now = time.monotonic()
@@ -33,14 +33,14 @@ class Outcomes:
                 if pending.batch is not None and status == 200:
                     metrics.response[model].observe(now - pending.batch.finished_at)
         if self.access_log.wants(status):
-            self.access_log.record(request_id, model, tier, status, error, now - started, pending)
+            self.access_log.record(request_id, model, tier, status, error, now - started, pending, tenant)
         return now
 
     def record_error(
         self, request_id: str, model: str, tier: str, error: InferdError, started: float,
-        pending: PendingRequest | None = None,
+        pending: PendingRequest | None = None, tenant: str = "-",
     ) -> None:
         """An error answer; refusals (429, 503) are also counted as shed, by reason."""
         if error.status in (429, 503) and self.metrics is not None:
             self.metrics.shed[(model, tier, error.reason)] += 1
-        self.record(request_id, model, tier, error.status, error.code, started, pending)
+        self.record(request_id, model, tier, error.status, error.code, started, pending, tenant)

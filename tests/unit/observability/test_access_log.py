@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import re
 
 import orjson
 
@@ -22,9 +23,11 @@ def test_server_side_failures_are_always_logged_and_the_rest_sampled():
 
 def test_a_line_is_one_json_object_without_the_input(caplog):
     with caplog.at_level(logging.INFO, logger="inferd.access"):
-        AccessLog("info", 1.0).record("r1", "m", "free", 200, "", 0.0123, None)
+        AccessLog("info", 1.0).record("r1", "m", "free", 200, "", 0.0123, None, "acme")
     line = orjson.loads(caplog.records[-1].getMessage())
-    assert line == {"request_id": "r1", "model": "m", "tier": "free", "status": 200, "latency_ms": 12.3}
+    stamp = line.pop("ts")
+    assert line == {"request_id": "r1", "model": "m", "tier": "free", "tenant": "acme", "status": 200, "latency_ms": 12.3}
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stamp), stamp  # UTC, to the millisecond
 
 
 def test_a_full_queue_drops_lines_and_counts_them_per_handler():
