@@ -105,11 +105,17 @@ def test_kustomize_builds():
 
 
 @pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed (Debian package 'haproxy')")
-def test_haproxy_config_is_valid():
-    env = {"INFERD_LISTEN": "127.0.0.1:8080", "INFERD_HOST1": "127.0.0.1:1", "INFERD_HOST2": "127.0.0.1:2",
-           "INFERD_HOST3": "127.0.0.1:3", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-    checked = subprocess.run(["haproxy", "-c", "-f", str(REPO / "deploy/haproxy/haproxy.cfg")], env=env,
-                             capture_output=True, text=True, timeout=30)
+@pytest.mark.parametrize("config, env", [
+    ("haproxy.cfg", {"INFERD_LISTEN": "127.0.0.1:8080", "INFERD_HOST1": "127.0.0.1:1", "INFERD_HOST2": "127.0.0.1:2",
+                     "INFERD_HOST3": "127.0.0.1:3"}),
+    ("haproxy.cfg", {}),  # no environment: its defaults (one local inferd)
+    ("haproxy-dns.cfg", {"INFERD_HOSTS_DNS": "inferd-hosts.internal", "INFERD_PORT": "8000"}),
+    ("haproxy-dns.cfg", {}),
+])
+def test_haproxy_configs_are_valid_with_and_without_their_environment(config, env):
+    checked = subprocess.run(["haproxy", "-c", "-f", str(REPO / "deploy/haproxy" / config)],
+                             env={**env, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, capture_output=True, text=True,
+                             timeout=30)
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
