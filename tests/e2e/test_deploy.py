@@ -109,7 +109,7 @@ def test_kustomize_builds():
     ("haproxy.cfg", {"INFERD_LISTEN": "127.0.0.1:8080", "INFERD_HOST1": "127.0.0.1:1", "INFERD_HOST2": "127.0.0.1:2",
                      "INFERD_HOST3": "127.0.0.1:3"}),
     ("haproxy.cfg", {}),  # no environment: its defaults (one local inferd)
-    ("haproxy-dns.cfg", {"INFERD_HOSTS_DNS": "inferd-hosts.internal", "INFERD_PORT": "8000"}),
+    ("haproxy-dns.cfg", {"INFERD_HOSTS_DNS": "localhost", "INFERD_PORT": "9000"}),  # (a name that resolves here)
     ("haproxy-dns.cfg", {}),
 ])
 def test_haproxy_configs_are_valid_with_and_without_their_environment(config, env):
