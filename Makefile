@@ -38,7 +38,9 @@ bench: install
 # The before/after check of a change to the request path: the simulated GPU (S1, S2) and the real
 # embedding path with a stand-in for the GPU's time (S9).
 bench-quick: install
-	cd benchmarks/scenarios && for s in s1_seed.py s2_overhead.py s9_real_frontend.py; do ../../$(BIN)/python $$s --quick --out-dir /tmp/inferd-bench-quick || exit 1; done
+	@echo "bench-quick: S1, S2 and S9 with short steps, about 3 minutes on 2 cores (after the install); tables at the end"
+	cd benchmarks/scenarios && for s in s1_seed.py s2_overhead.py s9_real_frontend.py; do ../../$(BIN)/python $$s --quick --out-dir /tmp/inferd-bench-quick > /tmp/inferd-bench-quick.log 2>&1 || { tail -20 /tmp/inferd-bench-quick.log; exit 1; }; done
+	@for t in S1 S2 S9; do echo; cat /tmp/inferd-bench-quick/$$t.md; done
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -55,6 +55,7 @@ if __name__ == "__main__":
             with inferd_server(sim_config(latency_ms=10, extra_server=extra)) as url:
                 result = step(url, clients=400, duration_s=10, quick=args.quick, processes=2)
                 result["observability"] = label
+                result["variant"] = f"metrics + access log {label}"  # the table's first column
                 observability.append(result)
     on = [s for s in observability if s["observability"] == "on"]
     off = [s for s in observability if s["observability"] == "off"]

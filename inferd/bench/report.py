@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +119,7 @@ def plot(
         ax2.set_title("throughput")
         ax2.grid(alpha=0.3)
         ax2.legend(fontsize=8)
-        fig.suptitle(title)
+        fig.suptitle("\n".join(textwrap.wrap(title, 100)), fontsize=11)  # a long title wraps, never runs off
         fig.tight_layout()
         path = out.with_name(f"{out.stem}_{mode}.png")
         fig.savefig(path, dpi=90)
@@ -135,7 +136,7 @@ def plot(
             ax.step(xs, [sizes[k] / total for k in xs], where="mid", label=label)
         ax.set_xlabel("batch size")
         ax.set_ylabel("share of batches")
-        ax.set_title(f"{title}: batch sizes")
+        ax.set_title("\n".join(textwrap.wrap(f"{title}: batch sizes", 60)), fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
         fig.tight_layout()
