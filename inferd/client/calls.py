@@ -32,6 +32,9 @@ def _new_request_id() -> str:
     return "cli_" + os.urandom(8).hex()
 
 
+_REUSE_IDLE_S = 30.0  # a kept-alive connection idle longer is not reused (inferd closes them at 75 s)
+
+
 class _Calls:
     """What both clients share: the URL, the key, the retry rule, the bodies."""
 
@@ -64,6 +67,7 @@ class Client(_Calls):
         parts = urlsplit(self.url)
         self._host, self._port = parts.hostname or "127.0.0.1", parts.port or 80
         self._conn: http.client.HTTPConnection | None = None
+        self._last_used = 0.0
 
     def infer(self, text: str, *, model: str | None = None, timeout_ms: int | None = None,
               request_id: str | None = None) -> Answer:
@@ -82,14 +86,18 @@ class Client(_Calls):
         """A generation's text as it comes (Server-Sent Events); an error mid-stream raises."""
         body = self.inference_body(prompt, model, timeout_ms, {**sampling, "stream": True})
         response = self._send("/v1/inference", body, _new_request_id())
-        if response.status != 200:
-            raise error_from(response.status, response.read())
-        for line in response:
-            if line.startswith(b"data: "):
-                event = json.loads(line[6:])
-                if "error" in event:
-                    raise error_from(504 if event["error"] == "DEADLINE_EXCEEDED" else 500, line[6:])
-                yield event.get("delta", "")
+        try:
+            if response.status != 200:
+                raise error_from(response.status, response.read())
+            for line in response:
+                if line.startswith(b"data: "):
+                    event = json.loads(line[6:])
+                    if "error" in event:
+                        raise error_from(504 if event["error"] == "DEADLINE_EXCEEDED" else 500, line[6:])
+                    yield event.get("delta", "")
+        finally:
+            if not response.isclosed():  # left before its end: the connection cannot carry another request
+                self.close()
 
     def close(self) -> None:
         if self._conn is not None:
@@ -125,17 +133,14 @@ class Client(_Calls):
         raise AssertionError("unreachable")
 
     def _send(self, path: str, body: bytes, request_id: str) -> http.client.HTTPResponse:
-        for fresh in (self._conn is None, True):
-            if self._conn is None:
-                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout_s + 5)
-            try:
-                self._conn.request("POST", path, body, {**self.headers, "X-Request-ID": request_id})
-                return self._conn.getresponse()
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                self.close()
-                if fresh:  # a connection of its own failed: not a stale kept-alive one
-                    raise
-        raise AssertionError("unreachable")
+        now = time.monotonic()
+        if self._conn is not None and now - self._last_used > _REUSE_IDLE_S:
+            self.close()  # the server may be closing it as idle: a request sent on it could be lost
+        if self._conn is None:
+            self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout_s + 5)
+        self._last_used = now
+        self._conn.request("POST", path, body, {**self.headers, "X-Request-ID": request_id})
+        return self._conn.getresponse()
 
 
 class AsyncClient(_Calls):

@@ -96,6 +96,8 @@ class HttpApi:
         path = request.raw_path
         if "?" in path:
             path = path.partition("?")[0]
+        if path[:1] != "/":  # the absolute form, as a proxy may send it: its path, still as sent
+            path = request.rel_url.raw_path
         route = self.routes.get(path)
         if route is not None and route[0] == request.method:
             if not route[2]:

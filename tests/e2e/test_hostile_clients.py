@@ -108,3 +108,14 @@ async def test_operations_endpoints_can_require_a_key_or_the_admin_key(http):
             assert resp.status == 403
         async with http.get(f"{srv.url}/metrics", headers={"Authorization": f"Bearer {ADMIN}"}) as resp:
             assert resp.status == 200
+
+
+async def test_a_request_target_in_absolute_form_is_routed_by_its_path(http):
+    async with running_server(sim_model(latency_ms=5)) as srv:
+        host = srv.url.removeprefix("http://")
+        status, _, body = await exchange(
+            srv.url, f'POST http://{host}/v1/inference HTTP/1.1\r\nHost: {host}\r\nContent-Length: 16\r\n\r\n'
+                     '{"input": "abs"}'.encode())
+        assert status == 200 and body["output"].startswith("abs")
+        status, _, body = await exchange(srv.url, f"GET http://{host}/%6Detrics HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        assert (status, body["error"]) == (404, "NOT_FOUND")  # still the path as sent
