@@ -86,9 +86,10 @@ async def test_a_higher_tiers_long_inputs_go_before_a_lower_tiers_full_bucket():
                                          "enterprise-long": (60.0, LONG, {"Authorization": f"Bearer {key}"})}, 3.0)
     free, enterprise = result["free-short"], result["enterprise-long"]
     assert enterprise.statuses[200] == sum(enterprise.statuses.values())  # every one served, none shed
-    # (behind free's full batches without tiers across buckets: seconds, and 504s). The tail is loose: the
-    # load generator shares this process's loop, whose pauses (a full GC of the suite's heap) land in it.
-    assert enterprise.p(0.5) < 0.15 and enterprise.p(0.99) < 1.0, (enterprise.p(0.5), enterprise.p(0.99))
+    # (behind free's full batches without tiers across buckets: seconds, and 504s). Not the p99: the load
+    # generator shares this process's loop, whose pauses (a full GC of the suite's heap) land in a few
+    # of its ~180 samples; the p95 already tells a scheduler that serves enterprise first from one that does not.
+    assert enterprise.p(0.5) < 0.15 and enterprise.p(0.95) < 0.6, (enterprise.p(0.5), enterprise.p(0.95))
     assert free.share(503) > 0.2  # the free tier takes the overload
 
 
