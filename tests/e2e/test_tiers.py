@@ -120,10 +120,11 @@ async def test_under_2x_overload_enterprise_is_served_and_free_is_shed_first(htt
     assert all(s in (200, 503) for _, s, _ in results)
     enterprise = by_tier["acme"]
     assert [s for s, _ in enterprise] == [200] * len(enterprise)
-    p99 = sorted(lat for _, lat in enterprise)[int(len(enterprise) * 0.99) - 1]
+    p95 = sorted(lat for _, lat in enterprise)[int(len(enterprise) * 0.95) - 1]
     # A few batch times, whatever the overload; without priority (FIFO behind ~2,000 queued) it would be
-    # seconds. The bound leaves room for a loaded CI machine: client and server share this event loop.
-    assert p99 < 1.0, p99
+    # seconds. The p95 of ~80 samples, not the p99 (its largest): client and server share this event
+    # loop, and one of its pauses on a loaded CI machine must not decide the test.
+    assert p95 < 1.0, p95
 
     def shed(t):
         return sum(1 for s, _ in by_tier[t] if s == 503) / len(by_tier[t])
