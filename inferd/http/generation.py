@@ -147,14 +147,8 @@ class GenerationApi:
                     await response.write(b"".join(b"data: " + dumps(event) + b"\n\n" for event in chunk(delta.text, delta)))
         except TimeoutError:
             model.record_abort("deadline")
-            error = DeadlineExceeded(f"deadline of {timeout_s * 1000:.0f} ms passed during generation; aborted")
-            self.outcomes.record_error(request_id, model.name, tier, error, started, tenant=tenant)
-            if response is None:
-                return error_response(error, request_id, openai=openai)
-            await response.write(b"event: error\ndata: " + dumps({"error": error.code, "message": error.message,
-                                                                   "request_id": request_id}) + b"\n\n")
-            await response.write_eof()
-            return response
+            failure: InferdError | None = DeadlineExceeded(
+                f"deadline of {timeout_s * 1000:.0f} ms passed during generation; aborted")
         except (asyncio.CancelledError, ConnectionResetError):
             model.record_abort("client_disconnect")
             self.outcomes.record(request_id, model.name, tier, 499, "CLIENT_DISCONNECTED", started, tenant=tenant)
@@ -162,18 +156,22 @@ class GenerationApi:
         except Exception as exc:  # noqa: BLE001 - the engine refused or failed this request: answered, counted
             model.record_abort("engine_error")
             log.warning("model %s request %s: the engine failed it: %s", model.name, request_id, describe(exc))
-            failed: InferdError = (InvalidInput(f"the engine refused this request: {describe(exc)}")
-                                   if isinstance(exc, ValueError) and last is None else
-                                   InferenceFailed(f"generation failed: {describe(exc)}"))
-            self.outcomes.record_error(request_id, model.name, tier, failed, started, tenant=tenant)
+            failure = (InvalidInput(f"the engine refused this request: {describe(exc)}")
+                       if isinstance(exc, ValueError) and last is None else
+                       InferenceFailed(f"generation failed: {describe(exc)}"))
+        else:
+            failure = None
+        finally:
+            await deltas.aclose()  # aborts the request in the engine if it is still there
+        if failure is not None:
+            self.outcomes.record_error(request_id, model.name, tier, failure, started, tenant=tenant)
             if response is None:
-                return error_response(failed, request_id, openai=openai)
-            await response.write(b"event: error\ndata: " + dumps({"error": failed.code, "message": failed.message,
+                return error_response(failure, request_id, openai=openai)
+            # Mid-stream: a last event says why, and the stream ends.
+            await response.write(b"event: error\ndata: " + dumps({"error": failure.code, "message": failure.message,
                                                                     "request_id": request_id}) + b"\n\n")
             await response.write_eof()
             return response
-        finally:
-            await deltas.aclose()  # aborts the request in the engine if it is still there
         self.outcomes.record(request_id, model.name, tier, 200, "", started, tenant=tenant)
         if not streaming:
             return WholeResponse(200, dumps(whole("".join(pieces), last)), (("X-Request-ID", request_id),))
