@@ -150,7 +150,7 @@ class HttpApi:
     async def model(self, request: web.BaseRequest) -> web.StreamResponse:
         """`GET /v1/models/{id}`: one model, as the OpenAI client's models.retrieve() reads it."""
         request_id = self.ids.pick(request.headers.get("X-Request-ID"))
-        name = request.raw_path.partition("?")[0].removeprefix("/v1/models/")
+        name = request.rel_url.raw_path.removeprefix("/v1/models/")  # (as sent; in absolute form too)
         if name not in self.models.batch and name not in self.models.generation:
             return error_response(ModelNotFound(f"no model named {name!r}; see GET /v1/models"), request_id, openai=True)
         return json_response(self._model_entry(name), request_id)

@@ -119,3 +119,5 @@ async def test_a_request_target_in_absolute_form_is_routed_by_its_path(http):
         assert status == 200 and body["output"].startswith("abs")
         status, _, body = await exchange(srv.url, f"GET http://{host}/%6Detrics HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
         assert (status, body["error"]) == (404, "NOT_FOUND")  # still the path as sent
+        status, _, body = await exchange(srv.url, f"GET http://{host}/v1/models/m?x=1 HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        assert (status, body["id"]) == (200, "m")
