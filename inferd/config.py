@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .typed_tables import first_mistyped
+from .typed_tables import ConfigError, check_types, field_names, reject_unknown
 
-
-class ConfigError(ValueError):
-    """The configuration file is missing, malformed or inconsistent."""
+__all__ = ["ConfigError", "ModelConfig", "ServerConfig", "load_config", "parse_config", "default_config"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +44,10 @@ class ModelConfig:
     breaker_cooldown_ms: int = 5_000  # then, how long before one probe batch is let through
     max_waiting_requests: int = 256  # generation: requests without a first token yet, before 503
     max_waiting_prompt_tokens: int = 65_536  # generation: their prompt tokens, before 503
+    collapse: bool = True  # batch: identical inputs in flight share one computation
+    cache_bytes: int = 0  # batch: the result cache's size (0: no cache)
+    cache_ttl_s: float = 300.0  # how long a cached output is served
+    cache_scope: str = "tenant"  # "tenant": each tenant its own entries; "shared": one for all
     options: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -102,6 +104,8 @@ class ServerConfig:
     max_connections: int = 0  # open connections (0: the file-descriptor limit less 256); past it, closed at once
     connection_reserve: int = 32  # the last of max_connections: /healthz and /readyz only
     answer_half_closed: bool = False  # true: a client that shuts its side after sending still gets the answer
+    idempotency_window_s: float = 300.0  # a repeated Idempotency-Key gets the stored answer this long (0: off)
+    idempotency_max_keys: int = 100_000  # answers kept for repeats, at most (the oldest go first)
     grace_period_s: float = 30.0  # how long admitted requests get to finish after SIGTERM
     lame_duck_s: float = 0.0  # after SIGTERM, keep serving this long while health checks notice /readyz 503
     agent_port: int | None = None  # HAProxy agent-check port (weight from predicted wait); None: off
@@ -147,10 +151,10 @@ def load_config(path: str | Path) -> ServerConfig:
 
 
 def parse_config(raw: Mapping[str, Any]) -> ServerConfig:
-    _reject_unknown(raw, {"server", "models", "auth", "tiers", "tenants"}, "top level")
+    reject_unknown(raw, {"server", "models", "auth", "tiers", "tenants"}, "top level")
     server = dict(raw.get("server", {}))
-    _reject_unknown(server, _field_names(ServerConfig) - {"models", "auth", "tiers", "tenants"}, "[server]")
-    _check_types(server, ServerConfig, "[server]")
+    reject_unknown(server, field_names(ServerConfig) - {"models", "auth", "tiers", "tenants"}, "[server]")
+    check_types(server, ServerConfig, "[server]")
     models_raw = raw.get("models", [])
     if not isinstance(models_raw, list) or not models_raw:
         raise ConfigError("at least one [[models]] table is required")
@@ -180,8 +184,8 @@ def _parse_tiers(raw: Any) -> tuple[TierConfig, ...]:
         where = f"[tiers.{name}]"
         if not isinstance(table, dict):
             raise ConfigError(f"{where} must be a table")
-        _reject_unknown(table, _field_names(TierConfig) - {"name"}, where)
-        _check_types(table, TierConfig, where)
+        reject_unknown(table, field_names(TierConfig) - {"name"}, where)
+        check_types(table, TierConfig, where)
         tier = TierConfig(name=name, **{"priority": DEFAULT_TIER_PRIORITIES.get(name, 0), **table})
         for key in ("rate_per_s", "burst", "max_predicted_wait_ms", "promote_after_ms"):
             value = getattr(tier, key)
@@ -199,8 +203,8 @@ def _parse_tenants(raw: Any, tier_names: set[str]) -> tuple[TenantConfig, ...]:
         where = f"[[tenants]] {table.get('name', '?')!r}" if isinstance(table, dict) else "[[tenants]]"
         if not isinstance(table, dict):
             raise ConfigError(f"{where} must be a table")
-        _reject_unknown(table, _field_names(TenantConfig), where)
-        _check_types(table, TenantConfig, where)
+        reject_unknown(table, field_names(TenantConfig), where)
+        check_types(table, TenantConfig, where)
         for key in ("name", "tier", "key_sha256"):
             if not isinstance(table.get(key), str):
                 raise ConfigError(f"{where}: `{key}` is required")
@@ -219,8 +223,8 @@ def _parse_auth(raw: Any) -> AuthConfig:
         return AuthConfig()
     if not isinstance(raw, dict):
         raise ConfigError("[auth] must be a table")
-    _reject_unknown(raw, _field_names(AuthConfig) - {"enabled"}, "[auth]")
-    _check_types(raw, AuthConfig, "[auth]")
+    reject_unknown(raw, field_names(AuthConfig) - {"enabled"}, "[auth]")
+    check_types(raw, AuthConfig, "[auth]")
     if raw.get("admin_key_sha256") is not None:
         _check_sha256(raw["admin_key_sha256"], "[auth] admin_key_sha256")
     if raw.get("operations", "open") not in ("open", "key", "admin"):
@@ -237,8 +241,8 @@ def _parse_model(raw: Any) -> ModelConfig:
     if not isinstance(raw, dict):
         raise ConfigError("each [[models]] entry must be a table")
     where = f"[[models]] {raw.get('name', '?')!r}"
-    _reject_unknown(raw, _field_names(ModelConfig), where)
-    _check_types(raw, ModelConfig, where)
+    reject_unknown(raw, field_names(ModelConfig), where)
+    check_types(raw, ModelConfig, where)
     for key in ("name", "backend"):
         if not isinstance(raw.get(key), str) or not raw[key]:
             raise ConfigError(f"{where}: `{key}` is required and must be a non-empty string")
@@ -269,17 +273,21 @@ def _check_model(m: ModelConfig, where: str) -> None:
         raise ConfigError(f"{where}: `workers` ({m.workers}) disagrees with the `devices` list ({len(m.devices)})")
     if m.timeout_ms > m.max_timeout_ms:
         raise ConfigError(f"{where}: `timeout_ms` exceeds `max_timeout_ms`")
+    if m.cache_bytes < 0 or m.cache_ttl_s <= 0 or m.cache_scope not in ("tenant", "shared"):
+        raise ConfigError(f"{where}: `cache_bytes` must be >= 0, `cache_ttl_s` positive, `cache_scope` tenant or shared")
     if not m.warmup_inputs:
         raise ConfigError(f"{where}: `warmup_inputs` must hold at least one input")
 
 
 def _check_server(c: ServerConfig) -> None:
-    # (types were checked against the fields: see _check_types)
+    # (types were checked against the fields: see check_types)
     if not 0 <= c.port < 65536 or (c.agent_port is not None and not 0 <= c.agent_port < 65536):
         raise ConfigError(f"[server] port or agent_port out of range: {c.port!r}, {c.agent_port!r}")
     for key in ("max_body_bytes", "header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
         if getattr(c, key) <= 0:
             raise ConfigError(f"[server] `{key}` must be positive")
+    if c.idempotency_window_s < 0 or c.idempotency_max_keys <= 0:
+        raise ConfigError("[server] idempotency_window_s must be >= 0 and idempotency_max_keys positive")
     if c.grace_period_s < 0 or c.lame_duck_s < 0 or c.max_connections < 0 or c.connection_reserve < 0:
         raise ConfigError("[server] grace_period_s, lame_duck_s, max_connections, connection_reserve must be >= 0")
     if c.max_connections and c.connection_reserve >= c.max_connections:
@@ -298,22 +306,3 @@ def _check_server(c: ServerConfig) -> None:
         raise ConfigError("[server] gc_threshold must be an integer >= 0")
     if c.access_log.lower() not in ("off", "debug", "info", "warning", "error"):
         raise ConfigError("[server] access_log must be off, debug, info, warning or error")
-
-
-def _check_types(table: Mapping[str, Any], cls: type, where: str) -> None:
-    """Each value against its field's annotation, so `grace_period_s = "30"` or `devices = "cuda:0"`
-    is one line naming the key rather than a traceback later (or six workers, one per character)."""
-    wrong = first_mistyped(table, cls)
-    if wrong is not None:
-        key, expected = wrong
-        raise ConfigError(f"{where}: `{key}` must be {expected}, got {table[key]!r}")
-
-
-def _field_names(cls: type) -> set[str]:
-    return {f.name for f in fields(cls)}
-
-
-def _reject_unknown(table: Mapping[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(set(table) - allowed)
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {unknown}; allowed: {sorted(allowed)}")

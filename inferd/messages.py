@@ -24,6 +24,8 @@ class RequestState(Enum):
     EXPIRED = "expired"  # deadline passed while queued
     CANCELLED = "cancelled"  # client went away while queued
     REJECTED = "rejected"  # its preparation refused it (e.g. over the token limit): answered 400
+    ATTACHED = "attached"  # never queued: it waits on an identical request's computation (`lead`)
+    CACHED = "cached"  # never queued: answered from the result cache
 
 
 @dataclass(slots=True, eq=False)
@@ -43,6 +45,10 @@ class PendingRequest:
     bucket: int = 0  # batches never mix buckets (e.g. token-length buckets)
     raw: Any = None  # the client's input, when `input` is what the backend's `prepare` made of it
     tokens: int = 0  # its size in tokens, when its preparation counted them
+    key: Any = None  # its input's identity, when identical requests share work (collapsing, the cache)
+    riders: list[PendingRequest] | None = None  # identical requests waiting on this one's computation
+    lead: PendingRequest | None = None  # ATTACHED: the request whose computation answers this one
+    wheel_slot: int = 0  # the deadline wheel's slot it sits in (its deadline may be extended for riders)
 
 
 @dataclass(slots=True, eq=False)
@@ -68,8 +74,9 @@ class Batch:
         return len(self.requests)
 
     def queue_s(self, request: PendingRequest) -> float:
-        """How long `request` waited: from entering the queue to the start of this batch."""
-        return self.started_at - request.enqueued_at
+        """How long `request` waited: from entering the queue to the start of this batch (0 for one that
+        attached to an input of this batch while it ran)."""
+        return max(0.0, self.started_at - request.enqueued_at)
 
     @property
     def compute_s(self) -> float:

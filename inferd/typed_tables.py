@@ -10,7 +10,12 @@ from __future__ import annotations
 import types
 import typing
 from collections.abc import Mapping
+from dataclasses import fields
 from typing import Any
+
+
+class ConfigError(ValueError):
+    """The configuration file is missing, malformed or inconsistent."""
 
 
 def first_mistyped(table: Mapping[str, Any], cls: type) -> tuple[str, str] | None:
@@ -53,3 +58,22 @@ def _describe(expected: Any) -> str:
     if origin is Mapping:
         return "a table"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(expected, str(expected))
+
+
+def check_types(table: Mapping[str, Any], cls: type, where: str) -> None:
+    """Each value against its field's annotation, so `grace_period_s = "30"` or `devices = "cuda:0"`
+    is one line naming the key rather than a traceback later (or six workers, one per character)."""
+    wrong = first_mistyped(table, cls)
+    if wrong is not None:
+        key, expected = wrong
+        raise ConfigError(f"{where}: `{key}` must be {expected}, got {table[key]!r}")
+
+
+def field_names(cls: type) -> set[str]:
+    return {f.name for f in fields(cls)}
+
+
+def reject_unknown(table: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {unknown}; allowed: {sorted(allowed)}")

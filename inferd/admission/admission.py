@@ -57,11 +57,13 @@ class Admission:
         return self.auth.identify(headers)
 
     def admit(
-        self, model: BatchModel, request_id: str, values: Sequence[Any], who: Identity, timeout_ms: int | None
+        self, model: BatchModel, request_id: str, values: Sequence[Any], who: Identity, timeout_ms: int | None,
+        use_cache: bool = True,
     ) -> list[PendingRequest]:
         """Admit the inputs of one call to a batch model, all or none (one for /v1/inference, several for
-        /v1/embeddings, each batched as a request of its own; rate limits count each). The caller awaits
-        each request's `.future`."""
+        /v1/embeddings, each batched as a request of its own; rate limits count each). An input cached or
+        already in flight is answered without entering the queue, so only the others are shed for the
+        queue's sake. The caller awaits each request's `.future`."""
         config = model.config
         for value in values:
             if len(value) > config.max_input_chars:
@@ -79,13 +81,31 @@ class Admission:
         timeout_s = deadline_s(config, timeout_ms)
         if who.rate_per_s is not None:  # (measuring capacity costs a little: only for limited callers)
             self.limiter.check(who, model.name, model.capacity_scale(), now, len(values))
-        self._shed_by_predicted_wait(model, who, timeout_s, now)
         if len(values) == 1:
+            shortcut = model.shortcut(request_id, values[0], timeout_s, who.tier, who.tenant, use_cache)
+            if shortcut is not None:
+                return [shortcut]
+            self._shed_by_predicted_wait(model, who, timeout_s, now)
             return [model.submit(request_id, values[0], timeout_s, who.tier, who.tenant)]
-        if model.batcher.depth + len(values) > config.max_queue:
-            raise ServiceOverloaded(f"model {model.name} cannot queue {len(values)} more inputs",
-                                    retry_after_ms=model.retry_after_ms(who.tier), reason="queue_full")
-        return [model.submit(f"{request_id}.{i}", v, timeout_s, who.tier, who.tenant) for i, v in enumerate(values)]
+        ids = [f"{request_id}.{i}" for i in range(len(values))]
+        admitted: list[PendingRequest | None] = [
+            model.shortcut(i, v, timeout_s, who.tier, who.tenant, use_cache) for i, v in zip(ids, values, strict=True)]
+        try:
+            fresh = [i for i, request in enumerate(admitted) if request is None]
+            if fresh:
+                self._shed_by_predicted_wait(model, who, timeout_s, now)
+                if model.batcher.depth + len(fresh) > config.max_queue:
+                    raise ServiceOverloaded(f"model {model.name} cannot queue {len(fresh)} more inputs",
+                                            retry_after_ms=model.retry_after_ms(who.tier), reason="queue_full")
+            for i in fresh:  # (an input repeated in this call rides on its first copy)
+                admitted[i] = (model.shortcut(ids[i], values[i], timeout_s, who.tier, who.tenant, use_cache)
+                               or model.submit(ids[i], values[i], timeout_s, who.tier, who.tenant))
+        except BaseException:
+            for request in admitted:  # all or none: what was admitted is withdrawn
+                if request is not None:
+                    model.abandon(request)
+            raise
+        return admitted  # type: ignore[return-value]
 
     def admit_generation(self, model: GenerationModel, who: Identity, timeout_ms: int | None, chars: int) -> GenerationTicket:
         """Admit one generation before its prompt (`chars` long) is tokenised: the same length check,

@@ -46,6 +46,7 @@ class SimulatedGPU:
         self.calls: list[tuple[float, float, int]] = []  # (start, end, batch size), time.monotonic()
         self.idle_gaps: list[float] = []  # device idle time between back-to-back calls, seconds
         self.computed: Counter[str] | None = Counter() if record_inputs else None
+        self.calls_with_repeats = 0  # (recorded inputs) calls that held one input twice
         self._busy = threading.Lock()
         self._busy_until = 0.0
 
@@ -76,6 +77,7 @@ class SimulatedGPU:
     def compute(self, inputs: list[str]) -> list[str]:
         if self.computed is not None:
             self.computed.update(inputs)
+            self.calls_with_repeats += len(set(inputs)) < len(inputs)
         return [expected_output(text) for text in inputs]
 
 

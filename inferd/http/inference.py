@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 
 from aiohttp import web
 
 from ..admission.admission import Admission
 from ..errors import InferdError, InvalidInput, ModelNotFound
 from ..lifecycle import Lifecycle
-from ..messages import PendingRequest
+from ..messages import PendingRequest, RequestState
 from ..models.registry import Models
 from ..observability.outcomes import Outcomes
 from .embeddings import embeddings_payload, parse_embeddings_body
 from .generation import GenerationApi
 from .protocol import BodyReader, RequestIds, encode_vector, parse_inference_body
 from .responses import WholeResponse, dumps, error_response
+
+_ATTACHED, _CACHED = RequestState.ATTACHED, RequestState.CACHED
 
 
 class InferenceApi:
@@ -57,7 +60,7 @@ class InferenceApi:
                                                            started)
                 raise ModelNotFound(f"no model named {name!r}; see GET /v1/models")
             model_name = name
-            pending = self.admission.admit(model, request_id, (call.input,), who, call.timeout_ms)[0]
+            pending = self.admission.admit(model, request_id, (call.input,), who, call.timeout_ms, _cache_allowed(headers))[0]
             try:
                 output = await pending.future
             except asyncio.CancelledError:
@@ -71,8 +74,10 @@ class InferenceApi:
         batch = pending.batch
         extra: tuple[tuple[str, str], ...] = (("X-Request-ID", request_id),)
         if batch is not None:
-            extra += (("Server-Timing", f"queue;dur={batch.queue_s(pending) * 1000:.3f}, "
-                                        f"compute;dur={batch.compute_s * 1000:.3f}"),)
+            timing = f"queue;dur={batch.queue_s(pending) * 1000:.3f}, compute;dur={batch.compute_s * 1000:.3f}"
+            extra += (("Server-Timing", timing + ', shared;desc="collapsed"' if pending.state is _ATTACHED else timing),)
+        elif pending.state is _CACHED:
+            extra += (("Server-Timing", 'cache;desc="hit"'),)
         if call.base64:
             output = encode_vector(output, base64=True)
         payload = {"output": output, "request_id": request_id, "model": model_name,
@@ -99,7 +104,7 @@ class InferenceApi:
             cap = model.config.max_inputs_per_call
             if len(call.items) > cap:
                 raise InvalidInput(f"`input` holds {len(call.items)} items; model {name} takes at most {cap} per call")
-            items = self.admission.admit(model, request_id, call.items, who, call.timeout_ms)
+            items = self.admission.admit(model, request_id, call.items, who, call.timeout_ms, _cache_allowed(headers))
             try:
                 vectors = await asyncio.gather(*(item.future for item in items))
             except asyncio.CancelledError:
@@ -113,6 +118,15 @@ class InferenceApi:
         self.outcomes.record(request_id, model_name, tier, 200, "", started, tenant=tenant)
         payload = embeddings_payload(model_name, vectors, sum(item.tokens for item in items), call.base64)
         return WholeResponse(200, dumps(payload), (("X-Request-ID", request_id),))
+
+
+def _cache_allowed(headers: Mapping[str, str]) -> bool:
+    """A client's `Cache-Control: no-cache` (or `no-store`) asks for a fresh computation."""
+    control = headers.get("Cache-Control")
+    if control is None:
+        return True
+    control = control.lower()
+    return "no-cache" not in control and "no-store" not in control
 
 
 def _withdraw_unanswered(model, items: list[PendingRequest]) -> None:  # type: ignore[no-untyped-def]

@@ -1,12 +1,13 @@
-"""One served batch model: where a request becomes a `PendingRequest` with a future and a deadline, and
-where a finished batch resolves those futures on the event loop. It ties one model's stages together:
-intake (prepared off the loop when the backend tokenises), the batcher, the deadline wheel, the worker
-pool, result delivery. Every path (result, backend error, deadline, client gone, shutdown) resolves a
-future at most once, through `done()` guards on the loop; the request's state decides whether it runs.
+"""One served batch model: where a request becomes a `PendingRequest` with a future and a deadline.
+It ties one model's stages together: intake (prepared off the loop when the backend tokenises), shared
+work (an input in flight or cached is not computed again: `shared_work`), the batcher, the deadline
+wheel, the worker pool, result delivery (`delivery`). Every path (result, backend error, deadline,
+client gone, shutdown) resolves a future at most once, through `done()` guards on the loop; the
+request's state decides whether it runs, and a computation runs while anyone still waits for it.
 
 Faults: a hung or dead worker's batch comes back from the pool and runs again (up to
-`max_batch_attempts`); inputs isolated as poison fail alone and go to the dead-letter log; a model that
-fails everything trips its circuit breaker.
+`max_batch_attempts`); inputs isolated as poison fail alone (with their riders) and go to the
+dead-letter log; a model that fails everything trips its circuit breaker.
 """
 
 from __future__ import annotations
@@ -21,19 +22,21 @@ from typing import Any
 from .. import errors
 from ..backends import BatchFunction, build_batch_function
 from ..config import ModelConfig, TierConfig
-from ..errors import DeadlineExceeded, InferdError, InferenceFailed, InvalidInput, ModelUnavailable, ServiceOverloaded
+from ..errors import DeadlineExceeded, InferdError, InvalidInput, ServiceOverloaded
 from ..execution.executor import Worker
 from ..execution.faults import BatchLatencies, BreakerState, CircuitBreaker, DeadLetters
 from ..execution.pool import WorkerPool
-from ..messages import Batch, PendingRequest, RequestState
+from ..messages import PendingRequest, RequestState
 from ..observability.histogram import Histogram
 from ..observability.metrics import RequestMetrics
 from ..observability.snapshots import BatchModelSnapshot
 from ..scheduling.batcher import Batcher, QueueFull
 from ..scheduling.deadlines import DeadlineWheel
 from ..scheduling.preprocess import Preprocessor
-from . import reports
+from . import delivery, reports
 from .load_model import LoadModel
+from .result_cache import MISS
+from .shared_work import SharedWork, identity, waited_for
 
 log = logging.getLogger("inferd.model")
 
@@ -58,7 +61,7 @@ class BatchModel:
         self.dead_letters = dead_letters if dead_letters is not None else DeadLetters()
         self.load = LoadModel(config.max_batch_size)
         self._promote_after_s = {t.name: t.promote_after_ms / 1000.0 for t in tiers if t.promote_after_ms}
-        self._tiered = len(tiers) > 1  # (then the tier each batch served is tracked for predicted waits)
+        self.tiered = len(tiers) > 1  # (then the tier each batch served is tracked for predicted waits)
         self.batcher = Batcher(
             max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms, max_queue=config.max_queue, loop=loop,
             tiers=[(t.name, t.promote_after_ms / 1000.0 if t.promote_after_ms else None) for t in tiers],
@@ -68,11 +71,12 @@ class BatchModel:
         self.pool = WorkerPool(
             name=config.name, devices=config.worker_devices, build=partial(_build_for_device, config),
             warmup_inputs=config.warmup_inputs, next_batch=self.batcher.next_batch, loop=loop,
-            latencies=BatchLatencies(config.batch_timeout_ms / 1000.0), on_batch_done=self._on_batch_done,
-            on_requeue=self._requeue, on_ready=self._on_worker_ready, max_isolation_calls=config.max_isolation_calls,
+            latencies=BatchLatencies(config.batch_timeout_ms / 1000.0), on_batch_done=partial(delivery.batch_done, self),
+            on_requeue=partial(delivery.requeue, self), on_ready=self._on_worker_ready, max_isolation_calls=config.max_isolation_calls,
         )
         self.deadlines = DeadlineWheel(loop, self._expire)
         self.breaker = CircuitBreaker(config.breaker_failures, config.breaker_cooldown_ms / 1000.0)
+        self.shared = SharedWork(config)  # identical inputs computed once (collapsing, the result cache)
         self.prepare_one: Any = None  # the backend's `prepare(text) -> (input, bucket)`, run on the loop
         self.preprocessor: Preprocessor | None = None  # runs the backend's `prepare_batch` off the loop
         self.output_kind: str | None = None  # the backend's `output_kind` ("embedding": /v1/embeddings)
@@ -103,13 +107,41 @@ class BatchModel:
         waiting = self.preprocessor.stop() if self.preprocessor is not None else []
         running = [r for batch in self.pool.running() for r in batch.requests]  # past the grace period
         for request in (*waiting, *self.batcher.stop(), *running):
-            self._fail(request, reason)
+            self.fail(request, reason)
         if self._batcher_task is not None:
             await asyncio.gather(self._batcher_task, return_exceptions=True)
         await self.pool.stop(join_timeout_s)
         self.deadlines.close()
 
     # ---- requests --------------------------------------------------------------------------------
+
+    def shortcut(
+        self, request_id: str, raw: Any, timeout_s: float, tier: str, tenant: str, use_cache: bool = True
+    ) -> PendingRequest | None:
+        """An input computed already (answered from the cache) or being computed now (attached to that
+        computation): a request that never enters the queue. None: it must be submitted."""
+        shared = self.shared
+        if not shared.enabled:
+            return None
+        key = identity(raw)
+        if key is None:
+            return None
+        now = time.monotonic()
+        cached = shared.cached(key, tenant, now) if use_cache else MISS
+        lead = shared.lead_for(key) if cached is MISS else None
+        if cached is MISS and lead is None:
+            return None
+        request = PendingRequest(request_id, raw, now, now + timeout_s, self.loop.create_future(), tier=tier,
+                                 tenant=tenant, raw=raw, key=key)
+        if lead is None:
+            request.state = RequestState.CACHED
+            output, request.bucket, request.tokens = cached
+            request.future.set_result(output)
+            return request
+        request.state, request.lead = RequestState.ATTACHED, lead
+        shared.attach(lead, request)
+        self.deadlines.add(request)
+        return request
 
     def submit(
         self, request_id: str, raw: Any, timeout_s: float, tier: str = "default", tenant: str = "anonymous"
@@ -120,10 +152,13 @@ class BatchModel:
         now = time.monotonic()
         request = PendingRequest(request_id, raw, now, now + timeout_s, self.loop.create_future(), tier=tier,
                                  tenant=tenant, raw=raw)
+        if self.shared.enabled:
+            request.key = identity(raw)
         if self.preprocessor is not None:
             request.state = RequestState.PREPARING
             self.deadlines.add(request)
             self.preprocessor.put(request)
+            self._register(request)
             return request
         if self.prepare_one is not None:
             try:
@@ -134,7 +169,12 @@ class BatchModel:
             request.tokens = prepared[2] if len(prepared) > 2 else 0
         self._enqueue(request)
         self.deadlines.add(request)
+        self._register(request)
         return request
+
+    def _register(self, request: PendingRequest) -> None:
+        if request.key is not None:
+            self.shared.register(request)
 
     def _enqueue(self, request: PendingRequest) -> None:
         """Into the batcher's queue; raises ServiceOverloaded when it is full and nobody can make room."""
@@ -152,7 +192,7 @@ class BatchModel:
     def _shed(self, request: PendingRequest) -> None:
         """A queued request the batcher shed to make room for a higher tier's or a lighter tenant's: 503."""
         message = f"model {self.name} is full: this request made room for a higher tier's or a lighter tenant's"
-        self._fail(request, ServiceOverloaded(message, retry_after_ms=self.retry_after_ms(request.tier), reason="queue_full"))
+        self.fail(request, ServiceOverloaded(message, retry_after_ms=self.retry_after_ms(request.tier), reason="queue_full"))
 
     def _on_prepared(self, requests: list[PendingRequest], results: Any) -> None:
         """Back from the preprocessing thread (on the loop): queue each request that is still waiting."""
@@ -160,10 +200,10 @@ class BatchModel:
             if request.state is not RequestState.PREPARING:
                 continue  # the client went away or its deadline passed meanwhile
             if self._stop_reason is not None:
-                self._fail(request, self._stop_reason)
+                self.fail(request, self._stop_reason)
             elif isinstance(result, BaseException):
                 request.state = RequestState.REJECTED
-                self._fail(request, self._unreadable(result))
+                self.fail(request, self._unreadable(result))
             else:
                 request.input, request.bucket = result[0], result[1]
                 request.tokens = result[2] if len(result) > 2 else 0
@@ -172,33 +212,51 @@ class BatchModel:
                     self._enqueue(request)
                 except ServiceOverloaded as error:
                     request.state = RequestState.REJECTED
-                    self._fail(request, error)
+                    self.fail(request, error)
 
     def _unreadable(self, exc: BaseException) -> InvalidInput:
         return InvalidInput(f"model {self.name} cannot take this input: {errors.describe(exc)}")
 
     def abandon(self, request: PendingRequest) -> None:
-        """The client went away: a request still waiting is removed and never computed."""
-        if request.state is RequestState.PREPARING:
-            request.state = RequestState.CANCELLED
-        self.batcher.withdraw(request, RequestState.CANCELLED)  # (False unless it was queued)
+        """The client went away: a request still waiting is removed and never computed, unless another
+        client waits on the same computation (collapsing)."""
         self.deadlines.discard(request)
         request.future.cancel()
+        if request.state is RequestState.ATTACHED:
+            self._withdraw_if_unwanted(request.lead)  # type: ignore[arg-type]
+        elif request.state is not RequestState.CACHED:
+            self._withdraw_if_unwanted(request, RequestState.CANCELLED)
+
+    def _withdraw_if_unwanted(self, lead: PendingRequest, state: RequestState = RequestState.CANCELLED) -> None:
+        """Take a computation nobody waits for out of the queue (one already running goes on)."""
+        if waited_for(lead):
+            return
+        if lead.state is RequestState.PREPARING:
+            lead.state = state
+        else:
+            self.batcher.withdraw(lead, state)  # (does nothing unless it is queued)
+        if lead.key is not None and lead.state is not RequestState.TAKEN:
+            self.shared.settle(lead)
 
     def _expire(self, request: PendingRequest) -> None:
-        preparing = request.state is RequestState.PREPARING
-        if preparing:
-            request.state = RequestState.EXPIRED
-        left_queue = preparing or self.batcher.withdraw(request, RequestState.EXPIRED)
+        lead: PendingRequest = request.lead if request.state is RequestState.ATTACHED else request  # type: ignore[assignment]
         if not request.future.done():
-            queued = left_queue or request.state is RequestState.EXPIRED
-            self.metrics.shed[(self.name, request.tier, "deadline_queued" if queued else "deadline_computing")] += 1
-            request.future.set_exception(DeadlineExceeded(f"deadline passed {'while queued' if queued else 'while computing'}"))
+            where = "computing" if lead.state is RequestState.TAKEN else "queued"
+            self.metrics.shed[(self.name, request.tier, f"deadline_{where}")] += 1
+            request.future.set_exception(DeadlineExceeded(f"deadline passed while {where}"))
+        self._withdraw_if_unwanted(lead, RequestState.EXPIRED)  # (unless a rider still waits for it)
 
-    def _fail(self, request: PendingRequest, error: InferdError) -> None:
+    def fail(self, request: PendingRequest, error: InferdError) -> None:
+        """A computation that will not run (or failed): its request and every rider get `error`."""
         self.deadlines.discard(request)
         if not request.future.done():
             request.future.set_exception(error)
+        for rider in request.riders or ():
+            self.deadlines.discard(rider)
+            if not rider.future.done():
+                rider.future.set_exception(error)
+        if request.key is not None:
+            self.shared.settle(request)
 
     # ---- from the pool (on the loop) -------------------------------------------------------------
 
@@ -215,72 +273,6 @@ class BatchModel:
                 self.prepare_one = getattr(backend, "prepare", None)
             self.output_kind = getattr(backend, "output_kind", None)
 
-    def _on_batch_done(self, batch: Batch) -> None:
-        if batch.abandoned:
-            return  # the pool gave up on it and its requests went back to the queue: not delivered
-        compute = batch.compute_s
-        by_rank = Counter(self.batcher.tier_rank(r.tier) for r in batch.requests) if self._tiered else None
-        self.load.observe_batch(compute, batch.size, batch.backlog, by_rank, batch.finished_at)
-        self.load.note_capacity(self.pool.healthy)
-        self.pool.latencies.observe(compute)
-        self.batches += 1
-        self.requests_computed += batch.size
-        self.batch_sizes[batch.size] += 1
-        self.compute.observe(compute)
-        self.linger.observe(batch.linger_s)
-        observe_wait, started, discard = self.queue_wait.observe, batch.started_at, self.deadlines.discard
-        for request in batch.requests:
-            request.batch = batch
-            observe_wait(started - request.enqueued_at)
-            discard(request)
-        if batch.error is None:
-            self.breaker.record(True, batch.finished_at)
-            for request, output in zip(batch.requests, batch.outputs, strict=False):  # type: ignore[arg-type]
-                if not request.future.done():
-                    request.future.set_result(output)
-            return
-        failures = batch.failures if batch.failures is not None else dict.fromkeys(range(batch.size), batch.error)
-        log.warning("model %s batch %d: %d of %d requests failed: %r", self.name, batch.batch_id, len(failures),
-                    batch.size, batch.error)
-        for i, request in enumerate(batch.requests):
-            error = failures.get(i)
-            if error is not None and batch.failures is not None:  # isolated: this input fails on its own
-                self.dead_letters.add(request, self.name, error)
-            if request.future.done():
-                continue
-            if error is None:
-                request.future.set_result(batch.outputs[i])  # type: ignore[index]
-            else:
-                request.future.set_exception(InferenceFailed(f"inference failed: {errors.describe(error, 480)}"))
-        if self.breaker.record(len(failures) < batch.size, batch.finished_at):
-            self._open_breaker()
-
-    def _open_breaker(self) -> None:
-        """Fail what waits now, quickly, rather than feeding it to a model that fails everything."""
-        cooldown_ms = self.config.breaker_cooldown_ms
-        log.error("model %s: circuit breaker open for %d ms after repeated failures", self.name, cooldown_ms)
-        error = ModelUnavailable(f"model {self.name} is failing; retry later or elsewhere",
-                                 retry_after_ms=cooldown_ms, reason="breaker_open")
-        for request in self.batcher.withdraw_all():
-            self._fail(request, error)
-
-    def _requeue(self, batch: Batch) -> None:
-        """A batch the pool gave up on (its worker hung or died): run it again, within the attempts."""
-        again = []
-        for request in batch.requests:
-            if request.future.done():
-                continue
-            if request.attempts >= self.config.max_batch_attempts:
-                self.deadlines.discard(request)
-                if time.monotonic() >= request.deadline:
-                    request.future.set_exception(DeadlineExceeded("deadline passed while retrying"))
-                else:
-                    request.future.set_exception(InferenceFailed(f"inference failed: gave up after {request.attempts} attempts"))
-                continue
-            again.append(request)
-        if again:
-            self.batcher.requeue_front(again)
-
     # ---- what it knows about itself --------------------------------------------------------------
 
     def capacity_scale(self) -> float:
@@ -294,7 +286,7 @@ class BatchModel:
         now = time.monotonic() if now is None else now
         ahead = batcher.depth if tier is None else batcher.depth_ahead_of(tier, tenant)
         healthy, first_free_s = self.pool.healthy, self.pool.first_free_s(now, load.batch_s)
-        if not self._tiered or tier is None:
+        if not self.tiered or tier is None:
             return load.predicted_wait_s(ahead, healthy, first_free_s)
         wait = load.predicted_wait_s(ahead, healthy, first_free_s, load.share_above(batcher.tier_rank(tier), healthy, now))
         promote_s = self._promote_after_s.get(tier)

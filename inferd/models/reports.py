@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..observability.snapshots import BatchModelSnapshot
+from ..observability.snapshots import BatchModelSnapshot, CacheSnapshot
+from .result_cache import ResultCache
 
 if TYPE_CHECKING:
     from .batch_model import BatchModel
@@ -18,21 +19,36 @@ def snapshot(model: BatchModel, now: float) -> BatchModelSnapshot:
         healthy_workers=model.pool.healthy, capacity_rps=model.load.capacity_rps(model.pool.healthy),
         predicted_wait_s=model.predicted_wait_s(now=now), queue_wait=model.queue_wait, linger=model.linger,
         compute=model.compute, batch_sizes=dict(model.batch_sizes), flushes=dict(model.batcher.flushes),
+        collapsed=model.shared.collapsed, cache=_cache_snapshot(model.shared.cache),
     )
+
+
+def _cache_snapshot(cache: ResultCache | None) -> CacheSnapshot | None:
+    if cache is None:
+        return None
+    return CacheSnapshot(hits=cache.hits, misses=cache.misses, evictions=cache.evictions, expirations=cache.expirations,
+                         bytes=cache.bytes, entries=len(cache))
 
 
 def describe(model: BatchModel) -> dict[str, Any]:
     c, pool, preprocessor = model.config, model.pool, model.preprocessor
     settings = ("backend", "max_batch_size", "max_wait_ms", "slo_ms", "max_batch_tokens", "max_queue", "timeout_ms",
-                "max_timeout_ms")
+                "max_timeout_ms", "collapse")
+    cache = _cache_snapshot(model.shared.cache)
     return {
         "name": c.name, **{key: getattr(c, key) for key in settings}, "workers": len(pool.workers),
         "devices": list(c.worker_devices), "ready": model.ready, "ready_workers": pool.healthy,
         "breaker": model.breaker.state.value, "workers_replaced": pool.replacements,
         "worker_build_failures": pool.build_failures, "batch_timeout_ms": round(pool.latencies.limit_s * 1000, 1),
         "output_kind": model.output_kind, "warmup": {w.name: w.warmup_report for w in pool.workers if w.ready},
+        "cache": None if cache is None else {
+            "max_bytes": c.cache_bytes, "ttl_s": c.cache_ttl_s, "scope": c.cache_scope, "bytes": cache.bytes,
+            "entries": cache.entries, "hits": cache.hits, "misses": cache.misses, "evictions": cache.evictions,
+            "expirations": cache.expirations,
+        },
         "stats": {
             "batches": model.batches, "requests_computed": model.requests_computed,
+            "requests_collapsed": model.shared.collapsed, "inputs_in_flight": len(model.shared),
             "mean_batch_size": round(model.requests_computed / model.batches, 2) if model.batches else 0.0,
             "batch_ms_ewma": round(model.load.batch_s * 1000, 3),
             "capacity_rps": round(model.load.capacity_rps(pool.healthy), 1), "queue_depth": model.batcher.depth,

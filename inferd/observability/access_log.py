@@ -16,8 +16,9 @@ from typing import Any
 
 import orjson
 
-from ..messages import PendingRequest
+from ..messages import PendingRequest, RequestState
 
+_SHARED = (RequestState.ATTACHED, RequestState.CACHED)
 log = logging.getLogger("inferd.access")
 
 
@@ -96,6 +97,8 @@ class AccessLog:
         }
         if error:
             line["error"] = error
+        if pending is not None and pending.state in _SHARED:
+            line["shared"] = pending.state.value  # attached (collapsed) or cached
         batch = pending.batch if pending is not None else None
         if batch is not None:
             line.update(

@@ -96,6 +96,14 @@ def _batch_families(models: list[BatchModelSnapshot]) -> Iterator[Metric]:
         "inferd_predicted_wait_seconds": GaugeMetricFamily(
             "inferd_predicted_wait_seconds", "Predicted wait of a request queued now: the scaling signal.", labels=["model"]),
     }
+    collapsed = CounterMetricFamily("inferd_collapsed_requests", "Requests answered by an identical request's computation.",
+                                    labels=["model"])
+    cache_requests = CounterMetricFamily("inferd_cache_requests", "Result cache look-ups, by result.",
+                                         labels=["model", "result"])
+    cache_removals = CounterMetricFamily("inferd_cache_removals", "Result cache entries removed, by reason.",
+                                         labels=["model", "reason"])
+    cache_bytes = GaugeMetricFamily("inferd_cache_bytes", "Bytes held by the result cache.", labels=["model"])
+    cache_entries = GaugeMetricFamily("inferd_cache_entries", "Entries in the result cache.", labels=["model"])
     busy = GaugeMetricFamily("inferd_worker_busy_ratio", "Share of the last window a worker spent in backend calls.",
                              labels=["model", "worker"])
     for m in models:
@@ -116,6 +124,15 @@ def _batch_families(models: list[BatchModelSnapshot]) -> Iterator[Metric]:
         gauges["inferd_predicted_wait_seconds"].add_metric([m.name], min(m.predicted_wait_s, 1e9))
         for w in m.workers:
             busy.add_metric([m.name, w.name], w.busy_ratio)
+        collapsed.add_metric([m.name], m.collapsed)
+        if m.cache is not None:
+            cache_requests.add_metric([m.name, "hit"], m.cache.hits)
+            cache_requests.add_metric([m.name, "miss"], m.cache.misses)
+            cache_removals.add_metric([m.name, "evicted"], m.cache.evictions)
+            cache_removals.add_metric([m.name, "expired"], m.cache.expirations)
+            cache_bytes.add_metric([m.name], m.cache.bytes)
+            cache_entries.add_metric([m.name], m.cache.entries)
+    yield from (collapsed, cache_requests, cache_removals, cache_bytes, cache_entries)
     yield sizes
     yield batches
     yield from gauges.values()

@@ -21,6 +21,18 @@ class WorkerSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class CacheSnapshot:
+    """A batch model's result cache."""
+
+    hits: int
+    misses: int
+    evictions: int  # for room
+    expirations: int  # past their time to live
+    bytes: int
+    entries: int
+
+
+@dataclass(frozen=True, slots=True)
 class BatchModelSnapshot:
     """One batch model, as the exporter sees it at a scrape."""
 
@@ -37,6 +49,8 @@ class BatchModelSnapshot:
     compute: Histogram
     batch_sizes: dict[int, int]
     flushes: dict[str, int]
+    collapsed: int = 0  # requests answered by an identical request's computation
+    cache: CacheSnapshot | None = None  # None: the model has no result cache
 
     @property
     def waiting(self) -> int:

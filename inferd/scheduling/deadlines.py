@@ -52,9 +52,10 @@ class DeadlineWheel:
             if self._timer_key is None or key < self._timer_key:
                 self._arm(key)
         slot[request] = None
+        request.wheel_slot = key
 
     def discard(self, request: PendingRequest) -> None:
-        slot = self._slots.get(self._key(request.deadline))
+        slot = self._slots.get(request.wheel_slot)
         if slot is not None:
             slot.pop(request, None)
 

@@ -31,6 +31,8 @@ class StandInModel:
         self.wait_s = wait_s
         self.submitted: list[tuple[str, str, float]] = []
         self.unavailable = None
+        self.in_flight: set[str] = set()  # inputs a shortcut answers (cached, or being computed)
+        self.abandoned: list[str] = []
 
     def capacity_scale(self) -> float:
         return 1.0
@@ -41,9 +43,18 @@ class StandInModel:
     def retry_after_ms(self, tier: str) -> int:
         return 7
 
+    def shortcut(self, request_id: str, value: str, timeout_s: float, tier: str, tenant: str, use_cache: bool) -> str | None:
+        return f"shared {request_id}" if value in self.in_flight else None
+
     def submit(self, request_id: str, value: str, timeout_s: float, tier: str, tenant: str) -> str:
         self.submitted.append((request_id, value, timeout_s))
+        if value == "full":
+            raise ServiceOverloaded("full", retry_after_ms=7)
+        self.in_flight.add(value)
         return request_id
+
+    def abandon(self, request: str) -> None:
+        self.abandoned.append(request)
 
 
 @pytest.fixture
@@ -75,9 +86,26 @@ def test_several_inputs_are_admitted_together_or_not_at_all(lifecycle):
     admit, model = admission(lifecycle), StandInModel(depth=3)
     assert admit.admit(model, "r", ("a", "b"), who(admit), None) == ["r.0", "r.1"]  # type: ignore[arg-type]
     with pytest.raises(ServiceOverloaded) as refused:
-        admit.admit(model, "s", ("a", "b", "c"), who(admit), None)  # type: ignore[arg-type]
+        admit.admit(model, "s", ("c", "d", "e"), who(admit), None)  # type: ignore[arg-type]
     assert refused.value.reason == "queue_full" and refused.value.retry_after_ms == 7
     assert len(model.submitted) == 2
+
+
+def test_an_input_already_in_flight_rides_on_it_even_past_the_predicted_wait_limit(lifecycle):
+    admit, model = admission(lifecycle), StandInModel(wait_s=0.2)  # past free's 100 ms
+    model.in_flight.add("x")
+    assert admit.admit(model, "r", ("x",), who(admit), None) == ["shared r"]  # type: ignore[arg-type]
+    with pytest.raises(ServiceOverloaded):
+        admit.admit(model, "s", ("y",), who(admit), None)  # type: ignore[arg-type]
+    assert model.submitted == []
+
+
+def test_a_repeated_input_in_one_call_rides_on_its_first_copy_and_a_refusal_withdraws_the_call(lifecycle):
+    admit, model = admission(lifecycle), StandInModel()
+    assert admit.admit(model, "r", ("a", "a", "b"), who(admit), None) == ["r.0", "shared r.1", "r.2"]  # type: ignore[arg-type]
+    with pytest.raises(ServiceOverloaded):
+        admit.admit(model, "s", ("a", "c", "full"), who(admit), None)  # type: ignore[arg-type]
+    assert model.abandoned == ["shared s.0", "s.1"]  # what this call had admitted before the refusal
 
 
 @pytest.mark.parametrize("change, error, reason", [

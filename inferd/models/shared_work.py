@@ -1,0 +1,102 @@
+"""Identical work, computed once: in-flight collapsing and the result cache of one batch model.
+
+Two requests to one model with the same input (as the client sent it, which the backend's `prepare`
+turns deterministically into the same prepared input and bucket) are one computation. While one such
+request is preparing, queued or running (the *lead*), later ones attach to it as *riders*: they are
+never queued, so a batch never holds two copies of one input and a rider adds no compute to the queue
+or to the predicted wait. Each rider keeps its own deadline, tier, tenant and request id; who does what
+when one of them leaves is the batch model's (`BatchModel.abandon`, `_expire`).
+
+Collapsing is on by default (`collapse`), the result cache off (`cache_bytes`). The cache is scoped per
+tenant unless `cache_scope = "shared"`; collapsing spans tenants, since each rider sent the input itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import orjson
+
+from ..config import ModelConfig
+from ..messages import PendingRequest, RequestState
+from .result_cache import MISS, ResultCache
+
+_IN_FLIGHT = (RequestState.PREPARING, RequestState.QUEUED, RequestState.TAKEN)
+
+
+def identity(raw: Any) -> Hashable | None:
+    """What makes two inputs one computation: the text itself, or the canonical JSON of anything else
+    (token ids); None for what JSON cannot write (then it is never shared)."""
+    if type(raw) is str:
+        return raw
+    try:
+        return orjson.dumps(raw, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return None
+
+
+class SharedWork:
+    """The leads of one model's computations in flight, by input identity, and its result cache."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.collapse = config.collapse
+        self.cache = ResultCache(config.cache_bytes, config.cache_ttl_s) if config.cache_bytes else None
+        self._tenant_scoped = config.cache_scope == "tenant"
+        self.enabled = self.collapse or self.cache is not None
+        self.collapsed = 0  # requests answered by another request's computation
+        self._leads: dict[Hashable, PendingRequest] = {}
+
+    def __len__(self) -> int:
+        return len(self._leads)
+
+    def cached(self, key: Hashable, tenant: str, now: float) -> Any:
+        """A fresh cached (output, bucket, tokens) for this input and tenant, or MISS."""
+        if self.cache is None:
+            return MISS
+        return self.cache.get((tenant, key) if self._tenant_scoped else key, now)
+
+    def lead_for(self, key: Hashable) -> PendingRequest | None:
+        """The request whose computation of this input is in flight, if collapsing and there is one."""
+        lead = self._leads.get(key) if self.collapse else None
+        return lead if lead is not None and lead.state in _IN_FLIGHT else None
+
+    def attach(self, lead: PendingRequest, rider: PendingRequest) -> None:
+        riders = lead.riders
+        if riders is None:
+            lead.riders = [rider]
+        else:
+            riders.append(rider)
+        if rider.deadline > lead.deadline:
+            lead.deadline = rider.deadline  # the computation lives as long as someone can use it
+        self.collapsed += 1
+
+    def register(self, lead: PendingRequest) -> None:
+        if self.collapse:
+            self._leads[lead.key] = lead
+
+    def settle(self, lead: PendingRequest) -> None:
+        """The lead's computation is over (answered, failed or withdrawn): nobody attaches to it now."""
+        if self._leads.get(lead.key) is lead:
+            del self._leads[lead.key]
+
+    def remember(self, lead: PendingRequest, output: Any, now: float) -> None:
+        """Cache a computed output (with the input's bucket and tokens), for the lead's tenant and each
+        rider's (or once, when shared)."""
+        cache = self.cache
+        if cache is None:
+            return
+        entry = (output, lead.bucket, lead.tokens)
+        if not self._tenant_scoped:
+            cache.put(lead.key, entry, now)
+            return
+        tenants = {lead.tenant, *(r.tenant for r in lead.riders or ())}
+        for tenant in tenants:
+            cache.put((tenant, lead.key), entry, now)
+
+
+def waited_for(lead: PendingRequest) -> bool:
+    """Whether a client still waits on the lead's computation: its own, or a rider's."""
+    if not lead.future.done():
+        return True
+    return any(not r.future.done() for r in lead.riders or ())

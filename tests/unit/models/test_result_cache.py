@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import numpy as np
+
+from inferd.models.result_cache import MISS, ResultCache
+
+
+def test_entries_live_for_their_ttl_and_a_hit_counts():
+    cache = ResultCache(max_bytes=10_000, ttl_s=1.0)
+    cache.put("a", "out-a", now=0.0)
+    assert cache.get("a", now=0.5) == "out-a" and cache.get("b", now=0.5) is MISS
+    assert cache.get("a", now=1.0) is MISS  # expired at its time
+    assert (cache.hits, cache.misses, cache.expirations, len(cache), cache.bytes) == (1, 2, 1, 0, 0)
+
+
+def test_the_byte_bound_evicts_the_least_recently_used_first():
+    cache = ResultCache(max_bytes=1_000, ttl_s=60.0)
+    for i in range(3):
+        cache.put(f"k{i}", "x" * 200, now=0.0)
+    assert cache.get("k0", now=0.0) == "x" * 200  # k0 is now the most recently used
+    cache.put("k3", "x" * 200, now=0.0)  # four of ~250 bytes each do not fit in 1,000
+    assert cache.get("k1", now=0.0) is MISS and cache.get("k0", now=0.0) is not MISS
+    assert cache.bytes <= 1_000 and cache.evictions == 1
+    cache.put("huge", "x" * 5_000, now=0.0)  # bigger than the whole cache: not stored, nothing evicted for it
+    assert cache.get("huge", now=0.0) is MISS and cache.evictions == 1
+
+
+def test_a_row_of_a_batch_array_is_stored_as_its_own_copy():
+    batch = np.arange(100 * 384, dtype=np.float32).reshape(100, 384)
+    cache = ResultCache(max_bytes=10_000, ttl_s=60.0)
+    cache.put("row", batch[7], now=0.0)
+    stored = cache.get("row", now=0.0)
+    assert stored.base is None and np.array_equal(stored, batch[7])  # the batch's 150 kB are not kept alive
+    assert cache.bytes < 2_000
+
+
+def test_a_replaced_entry_keeps_its_own_expiry():
+    cache = ResultCache(max_bytes=10_000, ttl_s=1.0)
+    cache.put("a", "old", now=0.0)
+    cache.put("a", "new", now=0.8)
+    assert cache.get("a", now=1.2) == "new" and cache.get("a", now=1.8) is MISS

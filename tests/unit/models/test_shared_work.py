@@ -1,0 +1,96 @@
+"""Collapsing inside one batch model, without workers: who waits on which computation, and what a
+deadline or a departure does to it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from inferd.config import ModelConfig
+from inferd.errors import DeadlineExceeded, InferenceFailed
+from inferd.messages import RequestState
+from inferd.models import delivery
+from inferd.models.batch_model import BatchModel
+from inferd.models.shared_work import identity
+from inferd.observability.metrics import RequestMetrics
+
+
+def model(**kw) -> BatchModel:  # type: ignore[no-untyped-def]
+    config = ModelConfig(name="m", backend="inferd.backends.sim:create", max_wait_ms=0, **kw)
+    return BatchModel(config, asyncio.get_running_loop(), RequestMetrics())
+
+
+def run_next_batch(served: BatchModel, outputs=None, error=None):  # type: ignore[no-untyped-def]
+    """Take the next batch as a worker would and finish it with `outputs` (default: each input upper-cased)."""
+    batch = served.batcher.next_batch(0, lambda b: None)
+    assert batch is not None
+    batch.started_at = batch.finished_at = time.monotonic()
+    batch.outputs = outputs if outputs is not None else [r.input.upper() for r in batch.requests]
+    batch.error = error
+    delivery.batch_done(served, batch)
+    return batch
+
+
+def test_identity_is_the_text_itself_or_canonical_json():
+    assert identity("abc") == "abc" and identity([1, 2]) == identity([1, 2]) != identity("[1,2]")
+    assert identity({"b": 1, "a": 2}) == identity({"a": 2, "b": 1}) and identity(object()) is None
+
+
+async def test_riders_get_the_leads_output_and_a_batch_holds_one_copy():
+    served = model()
+    lead = served.submit("r0", "same", 5.0)
+    riders = [served.shortcut(f"r{i}", "same", 5.0, "default", "t") for i in (1, 2)]
+    other = served.submit("r3", "other", 5.0)
+    assert all(r is not None and r.state is RequestState.ATTACHED and r.lead is lead for r in riders)
+    batch = run_next_batch(served)
+    assert [r.input for r in batch.requests] == ["same", "other"]
+    assert [await r.future for r in (lead, *riders, other)] == ["SAME", "SAME", "SAME", "OTHER"]  # type: ignore[union-attr]
+    assert served.shortcut("r4", "same", 5.0, "default", "t") is None  # done: nothing left to ride on
+    assert len(served.shared) == 0 and served.shared.collapsed == 2
+
+
+async def test_a_lead_past_its_deadline_answers_504_while_its_computation_waits_for_the_rider():
+    served = model()
+    lead = served.submit("r0", "same", 0.02)
+    rider = served.shortcut("r1", "same", 5.0, "default", "t")
+    assert rider is not None and lead.deadline == rider.deadline  # the computation lives as long as its riders
+    with pytest.raises(DeadlineExceeded):
+        await lead.future
+    assert lead.state is RequestState.QUEUED and served.batcher.depth == 1
+    run_next_batch(served)
+    assert await rider.future == "SAME"
+
+
+async def test_the_last_one_leaving_withdraws_the_computation():
+    served = model()
+    lead = served.submit("r0", "same", 5.0)
+    rider = served.shortcut("r1", "same", 0.02, "default", "t")
+    served.abandon(lead)
+    assert lead.state is RequestState.QUEUED  # the rider still waits
+    with pytest.raises(DeadlineExceeded):
+        await rider.future  # type: ignore[union-attr]
+    assert lead.state is RequestState.EXPIRED and served.batcher.depth == 0 and len(served.shared) == 0
+    assert served.metrics.shed[("m", "default", "deadline_queued")] == 1
+
+
+async def test_a_failed_input_fails_its_riders_and_only_them():
+    served = model()
+    lead = served.submit("r0", "poison", 5.0)
+    rider = served.shortcut("r1", "poison", 5.0, "default", "t")
+    fine = served.submit("r2", "fine", 5.0)
+    batch = served.batcher.next_batch(0, lambda b: None)
+    batch.started_at = batch.finished_at = time.monotonic()  # type: ignore[union-attr]
+    batch.outputs, batch.error, batch.failures = [None, "FINE"], ValueError("bad input"), {0: ValueError("bad")}  # type: ignore[union-attr]
+    delivery.batch_done(served, batch)  # type: ignore[arg-type]
+    for request in (lead, rider):
+        with pytest.raises(InferenceFailed):
+            await request.future  # type: ignore[union-attr]
+    assert await fine.future == "FINE" and len(served.shared) == 0
+
+
+async def test_with_collapsing_off_identical_inputs_are_computed_apart():
+    served = model(collapse=False)
+    served.submit("r0", "same", 5.0)
+    assert served.shortcut("r1", "same", 5.0, "default", "t") is None
