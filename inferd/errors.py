@@ -66,6 +66,14 @@ class RequestTimeout(InferdError):
     drops_connection = True
 
 
+class IdempotencyKeyInUse(InferdError):
+    status, code = 409, "IDEMPOTENCY_KEY_IN_USE"  # its first request is still running (and cannot be joined)
+
+
+class IdempotencyKeyReused(InferdError):
+    status, code = 422, "IDEMPOTENCY_KEY_REUSED"  # the key came before with a different request
+
+
 class PayloadTooLarge(InferdError):
     status, code = 413, "PAYLOAD_TOO_LARGE"
 

@@ -83,6 +83,7 @@ class InferenceServer:
             dead_letters=self.dead_letters,
             registry=registry,
             body=BodyReader(config.max_body_bytes, config.body_timeout_s, self.lifecycle),
+            idempotency_window_s=config.idempotency_window_s, idempotency_max_keys=config.idempotency_max_keys,
             connections=lambda: self.connections.stats(),
         )
         # The API reads bodies itself, with its own limits (413, 408): no client_max_size here.

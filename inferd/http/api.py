@@ -26,6 +26,7 @@ from ..models.batch_model import BatchModel
 from ..models.registry import Models
 from ..observability.outcomes import Outcomes
 from .generation import GenerationApi
+from .idempotency import IdempotentReplies
 from .inference import InferenceApi
 from .openapi import openapi_document
 from .protocol import BodyReader, RequestIds
@@ -41,7 +42,8 @@ class HttpApi:
     def __init__(
         self, *, models: Models, admission: Admission, lifecycle: Lifecycle, outcomes: Outcomes, limiter: RateLimiter,
         dead_letters: DeadLetters, registry: CollectorRegistry | None, body: BodyReader,
-        connections: Callable[[], dict[str, int]] | None = None,
+        connections: Callable[[], dict[str, int]] | None = None, idempotency_window_s: float = 0.0,
+        idempotency_max_keys: int = 1,
     ) -> None:
         self.models = models
         self.admission = admission
@@ -58,11 +60,13 @@ class HttpApi:
                                        lifecycle=lifecycle, ids=self.ids, body=body)
         inference = InferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle, ids=self.ids,
                                  body=body, generation=generation)
+        self.idempotency = IdempotentReplies(admission.auth, body, self.ids, idempotency_window_s, idempotency_max_keys)
+        keyed = self.idempotency.wrap
         # path -> (method, handler, counted as in flight)
         self.routes: dict[str, tuple[str, Handler, bool]] = {
-            "/v1/inference": ("POST", inference.inference, True),
-            "/api/inference": ("POST", inference.inference, True),
-            "/v1/embeddings": ("POST", inference.embeddings, True),
+            "/v1/inference": ("POST", keyed(inference.inference, join=True), True),
+            "/api/inference": ("POST", keyed(inference.inference, join=True), True),
+            "/v1/embeddings": ("POST", keyed(inference.embeddings, join=True, openai=True), True),
             "/healthz": ("GET", self.healthz, False),
             "/readyz": ("GET", self.readyz, False),
             "/v1/models": ("GET", self.list_models, False),
@@ -73,8 +77,8 @@ class HttpApi:
         if registry is not None:
             self.routes["/metrics"] = ("GET", self.prometheus, False)
         if generation is not None:
-            self.routes["/v1/completions"] = ("POST", generation.completions, True)
-            self.routes["/v1/chat/completions"] = ("POST", generation.chat_completions, True)
+            self.routes["/v1/completions"] = ("POST", keyed(generation.completions, join=False, openai=True), True)
+            self.routes["/v1/chat/completions"] = ("POST", keyed(generation.chat_completions, join=False, openai=True), True)
         self.routes["/openapi.json"] = ("GET", self.openapi, False)
         self._model_route: Handler = self.model  # GET /v1/models/{id}: the one path with a parameter
         self._openapi = dumps(openapi_document(self.routes, __version__))

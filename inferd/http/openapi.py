@@ -16,6 +16,7 @@ _REF = "#/components/schemas/"
 _ERROR_STATUSES = {
     "400": "the body or a parameter is wrong", "401": "no valid API key", "404": "no such model",
     "408": "the body did not arrive in time", "413": "the body is over max_body_bytes",
+    "422": "this Idempotency-Key came before with another request",
     "429": "the tenant's rate limit", "500": "inference failed for this request", "503": "overloaded, draining, "
     "not ready or failing: retry after retry_after_ms", "504": "the deadline passed",
 }
@@ -38,7 +39,7 @@ def _or_null(schema: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": [schema, {"type": "null"}]}
 
 
-_COMPUTE_ERRORS = ("400", "401", "404", "408", "413", "429", "500", "503", "504")
+_COMPUTE_ERRORS = ("400", "401", "404", "408", "413", "422", "429", "500", "503", "504")
 _GENERATION_FIELDS: dict[str, Any] = {key: _or_null(schema) for key, schema in {
     "max_tokens": {"type": "integer", "minimum": 1}, "max_completion_tokens": {"type": "integer", "minimum": 1},
     "temperature": {"type": "number", "minimum": 0, "maximum": 2}, "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
@@ -51,9 +52,17 @@ _TIMEOUT = _or_null({"type": "integer", "minimum": 1, "description": "this reque
 _MODEL = _or_null({"type": "string", "description": "default: the first configured model"})
 # One Server-Sent Event: `data` a JSON chunk (or [DONE]); `event: error` for a failure mid-stream.
 _SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}, "event": {"enum": ["message", "error"]}}}
+# Headers a compute request may carry: a key answered once per tenant, and a request for a fresh result.
+_HEADERS = [
+    {"name": "Idempotency-Key", "in": "header", "required": False, "schema": {"type": "string", "maxLength": 255},
+     "description": "a repeat gets the first answer again (Idempotent-Replayed: true); another body with it, 422"},
+    {"name": "Cache-Control", "in": "header", "required": False, "schema": {"type": "string"},
+     "description": "no-cache: compute afresh rather than answer from the model's result cache"},
+]
 _INFERENCE = {
     "post": {
         "summary": "One input, one output: batched with other requests (or, for a generation model, generated)",
+        "parameters": _HEADERS,
         "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("InferenceRequest")}}},
         "responses": {
             "200": {"description": "the output", "content": {
@@ -64,7 +73,9 @@ _INFERENCE = {
     }
 }
 _OPENAI_TEXT = {
+    "parameters": _HEADERS[:1],
     "responses": {
+        "409": _json(_ref("OpenAIError"), "this Idempotency-Key's first request is still running"),
         "200": {"description": "the completion (or Server-Sent Events ending with data: [DONE])", "content": {
             "application/json": {"schema": {"type": "object"}}, "text/event-stream": {"schema": _SSE_EVENT}}},
         **_errors("OpenAIError", _COMPUTE_ERRORS),
@@ -82,6 +93,7 @@ PATHS: dict[str, Any] = {
     "/api/inference": _INFERENCE,
     "/v1/embeddings": {"post": {
         "summary": "OpenAI's embeddings: each item batched like a request of its own, answered in order",
+        "parameters": _HEADERS,
         "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("EmbeddingsRequest")}}},
         "responses": {"200": _json(_ref("EmbeddingsResponse"), "one embedding per item, in order"),
                       **_errors("OpenAIError", _COMPUTE_ERRORS)},

@@ -19,7 +19,7 @@ import orjson
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
-from ..errors import Draining, InvalidInput, PayloadTooLarge, RequestTimeout, UnreadableBody
+from ..errors import Draining, InferdError, InvalidInput, PayloadTooLarge, RequestTimeout, UnreadableBody
 from ..lifecycle import Lifecycle
 
 _BATCH_FIELDS = frozenset({"input", "model", "timeout_ms", "encoding_format"})
@@ -49,8 +49,28 @@ class BodyReader:
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
         self.lifecycle = lifecycle
+        self._ahead: dict[int, bytes | InferdError] = {}  # bodies read before their handler, by request
+
+    async def read_ahead(self, request: web.BaseRequest) -> bytes | InferdError:
+        """Read a body before its handler does (which then gets it, or the same error, from `read`);
+        `forget` it once the handler is done."""
+        try:
+            body: bytes | InferdError = await self.read(request)
+        except InferdError as error:
+            body = error
+        self._ahead[id(request)] = body
+        return body
+
+    def forget(self, request: web.BaseRequest) -> None:
+        self._ahead.pop(id(request), None)
 
     async def read(self, request: web.BaseRequest) -> bytes:
+        if self._ahead:
+            ahead = self._ahead.get(id(request))
+            if isinstance(ahead, InferdError):
+                raise ahead
+            if ahead is not None:
+                return ahead
         content = request.content
         try:
             body = content.read_nowait() if content.is_eof() else await self._read_arriving(content)

@@ -52,6 +52,11 @@ class WholeResponse(web.StreamResponse):
         self._close = close or drop_body
         self._drop_body = drop_body  # close at once, without reading what is left of the request body
 
+    def replayed(self) -> WholeResponse:
+        """The same answer again, for a repeat of its request (`Idempotency-Key`), marked as such."""
+        return WholeResponse(self.status, self._whole_body, (*self._extra, ("Idempotent-Replayed", "true")),
+                             close=self._close)
+
     async def prepare(self, request: web.BaseRequest) -> None:  # type: ignore[override]
         if self._eof_sent:
             return None

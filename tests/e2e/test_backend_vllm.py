@@ -280,3 +280,21 @@ async def test_the_python_client_generates_whole_and_streamed(server):
             return "".join(client.stream("The batching server", max_tokens=12, seed=4, ignore_eos=True))
 
     assert await asyncio.to_thread(sync) == whole
+
+
+async def test_an_idempotency_key_answers_a_completion_once(server, client):
+    model = server.models.generation["tiny"]
+    body = {"model": "tiny", "prompt": "Once", "max_tokens": 40, "ignore_eos": True, "temperature": 1.0}
+    headers = {"Idempotency-Key": "order-1"}
+    first = asyncio.create_task(client.post(f"{server.url}/v1/completions", json=body, headers=headers))
+    await until(lambda: model.running == 1)
+    async with client.post(f"{server.url}/v1/completions", json=body, headers=headers) as resp:
+        assert resp.status == 409 and (await resp.json())["error"]["code"] == "IDEMPOTENCY_KEY_IN_USE"
+    async with await first as resp:
+        assert resp.status == 200 and "Idempotent-Replayed" not in resp.headers
+        answer = await resp.json()
+    async with client.post(f"{server.url}/v1/completions", json=body, headers=headers) as resp:
+        assert resp.status == 200 and resp.headers["Idempotent-Replayed"] == "true"
+        assert await resp.json() == answer  # sampled once: the same text, id and usage again
+    async with client.post(f"{server.url}/v1/completions", json={**body, "prompt": "Twice"}, headers=headers) as resp:
+        assert resp.status == 422 and (await resp.json())["error"]["code"] == "IDEMPOTENCY_KEY_REUSED"
