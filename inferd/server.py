@@ -15,7 +15,7 @@ import resource
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvloop
 from aiohttp import web
@@ -36,6 +36,7 @@ from .models.registry import Models
 from .observability.access_log import AccessLog
 from .observability.metrics import InferdCollector, RequestMetrics, build_registry
 from .observability.outcomes import Outcomes
+from .observability.tracing import Tracing
 
 if TYPE_CHECKING:
     from .models.generation import GenerationModel
@@ -46,8 +47,11 @@ log = logging.getLogger("inferd.server")
 class InferenceServer:
     """The whole process: the models, the gate in front of them, the HTTP side, and the drain."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, span_exporter: Any = None) -> None:
+        """`span_exporter`: where trace spans go instead of the configured exporter (tests)."""
         self.config = config
+        self.tracing: Tracing | None = None
+        self._span_exporter = span_exporter
         self.lifecycle = Lifecycle()
         self.models = Models({}, {}, config.default_model if config.models else "")
         self.api: HttpApi | None = None
@@ -62,8 +66,10 @@ class InferenceServer:
         config = self.config
         request_metrics = RequestMetrics()
         self.dead_letters = DeadLetters()
+        if config.tracing.enabled:
+            self.tracing = Tracing(config.tracing, self._span_exporter)
         self.models = Models(
-            batch={m.name: BatchModel(m, loop, request_metrics, self.dead_letters, config.tiers)
+            batch={m.name: BatchModel(m, loop, request_metrics, self.dead_letters, config.tiers, self.tracing)
                    for m in config.models if m.kind == "batch"},
             generation={m.name: _generation_model(m, loop) for m in config.models if m.kind == "generation"},
             default=config.default_model,
@@ -84,7 +90,7 @@ class InferenceServer:
             registry=registry,
             body=BodyReader(config.max_body_bytes, config.body_timeout_s, self.lifecycle),
             idempotency_window_s=config.idempotency_window_s, idempotency_max_keys=config.idempotency_max_keys,
-            connections=lambda: self.connections.stats(),
+            connections=lambda: self.connections.stats(), tracing=self.tracing,
         )
         # The API reads bodies itself, with its own limits (413, 408): no client_max_size here.
         limits = ConnectionLimits(config.max_connections or connection_budget(), config.connection_reserve,
@@ -151,6 +157,8 @@ class InferenceServer:
             log.warning("grace period over with %d requests in flight; answering them 503 DRAINING", self.lifecycle.in_flight)
         reason = Draining("server shut down before this request ran; retry on another instance", retry_after_ms=1000)
         await self.models.stop(reason)
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)  # (its last spans go out)
         await self.lifecycle.wait_idle(1.0)  # let handlers write those last answers
         if self._agent is not None:
             self._agent.close()

@@ -32,11 +32,11 @@ def sim_model(name: str = "m", *, latency_ms: float = 20, backend: str = "inferd
 
 @asynccontextmanager
 async def running_server(
-    *models: ModelConfig, wait_ready: bool = True, ready_timeout_s: float = 60, **server: Any
+    *models: ModelConfig, wait_ready: bool = True, ready_timeout_s: float = 60, span_exporter: Any = None, **server: Any
 ) -> AsyncIterator[InferenceServer]:
     """The real InferenceServer listening on 127.0.0.1 with a free port, stopped (drained) afterwards."""
     config = ServerConfig(host="127.0.0.1", port=0, models=models or (sim_model(),), **server)
-    srv = InferenceServer(config)
+    srv = InferenceServer(config, span_exporter=span_exporter)
     await srv.start()
     try:
         if wait_ready:

@@ -25,9 +25,11 @@ from ..lifecycle import Lifecycle
 from ..models.batch_model import BatchModel
 from ..models.registry import Models
 from ..observability.outcomes import Outcomes
+from ..observability.tracing import Tracing
 from .generation import GenerationApi
 from .idempotency import IdempotentReplies
 from .inference import InferenceApi
+from .open_inference import OpenInferenceApi
 from .openapi import openapi_document
 from .protocol import BodyReader, RequestIds
 from .responses import WholeResponse, dumps, error_response, json_response
@@ -43,7 +45,7 @@ class HttpApi:
         self, *, models: Models, admission: Admission, lifecycle: Lifecycle, outcomes: Outcomes, limiter: RateLimiter,
         dead_letters: DeadLetters, registry: CollectorRegistry | None, body: BodyReader,
         connections: Callable[[], dict[str, int]] | None = None, idempotency_window_s: float = 0.0,
-        idempotency_max_keys: int = 1,
+        idempotency_max_keys: int = 1, tracing: Tracing | None = None,
     ) -> None:
         self.models = models
         self.admission = admission
@@ -59,7 +61,9 @@ class HttpApi:
             generation = GenerationApi(models=models.generation, admission=admission, outcomes=outcomes,
                                        lifecycle=lifecycle, ids=self.ids, body=body)
         inference = InferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle, ids=self.ids,
-                                 body=body, generation=generation)
+                                 body=body, generation=generation, tracing=tracing)
+        self.open_inference = OpenInferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle,
+                                               ids=self.ids, body=body, tracing=tracing)
         self.idempotency = IdempotentReplies(admission.auth, body, self.ids, idempotency_window_s, idempotency_max_keys)
         keyed = self.idempotency.wrap
         # path -> (method, handler, counted as in flight)
@@ -112,6 +116,8 @@ class HttpApi:
                 return await route[1](request)
             finally:
                 lifecycle.leave()
+        if route is None and (path == "/v2" or path.startswith("/v2/")):
+            return await self.open_inference.route(request, path)  # (its own routes, in its own error shape)
         if route is None and path.startswith("/v1/models/"):
             if request.method == "GET":
                 return await self._model_route(request)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 
 from aiohttp import web
 
@@ -20,6 +20,7 @@ from ..lifecycle import Lifecycle
 from ..messages import PendingRequest, RequestState
 from ..models.registry import Models
 from ..observability.outcomes import Outcomes
+from ..observability.tracing import RequestTrace, Tracing
 from .embeddings import embeddings_payload, parse_embeddings_body
 from .generation import GenerationApi
 from .protocol import BodyReader, RequestIds, encode_vector, parse_inference_body
@@ -33,7 +34,7 @@ class InferenceApi:
 
     def __init__(
         self, *, models: Models, admission: Admission, outcomes: Outcomes, lifecycle: Lifecycle, ids: RequestIds,
-        body: BodyReader, generation: GenerationApi | None,
+        body: BodyReader, generation: GenerationApi | None, tracing: Tracing | None = None,
     ) -> None:
         self.models = models
         self.admission = admission
@@ -42,11 +43,20 @@ class InferenceApi:
         self.ids = ids
         self.body = body
         self.generation = generation
+        self.tracing = tracing
 
     async def inference(self, request: web.BaseRequest) -> web.StreamResponse:
         started = time.monotonic()
+        request_id = self.ids.pick(request.headers.get("X-Request-ID") or request.headers.get("Idempotency-Key"))
+        tracing = self.tracing
+        trace = tracing.begin(request.headers, started, request.path) if tracing is not None else None
+        if trace is None:
+            return await self._inference(request, started, request_id, None)
+        return await traced(tracing, trace, request_id, self._inference(request, started, request_id, trace))  # type: ignore[arg-type]
+
+    async def _inference(self, request: web.BaseRequest, started: float, request_id: str,
+                         trace: RequestTrace | None) -> web.StreamResponse:
         headers = request.headers
-        request_id = self.ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key"))
         model_name, tier, tenant, pending = "-", "-", "-", None
         try:
             who = self.admission.identify(headers)
@@ -60,17 +70,19 @@ class InferenceApi:
                                                            started)
                 raise ModelNotFound(f"no model named {name!r}; see GET /v1/models")
             model_name = name
-            pending = self.admission.admit(model, request_id, (call.input,), who, call.timeout_ms, _cache_allowed(headers))[0]
+            pending = self.admission.admit(model, request_id, (call.input,), who, call.timeout_ms, cache_allowed(headers))[0]
+            if trace is not None:
+                trace.admitted([pending], model_name, tier, tenant)
             try:
                 output = await pending.future
             except asyncio.CancelledError:
                 model.abandon(pending)  # client went away: never computed if still queued
-                self.outcomes.record(request_id, model_name, tier, 499, "CLIENT_DISCONNECTED", started, pending, tenant=tenant)
+                self.outcomes.record(request_id, model_name, tier, 499, "CLIENT_DISCONNECTED", started, pending, tenant, trace)
                 raise
         except InferdError as error:
-            self.outcomes.record_error(request_id, model_name, tier, error, started, pending, tenant=tenant)
+            self.outcomes.record_error(request_id, model_name, tier, error, started, pending, tenant, trace)
             return error_response(error, request_id, close=self.lifecycle.draining)
-        now = self.outcomes.record(request_id, model_name, tier, 200, "", started, pending, tenant=tenant)
+        now = self.outcomes.record(request_id, model_name, tier, 200, "", started, pending, tenant, trace)
         batch = pending.batch
         extra: tuple[tuple[str, str], ...] = (("X-Request-ID", request_id),)
         if batch is not None:
@@ -87,8 +99,16 @@ class InferenceApi:
     async def embeddings(self, request: web.BaseRequest) -> web.StreamResponse:
         """OpenAI's `POST /v1/embeddings`: each item batched like a request of its own, answered in order."""
         started = time.monotonic()
+        request_id = self.ids.pick(request.headers.get("X-Request-ID") or request.headers.get("Idempotency-Key"))
+        tracing = self.tracing
+        trace = tracing.begin(request.headers, started, request.path) if tracing is not None else None
+        if trace is None:
+            return await self._embeddings(request, started, request_id, None)
+        return await traced(tracing, trace, request_id, self._embeddings(request, started, request_id, trace))  # type: ignore[arg-type]
+
+    async def _embeddings(self, request: web.BaseRequest, started: float, request_id: str,
+                          trace: RequestTrace | None) -> web.StreamResponse:
         headers = request.headers
-        request_id = self.ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key"))
         model_name, tier, tenant, model, items = "-", "-", "-", None, []
         try:
             who = self.admission.identify(headers)
@@ -104,23 +124,37 @@ class InferenceApi:
             cap = model.config.max_inputs_per_call
             if len(call.items) > cap:
                 raise InvalidInput(f"`input` holds {len(call.items)} items; model {name} takes at most {cap} per call")
-            items = self.admission.admit(model, request_id, call.items, who, call.timeout_ms, _cache_allowed(headers))
+            items = self.admission.admit(model, request_id, call.items, who, call.timeout_ms, cache_allowed(headers))
+            if trace is not None:
+                trace.admitted(items, model_name, tier, tenant)
             try:
                 vectors = await asyncio.gather(*(item.future for item in items))
             except asyncio.CancelledError:
-                self.outcomes.record(request_id, model_name, tier, 499, "CLIENT_DISCONNECTED", started, tenant=tenant)
+                self.outcomes.record(request_id, model_name, tier, 499, "CLIENT_DISCONNECTED", started, None, tenant, trace)
                 raise
         except InferdError as error:
-            self.outcomes.record_error(request_id, model_name, tier, error, started, tenant=tenant)
+            self.outcomes.record_error(request_id, model_name, tier, error, started, None, tenant, trace)
             return error_response(error, request_id, close=self.lifecycle.draining, openai=True)
         finally:
-            _withdraw_unanswered(model, items)
-        self.outcomes.record(request_id, model_name, tier, 200, "", started, tenant=tenant)
+            withdraw_unanswered(model, items)
+        self.outcomes.record(request_id, model_name, tier, 200, "", started, None, tenant, trace)
         payload = embeddings_payload(model_name, vectors, sum(item.tokens for item in items), call.base64)
         return WholeResponse(200, dumps(payload), (("X-Request-ID", request_id),))
 
 
-def _cache_allowed(headers: Mapping[str, str]) -> bool:
+async def traced(tracing: Tracing, trace: RequestTrace, request_id: str,
+                 handling: Awaitable[web.StreamResponse]) -> web.StreamResponse:
+    """Run a handler for a sampled request, then close its span with the status it answered."""
+    status = 499  # (unless it answers: the client went away)
+    try:
+        response = await handling
+        status = response.status
+        return response
+    finally:
+        tracing.end(trace, request_id, status)
+
+
+def cache_allowed(headers: Mapping[str, str]) -> bool:
     """A client's `Cache-Control: no-cache` (or `no-store`) asks for a fresh computation."""
     control = headers.get("Cache-Control")
     if control is None:
@@ -129,7 +163,7 @@ def _cache_allowed(headers: Mapping[str, str]) -> bool:
     return "no-cache" not in control and "no-store" not in control
 
 
-def _withdraw_unanswered(model, items: list[PendingRequest]) -> None:  # type: ignore[no-untyped-def]
+def withdraw_unanswered(model, items: list[PendingRequest]) -> None:  # type: ignore[no-untyped-def]
     """The rest of a call that failed or was given up: never computed if still waiting (a cancelled
     gather has cancelled their futures already, so a cancelled future counts as unanswered)."""
     for item in items:

@@ -136,6 +136,36 @@ PATHS: dict[str, Any] = {
     "/metrics": _get("Prometheus text format", {"type": "string"}, "401", content_type="text/plain"),
     "/openapi.json": _get("this document", {"type": "object"}),
 }
+# The Open Inference Protocol (KServe v2): its own error shape; one version, "1", per model.
+_V2_ERROR = ("OpenInferenceError",)
+_V2_MODEL = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+_V2_VERSION = {"name": "version", "in": "path", "required": True, "schema": {"type": "string"}}
+_V2_INFER = {"post": {
+    "summary": "Open Inference Protocol infer: each element of the BYTES input `text` batched like a request",
+    "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("OpenInferenceRequest")}}},
+    "responses": {"200": {"description": "the output tensor `output` (FP32 [N, D] for embeddings, else BYTES [N])",
+                          "content": {"application/json": {"schema": _ref("OpenInferenceResponse")},
+                                      "application/octet-stream": {"description": "binary tensor data after the "
+                                                                   "JSON header (Inference-Header-Content-Length)"}}},
+                  **_errors(*_V2_ERROR, _COMPUTE_ERRORS)}}}
+_V2_METADATA = {"get": {"summary": "a model's metadata: versions, input and output tensors",
+                        "responses": {"200": _json({"type": "object", "required": ["name", "versions", "inputs", "outputs"]},
+                                                   "the model"), **_errors(*_V2_ERROR, ("401", "404"))}}}
+_V2_READY = {"get": {"summary": "whether the model is ready", "responses": {
+    "200": _json({"type": "object", "required": ["ready"]}, "ready"), **_errors(*_V2_ERROR, ("401", "404", "503"))}}}
+PATHS.update({
+    "/v2": _get("server metadata", {"type": "object", "required": ["name", "version", "extensions"]}),
+    "/v2/health/live": _get("the process is up", {"type": "object", "required": ["live"]}),
+    "/v2/health/ready": {"get": {"summary": "serving, and every model ready", "responses": {
+        "200": _json({"type": "object", "required": ["ready"]}, "ready"), **_errors(*_V2_ERROR, ("503",))}}},
+})
+for _suffix, _item in (("", _V2_METADATA), ("/ready", _V2_READY), ("/infer", _V2_INFER)):
+    for _prefix, _parameters in (("/v2/models/{model}", [_V2_MODEL]), ("/v2/models/{model}/versions/{version}",
+                                                                        [_V2_MODEL, _V2_VERSION])):
+        PATHS[_prefix + _suffix] = {method: {**op, "parameters": _parameters} for method, op in _item.items()}
+# Paths the route table does not hold (answered by a prefix), always in the document.
+PARAMETRISED = {path for path in PATHS if "{" in path or path.startswith("/v2")}
+
 for _operations in PATHS.values():  # every route: a request with a method it does not take is a 405
     for _operation in _operations.values():
         _operation["responses"].setdefault("405", _json(_ref("Error"), "the path takes another method"))
@@ -170,6 +200,26 @@ SCHEMAS: dict[str, Any] = {
         "data": {"type": "array", "items": {"type": "object", "required": ["object", "index", "embedding"], "properties": {
             "object": {"const": "embedding"}, "index": {"type": "integer"},
             "embedding": {"oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}]}}}}}},
+    "OpenInferenceError": {"type": "object", "required": ["error"], "properties": {
+        "error": {"type": "string"}, "code": {"type": "string"}, "request_id": {"type": "string"},
+        "retry_after_ms": {"type": "integer", "minimum": 1}}},
+    "OpenInferenceRequest": {"type": "object", "required": ["inputs"], "properties": {
+        "id": {"type": "string"},
+        "parameters": {"type": "object", "properties": {
+            "timeout": {"type": "integer", "minimum": 1, "description": "the deadline, in microseconds (Triton's)"},
+            "binary_data_output": {"type": "boolean"}}},
+        "inputs": {"type": "array", "minItems": 1, "maxItems": 1, "items": {
+            "type": "object", "required": ["name", "datatype", "shape"], "properties": {
+                "name": {"const": "text"}, "datatype": {"const": "BYTES"},
+                "shape": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+                "data": {"type": "array", "items": {"type": ["string", "array"]}},
+                "parameters": {"type": "object", "properties": {"binary_data_size": {"type": "integer", "minimum": 0}}}}}},
+        "outputs": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {
+            "name": {"const": "output"},
+            "parameters": {"type": "object", "properties": {"binary_data": {"type": "boolean"}}}}}}}},
+    "OpenInferenceResponse": {"type": "object", "required": ["model_name", "outputs"], "properties": {
+        "model_name": {"type": "string"}, "model_version": {"type": "string"}, "id": {"type": "string"},
+        "outputs": {"type": "array", "items": {"type": "object", "required": ["name", "datatype", "shape"]}}}},
     "Readiness": {"type": "object", "required": ["ready", "phase", "models"], "properties": {
         "ready": {"type": "boolean"}, "phase": {"enum": ["starting", "serving", "lame_duck", "draining"]},
         "models": {"type": "object"}}},
@@ -186,7 +236,7 @@ def openapi_document(routes: Iterable[str], version: str) -> dict[str, Any]:
                  "description": "A dynamic-batching inference server: one input per request, batched inside. Every "
                                 "error is JSON with a stable code and the request id (OpenAI's shape on the OpenAI "
                                 "endpoints); 429 and 503 carry retry_after_ms and Retry-After."},
-        "paths": {path: item for path, item in PATHS.items() if path in served or path == "/v1/models/{model}"},
+        "paths": {path: item for path, item in PATHS.items() if path in served or path in PARAMETRISED},
         "components": {
             "schemas": SCHEMAS,
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},

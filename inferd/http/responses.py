@@ -45,8 +45,9 @@ class WholeResponse(web.StreamResponse):
     """A complete JSON response; `headers` are extra (name, value) pairs besides the usual ones."""
 
     def __init__(self, status: int, body: bytes, headers: tuple[tuple[str, str], ...] = (), *, close: bool = False,
-                 drop_body: bool = False) -> None:
+                 drop_body: bool = False, content_type: bytes = b"application/json") -> None:
         super().__init__(status=status)
+        self._content_type = content_type
         self._whole_body = body
         self._extra = headers
         self._close = close or drop_body
@@ -55,7 +56,7 @@ class WholeResponse(web.StreamResponse):
     def replayed(self) -> WholeResponse:
         """The same answer again, for a repeat of its request (`Idempotency-Key`), marked as such."""
         return WholeResponse(self.status, self._whole_body, (*self._extra, ("Idempotent-Replayed", "true")),
-                             close=self._close)
+                             close=self._close, content_type=self._content_type)
 
     async def prepare(self, request: web.BaseRequest) -> None:  # type: ignore[override]
         if self._eof_sent:
@@ -64,8 +65,8 @@ class WholeResponse(web.StreamResponse):
         keep_alive = not self._close and request.keep_alive and self._keep_alive is not False  # (force_close())
         self._keep_alive = keep_alive
         body = self._whole_body
-        head = [b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % (
-            self._status, _REASONS.get(self._status, b"Unknown"), len(body))]
+        head = [b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n" % (
+            self._status, _REASONS.get(self._status, b"Unknown"), self._content_type, len(body))]
         for name, value in self._extra:
             head.append(f"{name}: {value}\r\n".encode())
         if not keep_alive:

@@ -30,6 +30,7 @@ from ..messages import PendingRequest, RequestState
 from ..observability.histogram import Histogram
 from ..observability.metrics import RequestMetrics
 from ..observability.snapshots import BatchModelSnapshot
+from ..observability.tracing import Tracing
 from ..scheduling.batcher import Batcher, QueueFull
 from ..scheduling.deadlines import DeadlineWheel
 from ..scheduling.preprocess import Preprocessor
@@ -53,6 +54,7 @@ class BatchModel:
         metrics: RequestMetrics,
         dead_letters: DeadLetters | None = None,
         tiers: tuple[TierConfig, ...] = (TierConfig("default"),),
+        tracing: Tracing | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -76,6 +78,7 @@ class BatchModel:
         )
         self.deadlines = DeadlineWheel(loop, self._expire)
         self.breaker = CircuitBreaker(config.breaker_failures, config.breaker_cooldown_ms / 1000.0)
+        self.tracing = tracing  # (a batch carrying a sampled request is a span of its own)
         self.shared = SharedWork(config)  # identical inputs computed once (collapsing, the result cache)
         self.prepare_one: Any = None  # the backend's `prepare(text) -> (input, bucket)`, run on the loop
         self.preprocessor: Preprocessor | None = None  # runs the backend's `prepare_batch` off the loop

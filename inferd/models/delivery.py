@@ -40,6 +40,8 @@ def batch_done(model: BatchModel, batch: Batch) -> None:
         request.batch = batch
         observe_wait(started - request.enqueued_at)
         discard(request)
+    if model.tracing is not None:
+        model.tracing.batch(batch, model.name)
     if batch.error is None:
         model.breaker.record(True, batch.finished_at)
         for request, output in zip(batch.requests, batch.outputs, strict=False):  # type: ignore[arg-type]

@@ -83,6 +83,7 @@ class AccessLog:
         latency_s: float,
         pending: PendingRequest | None,
         tenant: str = "-",
+        trace_id: str | None = None,
     ) -> None:
         """Write one line (callers ask `wants` first)."""
         must = status in (500, 504)
@@ -97,6 +98,8 @@ class AccessLog:
         }
         if error:
             line["error"] = error
+        if trace_id is not None:
+            line["trace_id"] = trace_id
         if pending is not None and pending.state in _SHARED:
             line["shared"] = pending.state.value  # attached (collapsed) or cached
         batch = pending.batch if pending is not None else None

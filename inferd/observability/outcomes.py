@@ -8,6 +8,7 @@ from ..errors import InferdError
 from ..messages import PendingRequest
 from .access_log import AccessLog
 from .metrics import RequestMetrics
+from .tracing import RequestTrace
 
 
 class Outcomes:
@@ -20,7 +21,7 @@ class Outcomes:
 
     def record(
         self, request_id: str, model: str, tier: str, status: int, error: str, started: float,
-        pending: PendingRequest | None = None, tenant: str = "-",
+        pending: PendingRequest | None = None, tenant: str = "-", trace: RequestTrace | None = None,
     ) -> float:
         """One answer; returns the time it was recorded."""
         now = time.monotonic()
@@ -32,15 +33,16 @@ class Outcomes:
                 metrics.admission[model].observe(pending.enqueued_at - started)
                 if pending.batch is not None and status == 200:
                     metrics.response[model].observe(now - pending.batch.finished_at)
-        if self.access_log.wants(status):
-            self.access_log.record(request_id, model, tier, status, error, now - started, pending, tenant)
+        if trace is not None or self.access_log.wants(status):  # (a traced request is always logged, with its trace id)
+            self.access_log.record(request_id, model, tier, status, error, now - started, pending, tenant,
+                                   trace.trace_id if trace is not None else None)
         return now
 
     def record_error(
         self, request_id: str, model: str, tier: str, error: InferdError, started: float,
-        pending: PendingRequest | None = None, tenant: str = "-",
+        pending: PendingRequest | None = None, tenant: str = "-", trace: RequestTrace | None = None,
     ) -> None:
         """An error answer; refusals (429, 503) are also counted as shed, by reason."""
         if error.status in (429, 503) and self.metrics is not None:
             self.metrics.shed[(model, tier, error.reason)] += 1
-        self.record(request_id, model, tier, error.status, error.code, started, pending, tenant)
+        self.record(request_id, model, tier, error.status, error.code, started, pending, tenant, trace)

@@ -1,4 +1,4 @@
-"""Typed configuration, read from TOML with the standard library.
+"""Reading a TOML file into the typed records of `settings`, checking every table as it goes.
 
 Unknown keys are errors: a misspelt `max_wait_ms` silently falling back to a default is the kind of
 mistake an operator only finds under load.
@@ -8,136 +8,19 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .typed_tables import ConfigError, check_types, field_names, reject_unknown
-
-__all__ = ["ConfigError", "ModelConfig", "ServerConfig", "load_config", "parse_config", "default_config"]
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """One served model: its batch function and how requests are batched for it."""
-
-    name: str
-    backend: str  # "package.module:callable", or "package.module" for its `create` factory
-    kind: str = "batch"  # "batch": our batcher and executor threads; "generation": a vLLM engine
-    max_batch_size: int = 32
-    max_wait_ms: float = 5.0  # linger, counted from the oldest waiting request
-    slo_ms: float | None = None  # a latency objective (p95, end to end): the linger becomes slo - 2 batch times
-    max_batch_tokens: int | None = None  # a batch's token budget besides max_batch_size (None: none)
-    workers: int = 1  # executor threads, one per GPU
-    devices: tuple[str, ...] = ()  # one per worker; default "auto:0", "auto:1", ...
-    max_queue: int = 1000  # requests waiting for a batch before 503
-    timeout_ms: int = 10_000  # default deadline of a request
-    max_timeout_ms: int = 60_000  # a client's timeout_ms is capped at this
-    max_input_chars: int = 100_000
-    max_inputs_per_call: int = 2048  # items of one /v1/embeddings call (each batched as a request)
-    factory: bool | None = None  # None: a factory is recognised by @backend_factory
-    warmup_inputs: tuple[str, ...] = ("warmup",)
-    batch_timeout_ms: int = 10_000  # the hang watchdog's floor; the limit is max(this, 3 x measured p99)
-    max_batch_attempts: int = 3  # runs of a request (after hangs, dead workers) before it fails with 500
-    max_isolation_calls: int = 32  # extra backend calls allowed to find the poison inputs of a failed batch
-    breaker_failures: int = 5  # consecutive batches that fail outright before the model stops being fed
-    breaker_cooldown_ms: int = 5_000  # then, how long before one probe batch is let through
-    max_waiting_requests: int = 256  # generation: requests without a first token yet, before 503
-    max_waiting_prompt_tokens: int = 65_536  # generation: their prompt tokens, before 503
-    collapse: bool = True  # batch: identical inputs in flight share one computation
-    cache_bytes: int = 0  # batch: the result cache's size (0: no cache)
-    cache_ttl_s: float = 300.0  # how long a cached output is served
-    cache_scope: str = "tenant"  # "tenant": each tenant its own entries; "shared": one for all
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def worker_devices(self) -> tuple[str, ...]:
-        return self.devices or tuple(f"auto:{i}" for i in range(self.workers))
-
-
-@dataclass(frozen=True)
-class AuthConfig:
-    """API keys. Without an [auth] table every request is anonymous and admin endpoints are closed."""
-
-    enabled: bool = False
-    anonymous_tier: str | None = None  # None (with [auth]): anonymous requests get 401
-    admin_key_sha256: str | None = None
-    operations: str = "open"  # /metrics, /v1/stats, /v1/models: "open", "key" (any valid key) or "admin"
-
-
-DEFAULT_TIER_PRIORITIES = {"enterprise": 2, "paid": 1, "free": 0}
-
-
-@dataclass(frozen=True)
-class TierConfig:
-    """A class of service. Batches are filled from the highest priority down."""
-
-    name: str
-    priority: int = 0  # defaults: enterprise 2, paid 1, free 0, anything else 0
-    rate_per_s: float | None = None  # token bucket per tenant and model (None: unlimited), at full capacity
-    burst: float | None = None  # bucket size; default max(1, rate_per_s)
-    max_predicted_wait_ms: float | None = None  # refuse new requests past this predicted wait (None: deadline only)
-    promote_after_ms: float | None = None  # starvation guard: waiting this long, a request is served first
-
-
-@dataclass(frozen=True)
-class TenantConfig:
-    """An API key's owner."""
-
-    name: str
-    tier: str
-    key_sha256: str
-    rate_per_s: float | None = None  # overrides the tier's
-    burst: float | None = None
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """The process: where it listens, and the models it serves (the first one is the default)."""
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_body_bytes: int = 1 << 20
-    header_timeout_s: float = 10.0  # from a request's first byte to the end of its headers, else 408 and close
-    body_timeout_s: float = 30.0  # to receive a whole body once the headers are in, else 408 and close
-    keepalive_timeout_s: float = 75.0  # an idle connection between requests is closed after this
-    max_connections: int = 0  # open connections (0: the file-descriptor limit less 256); past it, closed at once
-    connection_reserve: int = 32  # the last of max_connections: /healthz and /readyz only
-    answer_half_closed: bool = False  # true: a client that shuts its side after sending still gets the answer
-    idempotency_window_s: float = 300.0  # a repeated Idempotency-Key gets the stored answer this long (0: off)
-    idempotency_max_keys: int = 100_000  # answers kept for repeats, at most (the oldest go first)
-    grace_period_s: float = 30.0  # how long admitted requests get to finish after SIGTERM
-    lame_duck_s: float = 0.0  # after SIGTERM, keep serving this long while health checks notice /readyz 503
-    agent_port: int | None = None  # HAProxy agent-check port (weight from predicted wait); None: off
-    agent_full_wait_ms: float = 1000.0  # predicted wait at which the agent's weight bottoms out at 1%
-    metrics: bool = True  # record metrics and serve GET /metrics
-    access_log: str = "info"  # level of the JSON access log lines, or "off"
-    access_log_sample_rate: float = 0.01  # share of requests logged; 500 and 504 answers are always logged
-    gc_threshold: int = 50_000  # cyclic GC after this many new objects (Python's default: 700); 0 keeps Python's
-    gil_switch_interval_ms: float = 0.2  # longest an executor thread waits for the GIL a busy loop holds (Python: 5)
-    models: tuple[ModelConfig, ...] = ()
-    auth: AuthConfig = AuthConfig()
-    tiers: tuple[TierConfig, ...] = (TierConfig("default"),)
-    tenants: tuple[TenantConfig, ...] = ()
-
-    @property
-    def default_model(self) -> str:
-        return self.models[0].name
-
-
-def default_config() -> ServerConfig:
-    """What `inferd serve` runs with no --config: the seed's workload on one simulated GPU."""
-    return ServerConfig(
-        models=(
-            ModelConfig(
-                name="batchstring",
-                backend="inferd.backends.sim:create",
-                max_batch_size=100,
-                max_wait_ms=20,
-                options={"latency_ms": 100, "max_batch_size": 100},
-            ),
-        )
-    )
+from ..typed_tables import ConfigError, check_types, field_names, reject_unknown
+from .settings import (
+    DEFAULT_TIER_PRIORITIES,
+    AuthConfig,
+    ModelConfig,
+    ServerConfig,
+    TenantConfig,
+    TierConfig,
+    TracingConfig,
+)
 
 
 def load_config(path: str | Path) -> ServerConfig:
@@ -151,9 +34,9 @@ def load_config(path: str | Path) -> ServerConfig:
 
 
 def parse_config(raw: Mapping[str, Any]) -> ServerConfig:
-    reject_unknown(raw, {"server", "models", "auth", "tiers", "tenants"}, "top level")
+    reject_unknown(raw, {"server", "models", "auth", "tiers", "tenants", "tracing"}, "top level")
     server = dict(raw.get("server", {}))
-    reject_unknown(server, field_names(ServerConfig) - {"models", "auth", "tiers", "tenants"}, "[server]")
+    reject_unknown(server, field_names(ServerConfig) - {"models", "auth", "tiers", "tenants", "tracing"}, "[server]")
     check_types(server, ServerConfig, "[server]")
     models_raw = raw.get("models", [])
     if not isinstance(models_raw, list) or not models_raw:
@@ -169,6 +52,7 @@ def parse_config(raw: Mapping[str, Any]) -> ServerConfig:
         auth=_parse_auth(raw.get("auth")),
         tiers=tiers,
         tenants=_parse_tenants(raw.get("tenants", []), {t.name for t in tiers}),
+        tracing=_parse_tracing(raw.get("tracing")),
     )
     _check_server(config)
     return config
@@ -230,6 +114,19 @@ def _parse_auth(raw: Any) -> AuthConfig:
     if raw.get("operations", "open") not in ("open", "key", "admin"):
         raise ConfigError("[auth] `operations` must be open, key or admin")
     return AuthConfig(**{**raw, "enabled": True, "admin_key_sha256": raw.get("admin_key_sha256", "").lower() or None})
+
+
+def _parse_tracing(raw: Any) -> TracingConfig:
+    if raw is None:
+        return TracingConfig()
+    if not isinstance(raw, dict):
+        raise ConfigError("[tracing] must be a table")
+    reject_unknown(raw, field_names(TracingConfig) - {"enabled"}, "[tracing]")
+    check_types(raw, TracingConfig, "[tracing]")
+    tracing = TracingConfig(**{**raw, "enabled": True})
+    if not 0.0 <= tracing.sample_rate <= 1.0 or tracing.exporter not in ("otlp", "console", "file"):
+        raise ConfigError("[tracing] sample_rate must be between 0 and 1, exporter otlp, console or file")
+    return tracing
 
 
 def _check_sha256(value: Any, where: str) -> None:

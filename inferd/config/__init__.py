@@ -1,0 +1,17 @@
+"""Typed configuration: the records (`settings`) and how a TOML file becomes them (`parsing`)."""
+
+from ..typed_tables import ConfigError
+from .parsing import load_config, parse_config
+from .settings import (
+    DEFAULT_TIER_PRIORITIES,
+    AuthConfig,
+    ModelConfig,
+    ServerConfig,
+    TenantConfig,
+    TierConfig,
+    TracingConfig,
+    default_config,
+)
+
+__all__ = ["DEFAULT_TIER_PRIORITIES", "AuthConfig", "ConfigError", "ModelConfig", "ServerConfig", "TenantConfig",
+           "TierConfig", "TracingConfig", "default_config", "load_config", "parse_config"]

@@ -1,0 +1,156 @@
+"""The Open Inference Protocol (KServe v2) over HTTP, for batch models: health, server and model
+metadata, readiness, and `POST /v2/models/{name}[/versions/{v}]/infer` (wire format in
+`open_inference_wire`).
+
+An infer call goes the way of `/v1/embeddings`: each element of its input tensor is admitted and
+batched like a request of its own (so one client's tensor may span server batches), with the same
+admission, tiers, deadlines (the `timeout` parameter), shared work and disconnect handling. Errors are
+in the protocol's shape, `{"error": message}`, with inferd's stable `code` beside it. Models have one
+version, "1", until versions exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Any
+
+from aiohttp import web
+
+from .. import __version__
+from ..admission.admission import Admission
+from ..errors import InferdError, InvalidInput, MethodNotAllowed, ModelNotFound, NotFound
+from ..lifecycle import Lifecycle
+from ..models.batch_model import BatchModel
+from ..models.registry import Models
+from ..observability.outcomes import Outcomes
+from ..observability.tracing import RequestTrace, Tracing
+from .inference import cache_allowed, traced, withdraw_unanswered
+from .open_inference_wire import HEADER_LENGTH, INPUT, OUTPUT, infer_response, parse_infer
+from .protocol import BodyReader, RequestIds
+from .responses import WholeResponse, dumps
+
+VERSION = "1"
+
+
+class OpenInferenceApi:
+    """Routes `/v2/...` paths and answers them."""
+
+    def __init__(self, *, models: Models, admission: Admission, outcomes: Outcomes, lifecycle: Lifecycle,
+                 ids: RequestIds, body: BodyReader, tracing: Tracing | None = None) -> None:
+        self.models = models
+        self.admission = admission
+        self.outcomes = outcomes
+        self.lifecycle = lifecycle
+        self.ids = ids
+        self.body = body
+        self.tracing = tracing
+
+    async def route(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
+        request_id = self.ids.pick(request.headers.get("X-Request-ID") or request.headers.get("Idempotency-Key"))
+        parts = path.rstrip("/").split("/")[2:]  # (after "", "v2")
+        method = "POST" if parts[-1:] == ["infer"] else "GET"
+        if request.method != method:
+            return error_v2(MethodNotAllowed(f"{path} accepts {method} only"), request_id, allow=method)
+        try:
+            if not parts:
+                return _json({"name": "inferd", "version": __version__, "extensions": ["binary_tensor_data"]}, request_id)
+            if parts[0] == "health" and len(parts) == 2 and parts[1] in ("live", "ready"):
+                ok = True if parts[1] == "live" else self.lifecycle.serving and self.models.ready
+                return _json({parts[1]: ok}, request_id, 200 if ok else 503)
+            if parts[0] != "models" or len(parts) < 2:
+                raise NotFound(f"no route for {request.method} {path}")
+            model, rest = self._model(parts[1:])
+            if rest != ["infer"] and self.admission.auth.config.operations != "open":
+                self.admission.auth.require_operations(request.headers)  # (as GET /v1/models)
+            if not rest:
+                return _json(self._metadata(model), request_id)
+            if rest == ["ready"]:
+                return _json({"name": model.name, "ready": model.ready}, request_id, 200 if model.ready else 503)
+            if rest == ["infer"]:
+                self.lifecycle.enter()
+                try:
+                    return await self.infer(request, model, request_id)
+                finally:
+                    self.lifecycle.leave()
+            raise NotFound(f"no route for {request.method} {path}")
+        except InferdError as error:
+            return error_v2(error, request_id)
+
+    def _model(self, parts: list[str]) -> tuple[BatchModel, list[str]]:
+        name, rest = parts[0], parts[1:]
+        model = self.models.batch.get(name)
+        if model is None:
+            served = "a generation model, not served over this protocol" if name in self.models.generation else "no model"
+            raise ModelNotFound(f"{name!r}: {served}; see GET /v1/models")
+        if rest[:1] == ["versions"]:
+            if len(rest) < 2 or rest[1] != VERSION:
+                raise ModelNotFound(f"model {name} has no version {rest[1] if len(rest) > 1 else ''!r}; it has {VERSION!r}")
+            rest = rest[2:]
+        return model, rest
+
+    def _metadata(self, model: BatchModel) -> dict[str, Any]:
+        embedding = model.output_kind == "embedding"
+        return {"name": model.name, "versions": [VERSION], "platform": "inferd",
+                "inputs": [{"name": INPUT, "datatype": "BYTES", "shape": [-1]}],
+                "outputs": [{"name": OUTPUT, "datatype": "FP32" if embedding else "BYTES",
+                             "shape": [-1, -1] if embedding else [-1]}]}
+
+    async def infer(self, request: web.BaseRequest, model: BatchModel, request_id: str) -> web.StreamResponse:
+        started = time.monotonic()
+        tracing = self.tracing
+        trace = tracing.begin(request.headers, started, "/v2/models/{model}/infer") if tracing is not None else None
+        if trace is None:
+            return await self._infer(request, model, request_id, started, None)
+        return await traced(tracing, trace, request_id, self._infer(request, model, request_id, started, trace))  # type: ignore[arg-type]
+
+    async def _infer(self, request: web.BaseRequest, model: BatchModel, request_id: str, started: float,
+                     trace: RequestTrace | None) -> web.StreamResponse:
+        headers = request.headers
+        tier, tenant, items = "-", "-", []
+        try:
+            who = self.admission.identify(headers)
+            tier, tenant = who.tier, who.tenant
+            call = parse_infer(await self.body.read(request), headers.get(HEADER_LENGTH))
+            cap = model.config.max_inputs_per_call
+            if len(call.texts) > cap:
+                raise InvalidInput(f"`{INPUT}` holds {len(call.texts)} elements; model {model.name} takes at most {cap}")
+            items = self.admission.admit(model, request_id, call.texts, who, call.timeout_ms, cache_allowed(headers))
+            if trace is not None:
+                trace.admitted(items, model.name, tier, tenant)
+            try:
+                outputs = await asyncio.gather(*(item.future for item in items))
+            except asyncio.CancelledError:
+                self.outcomes.record(request_id, model.name, tier, 499, "CLIENT_DISCONNECTED", started, None, tenant, trace)
+                raise
+        except InferdError as error:
+            self.outcomes.record_error(request_id, model.name, tier, error, started, None, tenant, trace)
+            return error_v2(error, request_id, close=self.lifecycle.draining)
+        finally:
+            withdraw_unanswered(model, items)
+        self.outcomes.record(request_id, model.name, tier, 200, "", started, None, tenant, trace)
+        body, header_length = infer_response(model.name, call.id, list(outputs), call.binary_output)
+        if header_length is None:
+            return WholeResponse(200, body, (("X-Request-ID", request_id),))
+        return WholeResponse(200, body, (("X-Request-ID", request_id), (HEADER_LENGTH, str(header_length))),
+                             content_type=b"application/octet-stream")
+
+
+def error_v2(error: InferdError, request_id: str, *, close: bool = False, allow: str | None = None) -> WholeResponse:
+    """The protocol's error shape, `{"error": message}`, with inferd's code (and `retry_after_ms`) beside it."""
+    payload: dict[str, Any] = {"error": error.message, "code": error.code, "request_id": request_id}
+    headers: tuple[tuple[str, str], ...] = (("X-Request-ID", request_id),)
+    if error.retry_after_ms is not None:
+        payload["retry_after_ms"] = error.retry_after_ms
+        headers += (("Retry-After", str(max(1, math.ceil(error.retry_after_ms / 1000)))),)
+    if allow is not None:
+        headers += (("Allow", allow),)
+    if error.status == 401:
+        headers += (("WWW-Authenticate", 'Bearer realm="inferd"'),)
+    return WholeResponse(error.status, dumps(payload), headers, close=close, drop_body=error.drops_connection)
+
+
+def _json(payload: dict[str, Any], request_id: str, status: int = 200) -> WholeResponse:
+    return WholeResponse(status, dumps(payload), (("X-Request-ID", request_id),))
+

@@ -1,0 +1,169 @@
+"""The wire format of the Open Inference Protocol (KServe v2, as Triton speaks it) for batch models:
+the infer request and response, with the binary tensor data extension tritonclient uses by default.
+
+A request carries one input tensor, `text`, of datatype BYTES and any shape (usually [N] or [N, 1]);
+its N elements become N inputs, each batched like a request of its own. The answer's one output tensor,
+`output`, is FP32 of shape [N, D] for an embedding model and BYTES of shape [N] otherwise (a structured
+output, such as a label and score, as its JSON text). With the binary extension
+(`Inference-Header-Content-Length`), tensors travel after the JSON header as raw bytes: BYTES elements
+each as a 4-byte little-endian length and the bytes, FP32 as little-endian floats.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from ..errors import InvalidInput
+from .protocol import json_object
+from .responses import dumps
+
+INPUT, OUTPUT = "text", "output"
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+@dataclass(slots=True)
+class InferCall:
+    """A parsed infer request."""
+
+    id: str | None
+    texts: list[str]
+    timeout_ms: int | None  # from the `timeout` parameter (microseconds, as Triton's)
+    binary_output: bool
+
+
+def parse_infer(body: bytes, header_length: str | None) -> InferCall:
+    head, blob = _split(body, header_length)
+    data = json_object(head)
+    call_id = data.get("id")
+    if call_id is not None and not isinstance(call_id, str):
+        raise InvalidInput("`id` must be a string")
+    parameters = _table(data.get("parameters"), "parameters")
+    inputs = data.get("inputs")
+    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
+        raise InvalidInput(f"`inputs` must hold exactly one tensor, `{INPUT}`")
+    texts = _texts(inputs[0], blob)
+    binary = _flag(parameters, "binary_data_output", False)
+    outputs = data.get("outputs")
+    if outputs is not None:
+        if not isinstance(outputs, list) or not all(isinstance(o, dict) for o in outputs):
+            raise InvalidInput("`outputs` must be a list of tensors asked for")
+        for asked in outputs:
+            if asked.get("name") != OUTPUT:
+                raise InvalidInput(f"unknown output {asked.get('name')!r}: this model has one, `{OUTPUT}`")
+            binary = _flag(_table(asked.get("parameters"), "outputs[].parameters"), "binary_data", binary)
+    return InferCall(call_id, texts, _timeout_ms(parameters.get("timeout")), binary)
+
+
+def _flag(table: dict[str, Any], key: str, default: bool) -> bool:
+    value = table.get(key, default)
+    if not isinstance(value, bool):
+        raise InvalidInput(f"`{key}` must be true or false")
+    return value
+
+
+def _split(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
+    if header_length is None:
+        return body, b""
+    if not header_length.isdigit() or int(header_length) > len(body):
+        raise InvalidInput(f"{HEADER_LENGTH} must be the length of the JSON part of the body")
+    n = int(header_length)
+    return body[:n], body[n:]
+
+
+def _table(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInput(f"`{where}` must be an object")
+    return value
+
+
+def _texts(tensor: dict[str, Any], blob: bytes) -> list[str]:
+    if tensor.get("name") != INPUT:
+        raise InvalidInput(f"unknown input {tensor.get('name')!r}: this model takes one, `{INPUT}`")
+    if tensor.get("datatype") != "BYTES":
+        raise InvalidInput(f"`{INPUT}` must be of datatype BYTES")
+    shape = tensor.get("shape")
+    if not isinstance(shape, list) or not shape or not all(type(d) is int and d >= 0 for d in shape):
+        raise InvalidInput("`shape` must be a list of non-negative integers")
+    count = math.prod(shape)
+    if count == 0:
+        raise InvalidInput(f"`{INPUT}` holds no elements")
+    size = _table(tensor.get("parameters"), "inputs[].parameters").get("binary_data_size")
+    if size is not None:
+        if type(size) is not int or not 0 <= size <= len(blob):
+            raise InvalidInput("`binary_data_size` must be the size of the tensor's bytes after the JSON header")
+        elements = _unpack_bytes(blob[:size], count)
+    else:
+        elements = _flat(tensor.get("data"))
+        if len(elements) != count:
+            raise InvalidInput(f"`{INPUT}` has {len(elements)} elements; its shape {shape} says {count}")
+    try:
+        return [e if isinstance(e, str) else e.decode() for e in elements]
+    except UnicodeDecodeError:
+        raise InvalidInput(f"`{INPUT}` holds bytes that are not UTF-8 text") from None
+
+
+def _flat(data: Any) -> list[str | bytes]:
+    if not isinstance(data, list):
+        raise InvalidInput(f"`{INPUT}` needs `data` (a list of strings) or binary data")
+    flat: list[Any] = []
+    stack = [data]
+    while stack:
+        for value in stack.pop():
+            if isinstance(value, list):
+                stack.append(value)  # (nested rows: the protocol's data is row-major)
+            elif isinstance(value, str):
+                flat.append(value)
+            else:
+                raise InvalidInput(f"`{INPUT}` elements must be strings")
+    return flat
+
+
+def _unpack_bytes(raw: bytes, count: int) -> list[bytes]:
+    elements, offset = [], 0
+    for _ in range(count):
+        if offset + 4 > len(raw):
+            raise InvalidInput(f"binary `{INPUT}` ends before its {count} elements")
+        (length,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        if offset + length > len(raw):
+            raise InvalidInput(f"binary `{INPUT}` ends inside an element")
+        elements.append(raw[offset:offset + length])
+        offset += length
+    if offset != len(raw):
+        raise InvalidInput(f"binary `{INPUT}` holds more than its {count} elements")
+    return elements
+
+
+def _timeout_ms(value: Any) -> int | None:
+    if value is None:
+        return None
+    if type(value) is not int or value <= 0:
+        raise InvalidInput("the `timeout` parameter must be a positive integer (microseconds)")
+    return max(1, math.ceil(value / 1000))
+
+
+def infer_response(model: str, call_id: str | None, outputs: list[Any], binary: bool) -> tuple[bytes, int | None]:
+    """The answer's bytes, and the length of its JSON header when tensors follow it in binary."""
+    if outputs and all(isinstance(o, np.ndarray) for o in outputs):
+        array = np.stack(outputs).astype("<f4", copy=False)
+        datatype, shape, raw, json_data = "FP32", list(array.shape), array.tobytes(), array.ravel()
+    else:
+        texts = [o if isinstance(o, str) else orjson.dumps(o, option=orjson.OPT_SERIALIZE_NUMPY).decode() for o in outputs]
+        datatype, shape, json_data = "BYTES", [len(texts)], texts
+        raw = b"".join(struct.pack("<I", len(b)) + b for b in (t.encode() for t in texts)) if binary else b""
+    tensor: dict[str, Any] = {"name": OUTPUT, "datatype": datatype, "shape": shape}
+    if binary:
+        tensor["parameters"] = {"binary_data_size": len(raw)}
+    else:
+        tensor["data"] = json_data
+    head = dumps({"model_name": model, "model_version": "1", **({"id": call_id} if call_id is not None else {}),
+                  "outputs": [tensor]})
+    return (head + raw, len(head)) if binary else (head, None)
