@@ -79,7 +79,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"inferd: {exc}", file=sys.stderr)
         return 2
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    return run(dataclasses.replace(config, **overrides))
+    reread = (lambda: dataclasses.replace(load_config(args.config), **overrides)) if args.config else None
+    return run(dataclasses.replace(config, **overrides), reread)
 
 
 def _bench(args: argparse.Namespace) -> int:

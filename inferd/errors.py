@@ -78,6 +78,14 @@ class PayloadTooLarge(InferdError):
     status, code = 413, "PAYLOAD_TOO_LARGE"
 
 
+class InsufficientMemory(InferdError):
+    status, code = 507, "INSUFFICIENT_MEMORY"  # a model version that would not fit is not loaded
+
+
+class VersionConflict(InferdError):
+    status, code = 409, "VERSION_CONFLICT"  # the admin asked for a change the versions' states do not allow
+
+
 class RateLimited(InferdError):
     status, code = 429, "RATE_LIMITED"
 

@@ -15,6 +15,8 @@ import resource
 import signal
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import uvloop
@@ -23,8 +25,8 @@ from aiohttp import web
 from .admission.admission import Admission
 from .admission.auth import Authenticator
 from .admission.rate_limits import RateLimiter
-from .config import ModelConfig, ServerConfig
-from .errors import Draining, describe
+from .config import ConfigError, ModelConfig, ServerConfig
+from .errors import Draining, InferdError, describe
 from .execution.faults import DeadLetters
 from .http.agent_check import start_agent_check
 from .http.api import HttpApi
@@ -33,6 +35,7 @@ from .http.protocol import BodyReader
 from .lifecycle import Lifecycle, Phase
 from .models.batch_model import BatchModel
 from .models.registry import Models
+from .models.rollout import Rollouts
 from .observability.access_log import AccessLog
 from .observability.metrics import InferdCollector, RequestMetrics, build_registry
 from .observability.outcomes import Outcomes
@@ -51,6 +54,7 @@ class InferenceServer:
         """`span_exporter`: where trace spans go instead of the configured exporter (tests)."""
         self.config = config
         self.tracing: Tracing | None = None
+        self.rollouts: Rollouts | None = None
         self._span_exporter = span_exporter
         self.lifecycle = Lifecycle()
         self.models = Models({}, {}, config.default_model if config.models else "")
@@ -69,11 +73,14 @@ class InferenceServer:
         if config.tracing.enabled:
             self.tracing = Tracing(config.tracing, self._span_exporter)
         self.models = Models(
-            batch={m.name: BatchModel(m, loop, request_metrics, self.dead_letters, config.tiers, self.tracing)
-                   for m in config.models if m.kind == "batch"},
-            generation={m.name: _generation_model(m, loop) for m in config.models if m.kind == "generation"},
+            {}, generation={m.name: _generation_model(m, loop) for m in config.models if m.kind == "generation"},
             default=config.default_model,
         )
+        self.rollouts = Rollouts(
+            self.models, lambda m: BatchModel(m, loop, request_metrics, self.dead_letters, config.tiers, self.tracing),
+            headroom_bytes=config.memory_headroom_mb << 20, grace_s=config.grace_period_s,
+        )
+        self.rollouts.add_configured([m for m in config.models if m.kind == "batch"])
         limiter = RateLimiter(config)
         outcomes = Outcomes(request_metrics if config.metrics else None, AccessLog(config.access_log, config.access_log_sample_rate))
         registry = None
@@ -90,7 +97,7 @@ class InferenceServer:
             registry=registry,
             body=BodyReader(config.max_body_bytes, config.body_timeout_s, self.lifecycle),
             idempotency_window_s=config.idempotency_window_s, idempotency_max_keys=config.idempotency_max_keys,
-            connections=lambda: self.connections.stats(), tracing=self.tracing,
+            connections=lambda: self.connections.stats(), tracing=self.tracing, rollouts=self.rollouts,
         )
         # The API reads bodies itself, with its own limits (413, 408): no client_max_size here.
         limits = ConnectionLimits(config.max_connections or connection_budget(), config.connection_reserve,
@@ -141,6 +148,16 @@ class InferenceServer:
                 raise TimeoutError("models did not become ready in time")
             await asyncio.sleep(0.02)
 
+    def reload(self, config: ServerConfig) -> list[str]:
+        """Apply an edited config file's batch models (SIGHUP): what changes, one line each."""
+        assert self.rollouts is not None
+        changes = self.rollouts.apply(config)
+        if replace(config, models=(), host=self.config.host, port=self.config.port) != replace(self.config, models=()):
+            changes.append("settings other than [[models]] are not reloaded: restart (SIGTERM drains) to apply them")
+        for line in changes or ["no change"]:
+            log.warning("config reload: %s", line)
+        return changes
+
     async def drain_and_stop(self) -> bool:
         """The SIGTERM sequence. True when every admitted request was answered within the grace period."""
         if self._stopped:
@@ -156,6 +173,8 @@ class InferenceServer:
         if not drained:
             log.warning("grace period over with %d requests in flight; answering them 503 DRAINING", self.lifecycle.in_flight)
         reason = Draining("server shut down before this request ran; retry on another instance", retry_after_ms=1000)
+        if self.rollouts is not None:
+            await self.rollouts.close()
         await self.models.stop(reason)
         if self.tracing is not None:
             await asyncio.to_thread(self.tracing.shutdown)  # (its last spans go out)
@@ -178,7 +197,7 @@ class StartupFailed(RuntimeError):
     """A model could not be built when the server started."""
 
 
-async def serve(config: ServerConfig) -> int:
+async def serve(config: ServerConfig, reread: Callable[[], ServerConfig] | None = None) -> int:
     """Run until SIGTERM or SIGINT, then drain: exit status 0. When the server cannot start (the port is
     taken, a model cannot be built) one line on stderr and 1, so a supervisor sees the mistake at once
     rather than a process that answers 503 for ever. (A worker that fails later is replaced, with backoff.)"""
@@ -187,9 +206,8 @@ async def serve(config: ServerConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    # Its default action would end the process with no drain; a reload is not built yet, so say so.
-    loop.add_signal_handler(signal.SIGHUP, log.warning, "SIGHUP ignored: inferd does not reload its config yet; "
-                            "restart it (SIGTERM drains) to apply changes")
+    # SIGHUP: the config file again, its batch models applied (without a file there is nothing to re-read).
+    loop.add_signal_handler(signal.SIGHUP, _reload, server, reread)
     try:
         await server.start()
     except OSError as exc:
@@ -206,13 +224,23 @@ async def serve(config: ServerConfig) -> int:
         await server.drain_and_stop()
         return 1
     if startup.done():
-        models = ", ".join(m.name for m in server.models.all())
+        models = ", ".join(dict.fromkeys(m.name for m in server.models.all()))
         print(f"inferd ready on {server.url}: {models}", file=sys.stderr, flush=True)
         _freeze_survivors()
         await stopping
     startup.cancel()
     await server.drain_and_stop()
     return 0
+
+
+def _reload(server: InferenceServer, reread: Callable[[], ServerConfig] | None) -> None:
+    if reread is None or server.rollouts is None:
+        log.warning("SIGHUP: no config file to re-read (started on the embedded default)")
+        return
+    try:
+        server.reload(reread())
+    except (ConfigError, InferdError) as exc:
+        log.error("config reload refused, nothing changed: %s", exc)
 
 
 def _fatal(message: str) -> None:
@@ -240,7 +268,7 @@ def raise_open_file_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def run(config: ServerConfig) -> int:
+def run(config: ServerConfig, reread: Callable[[], ServerConfig] | None = None) -> int:
     raise_open_file_limit()
     # An executor thread coming back from the GPU (or a sleep, or any call that let go of the GIL) waits
     # for the GIL the busy event loop holds until this interval forces a switch. Python's 5 ms is most of
@@ -252,4 +280,4 @@ def run(config: ServerConfig) -> int:
         # second for almost nothing. Measured on S2: about 5-10% less CPU per request.
         gc.set_threshold(config.gc_threshold)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(serve(config))
+        return runner.run(serve(config, reread))

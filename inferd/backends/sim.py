@@ -6,7 +6,8 @@ once. Each output is a deterministic function of its input (`expected_output`), 
 that the answer it got belongs to the input it sent.
 
 Options: `latency_ms` (default 100), `max_batch_size` (default 100), `record_inputs` (default false:
-count every input computed, for tests that check what ran), `bucket_chars` (e.g. [50]: inputs of up to
+count every input computed, for tests that check what ran), `tag` (put before every output, to tell
+versions apart), `memory_mb` (what a device claims to need, for the memory check), `bucket_chars` (e.g. [50]: inputs of up to
 50 characters in bucket 0, longer ones in bucket 1, with a rough token count of a quarter of their
 characters, as a tokenizer would bucket them; default: one bucket).
 """
@@ -38,11 +39,13 @@ class SimulatedGPU:
     """One simulated device. Records each call so tests and benchmarks can see what it ran."""
 
     def __init__(
-        self, latency_ms: float = 100.0, max_batch_size: int = 100, name: str = "sim", record_inputs: bool = False
+        self, latency_ms: float = 100.0, max_batch_size: int = 100, name: str = "sim", record_inputs: bool = False,
+        tag: str = "",
     ) -> None:
         self.latency_s = latency_ms / 1000.0
         self.max_batch_size = max_batch_size
         self.name = name
+        self.tag = tag  # put before every output: tells apart what two versions of one model computed
         self.calls: list[tuple[float, float, int]] = []  # (start, end, batch size), time.monotonic()
         self.idle_gaps: list[float] = []  # device idle time between back-to-back calls, seconds
         self.computed: Counter[str] | None = Counter() if record_inputs else None
@@ -78,7 +81,8 @@ class SimulatedGPU:
         if self.computed is not None:
             self.computed.update(inputs)
             self.calls_with_repeats += len(set(inputs)) < len(inputs)
-        return [expected_output(text) for text in inputs]
+        tag = self.tag
+        return [tag + expected_output(text) for text in inputs] if tag else [expected_output(text) for text in inputs]
 
 
 class BucketedGPU(SimulatedGPU):
@@ -101,15 +105,21 @@ def create(device: str, options: Mapping[str, Any]) -> SimulatedGPU:
     return SimulatedGPU(name=device, **sim) if bucket_chars is None else BucketedGPU(list(bucket_chars), name=device, **sim)
 
 
+def memory_bytes(options: Mapping[str, Any]) -> int:
+    """What one simulated device claims to need (`memory_mb`, default 0): for the memory check's tests."""
+    return int(options.get("memory_mb", 0)) << 20
+
+
 def sim_options(options: Mapping[str, Any], where: str, extra: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The simulated device's own options; anything not in `extra` is a typo."""
-    unknown = set(options) - {"latency_ms", "max_batch_size", "record_inputs"} - extra
+    unknown = set(options) - {"latency_ms", "max_batch_size", "record_inputs", "memory_mb", "tag"} - extra
     if unknown:
         raise ValueError(f"{where}: unknown options {sorted(unknown)}")
     return {
         "latency_ms": float(options.get("latency_ms", 100.0)),
         "max_batch_size": int(options.get("max_batch_size", 100)),
         "record_inputs": bool(options.get("record_inputs", False)),
+        "tag": str(options.get("tag", "")),
     }
 
 

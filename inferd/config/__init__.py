@@ -1,7 +1,7 @@
 """Typed configuration: the records (`settings`) and how a TOML file becomes them (`parsing`)."""
 
 from ..typed_tables import ConfigError
-from .parsing import load_config, parse_config
+from .parsing import load_config, parse_config, parse_model
 from .settings import (
     DEFAULT_TIER_PRIORITIES,
     AuthConfig,
@@ -14,4 +14,4 @@ from .settings import (
 )
 
 __all__ = ["DEFAULT_TIER_PRIORITIES", "AuthConfig", "ConfigError", "ModelConfig", "ServerConfig", "TenantConfig",
-           "TierConfig", "TracingConfig", "default_config", "load_config", "parse_config"]
+           "TierConfig", "TracingConfig", "default_config", "load_config", "parse_config", "parse_model"]

@@ -41,10 +41,8 @@ def parse_config(raw: Mapping[str, Any]) -> ServerConfig:
     models_raw = raw.get("models", [])
     if not isinstance(models_raw, list) or not models_raw:
         raise ConfigError("at least one [[models]] table is required")
-    models = tuple(_parse_model(m) for m in models_raw)
-    names = [m.name for m in models]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"model names must be unique: {names}")
+    models = tuple(parse_model(m) for m in models_raw)
+    check_versions(models)
     tiers = _parse_tiers(raw.get("tiers"))
     config = ServerConfig(
         **server,
@@ -56,6 +54,19 @@ def parse_config(raw: Mapping[str, Any]) -> ServerConfig:
     )
     _check_server(config)
     return config
+
+
+def check_versions(models: tuple[ModelConfig, ...]) -> None:
+    """A (name, version) once; several versions only for batch models; a split with somewhere to go."""
+    keys = [(m.name, m.version) for m in models]
+    if len(set(keys)) != len(keys):
+        raise ConfigError(f"each model version must be configured once: {[f'{n}@{v}' for n, v in keys]}")
+    for name in {m.name for m in models}:
+        versions = [m for m in models if m.name == name]
+        if len(versions) > 1 and any(m.kind != "batch" for m in versions):
+            raise ConfigError(f"model {name}: only batch models have several versions")
+        if any(m.traffic is not None for m in versions) and not sum(m.traffic or 0 for m in versions) > 0:
+            raise ConfigError(f"model {name}: its versions' `traffic` must add up to more than 0")
 
 
 def _parse_tiers(raw: Any) -> tuple[TierConfig, ...]:
@@ -134,7 +145,7 @@ def _check_sha256(value: Any, where: str) -> None:
         raise ConfigError(f"{where} must be the 64 hex digits of a SHA-256 (keys are never stored in plain text)")
 
 
-def _parse_model(raw: Any) -> ModelConfig:
+def parse_model(raw: Any) -> ModelConfig:
     if not isinstance(raw, dict):
         raise ConfigError("each [[models]] entry must be a table")
     where = f"[[models]] {raw.get('name', '?')!r}"
@@ -170,6 +181,8 @@ def _check_model(m: ModelConfig, where: str) -> None:
         raise ConfigError(f"{where}: `workers` ({m.workers}) disagrees with the `devices` list ({len(m.devices)})")
     if m.timeout_ms > m.max_timeout_ms:
         raise ConfigError(f"{where}: `timeout_ms` exceeds `max_timeout_ms`")
+    if (m.traffic is not None and m.traffic < 0) or not m.version or "@" in m.version + m.name or "/" in m.version:
+        raise ConfigError(f"{where}: `traffic` must be >= 0; `name` without @; `version` non-empty, without @ or /")
     if m.cache_bytes < 0 or m.cache_ttl_s <= 0 or m.cache_scope not in ("tenant", "shared"):
         raise ConfigError(f"{where}: `cache_bytes` must be >= 0, `cache_ttl_s` positive, `cache_scope` tenant or shared")
     if not m.warmup_inputs:

@@ -13,6 +13,8 @@ class ModelConfig:
 
     name: str
     backend: str  # "package.module:callable", or "package.module" for its `create` factory
+    version: str = "1"  # a model may have several; requests name one (`model@version`) or get the split
+    traffic: float | None = None  # this version's share of requests that name no version (None: see parsing)
     kind: str = "batch"  # "batch": our batcher and executor threads; "generation": a vLLM engine
     max_batch_size: int = 32
     max_wait_ms: float = 5.0  # linger, counted from the oldest waiting request
@@ -116,6 +118,7 @@ class ServerConfig:
     access_log: str = "info"  # level of the JSON access log lines, or "off"
     access_log_sample_rate: float = 0.01  # share of requests logged; 500 and 504 answers are always logged
     gc_threshold: int = 50_000  # cyclic GC after this many new objects (Python's default: 700); 0 keeps Python's
+    memory_headroom_mb: int = 1024  # a model version is not loaded when it would leave less memory than this
     gil_switch_interval_ms: float = 0.2  # longest an executor thread waits for the GIL a busy loop holds (Python: 5)
     models: tuple[ModelConfig, ...] = ()
     auth: AuthConfig = AuthConfig()

@@ -100,6 +100,12 @@ class WorkerPool:
         for worker in self.workers:  # a hung backend call must not hold the process: threads are daemons
             await self.loop.run_in_executor(None, worker.join, max(0.0, deadline - time.monotonic()))
 
+    def release(self) -> None:
+        """After `stop`: forget what the workers built (a model's weights), so its memory can go."""
+        for worker in self.workers:
+            worker.backend, worker.ready = None, False
+        self._count_healthy()
+
     def running(self) -> list[Batch]:
         """The batches inside backend calls now."""
         return [w.current for w in self.workers if w.current is not None]

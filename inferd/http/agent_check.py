@@ -20,7 +20,7 @@ log = logging.getLogger("inferd.agent")
 def agent_reply(models: Models, ready: bool, full_wait_s: float) -> str:
     if not ready:
         return "drain\n"
-    worst = max((m.predicted_wait_s() for m in models.batch.values()), default=0.0)
+    worst = max((m.predicted_wait_s() for m in models.instances() if m.takes_traffic), default=0.0)
     weight = 100 - int(99 * min(1.0, worst / full_wait_s)) if full_wait_s > 0 else 100
     return f"ready {weight}%\n"
 

@@ -24,8 +24,11 @@ from ..execution.faults import DeadLetters
 from ..lifecycle import Lifecycle
 from ..models.batch_model import BatchModel
 from ..models.registry import Models
+from ..models.rollout import Rollouts
 from ..observability.outcomes import Outcomes
 from ..observability.tracing import Tracing
+from .admin import PREFIX as ADMIN_PREFIX
+from .admin import AdminApi
 from .generation import GenerationApi
 from .idempotency import IdempotentReplies
 from .inference import InferenceApi
@@ -37,6 +40,10 @@ from .responses import WholeResponse, dumps, error_response, json_response
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
+_KEYED_PATHS = ("/v1/inference", "/api/inference", "/v1/embeddings")
+_GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+
+
 class HttpApi:
     """Routes requests to the inference, embeddings and generation handlers, and answers the
     operations endpoints (health, readiness, models, limits, stats, dead letters, metrics)."""
@@ -45,7 +52,7 @@ class HttpApi:
         self, *, models: Models, admission: Admission, lifecycle: Lifecycle, outcomes: Outcomes, limiter: RateLimiter,
         dead_letters: DeadLetters, registry: CollectorRegistry | None, body: BodyReader,
         connections: Callable[[], dict[str, int]] | None = None, idempotency_window_s: float = 0.0,
-        idempotency_max_keys: int = 1, tracing: Tracing | None = None,
+        idempotency_max_keys: int = 1, tracing: Tracing | None = None, rollouts: Rollouts | None = None,
     ) -> None:
         self.models = models
         self.admission = admission
@@ -64,13 +71,14 @@ class HttpApi:
                                  body=body, generation=generation, tracing=tracing)
         self.open_inference = OpenInferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle,
                                                ids=self.ids, body=body, tracing=tracing)
+        self.admin = AdminApi(rollouts=rollouts, auth=admission.auth, body=body, ids=self.ids) if rollouts else None
         self.idempotency = IdempotentReplies(admission.auth, body, self.ids, idempotency_window_s, idempotency_max_keys)
         keyed = self.idempotency.wrap
         # path -> (method, handler, counted as in flight)
         self.routes: dict[str, tuple[str, Handler, bool]] = {
-            "/v1/inference": ("POST", keyed(inference.inference, join=True), True),
-            "/api/inference": ("POST", keyed(inference.inference, join=True), True),
-            "/v1/embeddings": ("POST", keyed(inference.embeddings, join=True, openai=True), True),
+            "/v1/inference": ("POST", inference.inference_route, True),
+            "/api/inference": ("POST", inference.inference_route, True),
+            "/v1/embeddings": ("POST", inference.embeddings_route, True),
             "/healthz": ("GET", self.healthz, False),
             "/readyz": ("GET", self.readyz, False),
             "/v1/models": ("GET", self.list_models, False),
@@ -81,8 +89,12 @@ class HttpApi:
         if registry is not None:
             self.routes["/metrics"] = ("GET", self.prometheus, False)
         if generation is not None:
-            self.routes["/v1/completions"] = ("POST", keyed(generation.completions, join=False, openai=True), True)
-            self.routes["/v1/chat/completions"] = ("POST", keyed(generation.chat_completions, join=False, openai=True), True)
+            self.routes["/v1/completions"] = ("POST", generation.completions, True)
+            self.routes["/v1/chat/completions"] = ("POST", generation.chat_completions, True)
+        # A request with an Idempotency-Key goes through the replies' wrapper (only those: no frame for the rest).
+        self._keyed: dict[str, Handler] = {} if idempotency_window_s <= 0 else {
+            path: keyed(self.routes[path][1], join=path not in _GENERATION_PATHS, openai=path != "/v1/inference"
+                        and path != "/api/inference") for path in (*_KEYED_PATHS, *_GENERATION_PATHS) if path in self.routes}
         self.routes["/openapi.json"] = ("GET", self.openapi, False)
         self._model_route: Handler = self.model  # GET /v1/models/{id}: the one path with a parameter
         self._openapi = dumps(openapi_document(self.routes, __version__))
@@ -111,11 +123,16 @@ class HttpApi:
             if not route[2]:
                 return await route[1](request)
             lifecycle = self.lifecycle
+            handler = route[1]
+            if self._keyed and "Idempotency-Key" in request.headers:
+                handler = self._keyed.get(path, handler)
             lifecycle.enter()
             try:
-                return await route[1](request)
+                return await handler(request)
             finally:
                 lifecycle.leave()
+        if route is None and self.admin is not None and path.startswith(ADMIN_PREFIX):
+            return await self.admin.route(request, path)
         if route is None and (path == "/v2" or path.startswith("/v2/")):
             return await self.open_inference.route(request, path)  # (its own routes, in its own error shape)
         if route is None and path.startswith("/v1/models/"):
@@ -144,6 +161,9 @@ class HttpApi:
     async def readyz(self, request: web.BaseRequest) -> web.StreamResponse:
         request_id = self.ids.pick(request.headers.get("X-Request-ID"))
         models: dict[str, dict[str, Any]] = {name: _readiness(m) for name, m in self.models.batch.items()}
+        for name, served in self.models.served.items():  # (the default version decides; the others are listed)
+            if name in models and len(served.versions) > 1:
+                models[name]["versions"] = {v: f.state.value for v, f in served.versions.items()}
         for name, g in self.models.generation.items():
             models[name] = {"ready": g.ready, "kind": "generation"}
             if g.start_error is not None:
@@ -168,8 +188,12 @@ class HttpApi:
     def _model_entry(self, name: str) -> dict[str, Any]:
         batch = self.models.batch.get(name)
         if batch is not None:
+            served = self.models.served[name]
+            versions = {v: {"state": f.state.value, "traffic": served.traffic.get(v, 0.0), **f.model.describe()}
+                        for v, f in served.versions.items() if f.model is not batch}
             return {"id": name, "object": "model", "created": self.created, "owned_by": "inferd", "kind": "batch",
-                    **batch.describe()}
+                    **batch.describe(), "default_version": served.default, "traffic": served.traffic,
+                    "other_versions": versions}
         return {"created": self.created, **self.models.generation[name].describe()}
 
     async def limits(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -223,9 +247,14 @@ class HttpApi:
                 "in_flight": self.lifecycle.in_flight,
             },
             "connections": self.connections() if self.connections is not None else None,
-            "models": {name: m.describe()["stats"] for name, m in self.models.batch.items()},
+            "models": {_instance_key(m, self.models.batch): m.describe()["stats"] for m in self.models.instances()},
         }
         return json_response(payload, self.ids.pick(request.headers.get("X-Request-ID")))
+
+
+def _instance_key(model: BatchModel, defaults: dict[str, BatchModel]) -> str:
+    """A version's key in /v1/stats: the model's name for its default version, `name@version` for others."""
+    return model.name if defaults.get(model.name) is model else f"{model.name}@{model.version}"
 
 
 def _readiness(model: BatchModel) -> dict[str, Any]:

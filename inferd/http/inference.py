@@ -44,32 +44,39 @@ class InferenceApi:
         self.body = body
         self.generation = generation
         self.tracing = tracing
+        # The route handlers: without tracing, the handlers themselves (no frame in between per request).
+        self.inference_route = self.inference if tracing is None else self._traced(self.inference)
+        self.embeddings_route = self.embeddings if tracing is None else self._traced(self.embeddings)
 
-    async def inference(self, request: web.BaseRequest) -> web.StreamResponse:
-        started = time.monotonic()
-        request_id = self.ids.pick(request.headers.get("X-Request-ID") or request.headers.get("Idempotency-Key"))
-        tracing = self.tracing
-        trace = tracing.begin(request.headers, started, request.path) if tracing is not None else None
-        if trace is None:
-            return await self._inference(request, started, request_id, None)
-        return await traced(tracing, trace, request_id, self._inference(request, started, request_id, trace))  # type: ignore[arg-type]
+    def _traced(self, handler):  # type: ignore[no-untyped-def]
+        async def traced_handler(request: web.BaseRequest) -> web.StreamResponse:
+            started = time.monotonic()
+            request_id = self.ids.pick(request.headers.get("X-Request-ID") or request.headers.get("Idempotency-Key"))
+            trace = self.tracing.begin(request.headers, started, request.path)  # type: ignore[union-attr]
+            if trace is None:
+                return await handler(request, started, request_id)
+            return await traced(self.tracing, trace, request_id, handler(request, started, request_id, trace))  # type: ignore[arg-type]
+        return traced_handler
 
-    async def _inference(self, request: web.BaseRequest, started: float, request_id: str,
-                         trace: RequestTrace | None) -> web.StreamResponse:
+    async def inference(self, request: web.BaseRequest, started: float = 0.0, request_id: str = "",
+                        trace: RequestTrace | None = None) -> web.StreamResponse:
         headers = request.headers
+        if not started:
+            started = time.monotonic()
+            request_id = self.ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key"))
         model_name, tier, tenant, pending = "-", "-", "-", None
         try:
             who = self.admission.identify(headers)
             tier, tenant = who.tier, who.tenant
             call = parse_inference_body(await self.body.read(request))
             name = call.model or self.models.default
-            model = self.models.batch.get(name)
+            model = self.models.route(name, call.version)
             if model is None:
                 if self.generation is not None and name in self.models.generation:
                     return await self.generation.inference(request, self.models.generation[name], call, who, request_id,
                                                            started)
                 raise ModelNotFound(f"no model named {name!r}; see GET /v1/models")
-            model_name = name
+            model_name = model.name
             pending = self.admission.admit(model, request_id, (call.input,), who, call.timeout_ms, cache_allowed(headers))[0]
             if trace is not None:
                 trace.admitted([pending], model_name, tier, tenant)
@@ -84,7 +91,7 @@ class InferenceApi:
             return error_response(error, request_id, close=self.lifecycle.draining)
         now = self.outcomes.record(request_id, model_name, tier, 200, "", started, pending, tenant, trace)
         batch = pending.batch
-        extra: tuple[tuple[str, str], ...] = (("X-Request-ID", request_id),)
+        extra: tuple[tuple[str, str], ...] = (("X-Request-ID", request_id), ("X-Model-Version", model.version))
         if batch is not None:
             timing = f"queue;dur={batch.queue_s(pending) * 1000:.3f}, compute;dur={batch.compute_s * 1000:.3f}"
             extra += (("Server-Timing", timing + ', shared;desc="collapsed"' if pending.state is _ATTACHED else timing),)
@@ -92,33 +99,27 @@ class InferenceApi:
             extra += (("Server-Timing", 'cache;desc="hit"'),)
         if call.base64:
             output = encode_vector(output, base64=True)
-        payload = {"output": output, "request_id": request_id, "model": model_name,
+        payload = {"output": output, "request_id": request_id, "model": model_name, "model_version": model.version,
                    "latency_ms": round((now - started) * 1000, 3)}
         return WholeResponse(200, dumps(payload), extra)
 
-    async def embeddings(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def embeddings(self, request: web.BaseRequest, started: float = 0.0, request_id: str = "",
+                         trace: RequestTrace | None = None) -> web.StreamResponse:
         """OpenAI's `POST /v1/embeddings`: each item batched like a request of its own, answered in order."""
-        started = time.monotonic()
-        request_id = self.ids.pick(request.headers.get("X-Request-ID") or request.headers.get("Idempotency-Key"))
-        tracing = self.tracing
-        trace = tracing.begin(request.headers, started, request.path) if tracing is not None else None
-        if trace is None:
-            return await self._embeddings(request, started, request_id, None)
-        return await traced(tracing, trace, request_id, self._embeddings(request, started, request_id, trace))  # type: ignore[arg-type]
-
-    async def _embeddings(self, request: web.BaseRequest, started: float, request_id: str,
-                          trace: RequestTrace | None) -> web.StreamResponse:
         headers = request.headers
+        if not started:
+            started = time.monotonic()
+            request_id = self.ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key"))
         model_name, tier, tenant, model, items = "-", "-", "-", None, []
         try:
             who = self.admission.identify(headers)
             tier, tenant = who.tier, who.tenant
             call = parse_embeddings_body(await self.body.read(request))
             name = call.model or self.models.default
-            model = self.models.batch.get(name)
+            model = self.models.route(name)
             if model is None:
                 raise ModelNotFound(f"no embedding model named {name!r}; see GET /v1/models")
-            model_name = name
+            model_name = model.name
             if model.ready and model.output_kind != "embedding":
                 raise InvalidInput(f"model {name} does not produce embeddings")
             cap = model.config.max_inputs_per_call
@@ -139,7 +140,7 @@ class InferenceApi:
             withdraw_unanswered(model, items)
         self.outcomes.record(request_id, model_name, tier, 200, "", started, None, tenant, trace)
         payload = embeddings_payload(model_name, vectors, sum(item.tokens for item in items), call.base64)
-        return WholeResponse(200, dumps(payload), (("X-Request-ID", request_id),))
+        return WholeResponse(200, dumps(payload), (("X-Request-ID", request_id), ("X-Model-Version", model.version)))
 
 
 async def traced(tracing: Tracing, trace: RequestTrace, request_id: str,

@@ -5,8 +5,8 @@ metadata, readiness, and `POST /v2/models/{name}[/versions/{v}]/infer` (wire for
 An infer call goes the way of `/v1/embeddings`: each element of its input tensor is admitted and
 batched like a request of its own (so one client's tensor may span server batches), with the same
 admission, tiers, deadlines (the `timeout` parameter), shared work and disconnect handling. Errors are
-in the protocol's shape, `{"error": message}`, with inferd's stable `code` beside it. Models have one
-version, "1", until versions exist.
+in the protocol's shape, `{"error": message}`, with inferd's stable `code` beside it. A path without
+`/versions/{v}` gets the model's split, as `/v1/inference` does.
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ from .inference import cache_allowed, traced, withdraw_unanswered
 from .open_inference_wire import HEADER_LENGTH, INPUT, OUTPUT, infer_response, parse_infer
 from .protocol import BodyReader, RequestIds
 from .responses import WholeResponse, dumps
-
-VERSION = "1"
 
 
 class OpenInferenceApi:
@@ -79,20 +77,21 @@ class OpenInferenceApi:
             return error_v2(error, request_id)
 
     def _model(self, parts: list[str]) -> tuple[BatchModel, list[str]]:
-        name, rest = parts[0], parts[1:]
-        model = self.models.batch.get(name)
+        name, rest, version = parts[0], parts[1:], None
+        if rest[:1] == ["versions"]:
+            if len(rest) < 2:
+                raise NotFound(f"no route for /v2/models/{name}/versions")
+            version, rest = rest[1], rest[2:]
+        model = self.models.route(name, version) if "@" not in name else None
         if model is None:
             served = "a generation model, not served over this protocol" if name in self.models.generation else "no model"
             raise ModelNotFound(f"{name!r}: {served}; see GET /v1/models")
-        if rest[:1] == ["versions"]:
-            if len(rest) < 2 or rest[1] != VERSION:
-                raise ModelNotFound(f"model {name} has no version {rest[1] if len(rest) > 1 else ''!r}; it has {VERSION!r}")
-            rest = rest[2:]
         return model, rest
 
     def _metadata(self, model: BatchModel) -> dict[str, Any]:
         embedding = model.output_kind == "embedding"
-        return {"name": model.name, "versions": [VERSION], "platform": "inferd",
+        versions = list(self.models.served[model.name].versions) if model.name in self.models.served else [model.version]
+        return {"name": model.name, "versions": versions, "platform": "inferd",
                 "inputs": [{"name": INPUT, "datatype": "BYTES", "shape": [-1]}],
                 "outputs": [{"name": OUTPUT, "datatype": "FP32" if embedding else "BYTES",
                              "shape": [-1, -1] if embedding else [-1]}]}
@@ -130,7 +129,7 @@ class OpenInferenceApi:
         finally:
             withdraw_unanswered(model, items)
         self.outcomes.record(request_id, model.name, tier, 200, "", started, None, tenant, trace)
-        body, header_length = infer_response(model.name, call.id, list(outputs), call.binary_output)
+        body, header_length = infer_response(model.name, model.version, call.id, list(outputs), call.binary_output)
         if header_length is None:
             return WholeResponse(200, body, (("X-Request-ID", request_id),))
         return WholeResponse(200, body, (("X-Request-ID", request_id), (HEADER_LENGTH, str(header_length))),

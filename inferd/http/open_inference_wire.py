@@ -150,7 +150,7 @@ def _timeout_ms(value: Any) -> int | None:
     return max(1, math.ceil(value / 1000))
 
 
-def infer_response(model: str, call_id: str | None, outputs: list[Any], binary: bool) -> tuple[bytes, int | None]:
+def infer_response(model: str, version: str, call_id: str | None, outputs: list[Any], binary: bool) -> tuple[bytes, int | None]:
     """The answer's bytes, and the length of its JSON header when tensors follow it in binary."""
     if outputs and all(isinstance(o, np.ndarray) for o in outputs):
         array = np.stack(outputs).astype("<f4", copy=False)
@@ -164,6 +164,6 @@ def infer_response(model: str, call_id: str | None, outputs: list[Any], binary: 
         tensor["parameters"] = {"binary_data_size": len(raw)}
     else:
         tensor["data"] = json_data
-    head = dumps({"model_name": model, "model_version": "1", **({"id": call_id} if call_id is not None else {}),
+    head = dumps({"model_name": model, "model_version": version, **({"id": call_id} if call_id is not None else {}),
                   "outputs": [tensor]})
     return (head + raw, len(head)) if binary else (head, None)

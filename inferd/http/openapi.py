@@ -163,8 +163,33 @@ for _suffix, _item in (("", _V2_METADATA), ("/ready", _V2_READY), ("/infer", _V2
     for _prefix, _parameters in (("/v2/models/{model}", [_V2_MODEL]), ("/v2/models/{model}/versions/{version}",
                                                                         [_V2_MODEL, _V2_VERSION])):
         PATHS[_prefix + _suffix] = {method: {**op, "parameters": _parameters} for method, op in _item.items()}
+_ADMIN_ERRORS = {**_errors("Error", ("400", "401", "404")), "403": _json(_ref("Error"), "not the admin key"),
+                 "409": _json(_ref("Error"), "the versions' states do not allow it")}
+_VERSION_STATE = {"type": "object", "required": ["name", "version", "state"]}
+PATHS.update({
+    "/v1/admin/models": {
+        "get": {"summary": "every model's versions, their states and traffic split (admin key)",
+                "responses": {"200": _json({"type": "object", "required": ["models"]}, "the models"), **_ADMIN_ERRORS}},
+        "post": {"summary": "load a model version beside the running ones: a [[models]] table as JSON (admin key)",
+                 "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                     "type": "object", "required": ["name", "backend"],
+                     "properties": {"name": {"type": "string"}, "version": {"type": "string"},
+                                    "backend": {"type": "string"}, "options": {"type": "object"}}}}}},
+                 "responses": {"202": _json(_VERSION_STATE, "loading"), **_ADMIN_ERRORS,
+                               "507": _json(_ref("Error"), "it would not fit in memory")}},
+    },
+    "/v1/admin/models/{model}/traffic": {"put": {
+        "summary": "the split of requests that name no version, e.g. {\"1\": 90, \"2\": 10} (admin key)",
+        "parameters": [_V2_MODEL],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "additionalProperties": {"type": "number", "minimum": 0}}}}},
+        "responses": {"200": _json({"type": "object", "required": ["name", "traffic"]}, "the new split"), **_ADMIN_ERRORS}}},
+    "/v1/admin/models/{model}/versions/{version}": {"delete": {
+        "summary": "drain and unload a version (admin key)", "parameters": [_V2_MODEL, _V2_VERSION],
+        "responses": {"202": _json(_VERSION_STATE, "draining"), **_ADMIN_ERRORS}}},
+})
 # Paths the route table does not hold (answered by a prefix), always in the document.
-PARAMETRISED = {path for path in PATHS if "{" in path or path.startswith("/v2")}
+PARAMETRISED = {path for path in PATHS if "{" in path or path.startswith(("/v2", "/v1/admin/"))}
 
 for _operations in PATHS.values():  # every route: a request with a method it does not take is a 405
     for _operation in _operations.values():
@@ -182,10 +207,12 @@ SCHEMAS: dict[str, Any] = {
         "request_id": {"type": "string"}}},
     "InferenceRequest": {"type": "object", "required": ["input"], "properties": {
         "input": {"type": "string"}, "model": _MODEL, "timeout_ms": _TIMEOUT,
+        "version": _or_null({"type": "string", "description": "a pinned version (or model@version); default: the split"}),
         "encoding_format": _or_null({"enum": ["float", "base64"]}), **_GENERATION_FIELDS}},
     "InferenceResponse": {"type": "object", "required": ["output", "request_id", "model", "latency_ms"], "properties": {
         "output": {"description": "the model's output: text, a vector (or base64 of its float32s), a label and score"},
         "request_id": {"type": "string"}, "model": {"type": "string"}, "latency_ms": {"type": "number"},
+        "model_version": {"type": "string", "description": "the version that computed it (also X-Model-Version)"},
         "finish_reason": {"type": ["string", "null"]}, "usage": {"type": "object"}}},
     "EmbeddingsRequest": {"type": "object", "required": ["input"], "properties": {
         "input": {"oneOf": [

@@ -22,7 +22,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from ..errors import Draining, InferdError, InvalidInput, PayloadTooLarge, RequestTimeout, UnreadableBody
 from ..lifecycle import Lifecycle
 
-_BATCH_FIELDS = frozenset({"input", "model", "timeout_ms", "encoding_format"})
+_BATCH_FIELDS = frozenset({"input", "model", "version", "timeout_ms", "encoding_format"})
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 
 
@@ -35,6 +35,7 @@ class InferenceCall:
     timeout_ms: int | None
     base64: bool  # `encoding_format: "base64"`: a vector output as base64 of little-endian float32
     body: dict[str, Any]  # the whole body (a generation model reads its sampling fields from it)
+    version: str | None = None  # a pinned version (also `model@version`)
 
 
 class BodyReader:
@@ -118,7 +119,11 @@ def parse_inference_body(body: bytes) -> InferenceCall:
     fmt = data.get("encoding_format")
     if not _BATCH_FIELDS.issuperset(data):
         sampling_fields(data)
-    return InferenceCall(value, model, timeout_ms(data), fmt is not None and encoding_format(data) == "base64", data)
+    version = data.get("version")
+    if version is not None and not isinstance(version, str):
+        raise InvalidInput("`version` must be a string")
+    return InferenceCall(value, model, timeout_ms(data), fmt is not None and encoding_format(data) == "base64", data,
+                         version)
 
 
 def sampling_fields(body: dict[str, Any]) -> dict[str, Any]:

@@ -58,6 +58,8 @@ class BatchModel:
     ) -> None:
         self.config = config
         self.name = config.name
+        self.version = config.version
+        self.takes_traffic = True  # in its model's split (a version loading, draining or only pinned is not)
         self.loop = loop
         self.metrics = metrics
         self.dead_letters = dead_letters if dead_letters is not None else DeadLetters()
@@ -126,9 +128,13 @@ class BatchModel:
         shared = self.shared
         if not shared.enabled:
             return None
-        key = identity(raw)
+        key = raw if type(raw) is str else identity(raw)
         if key is None:
             return None
+        if shared.cache is None or not use_cache:  # (the usual case, inline: per request)
+            lead = shared.leads.get(key) if shared.collapse else None
+            if lead is None:
+                return None
         now = time.monotonic()
         cached = shared.cached(key, tenant, now) if use_cache else MISS
         lead = shared.lead_for(key) if cached is MISS else None
@@ -156,7 +162,7 @@ class BatchModel:
         request = PendingRequest(request_id, raw, now, now + timeout_s, self.loop.create_future(), tier=tier,
                                  tenant=tenant, raw=raw)
         if self.shared.enabled:
-            request.key = identity(raw)
+            request.key = raw if type(raw) is str else identity(raw)
         if self.preprocessor is not None:
             request.state = RequestState.PREPARING
             self.deadlines.add(request)
@@ -176,8 +182,9 @@ class BatchModel:
         return request
 
     def _register(self, request: PendingRequest) -> None:
-        if request.key is not None:
-            self.shared.register(request)
+        key = request.key
+        if key is not None and self.shared.collapse:
+            self.shared.leads[key] = request
 
     def _enqueue(self, request: PendingRequest) -> None:
         """Into the batcher's queue; raises ServiceOverloaded when it is full and nobody can make room."""

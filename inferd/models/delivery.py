@@ -44,11 +44,16 @@ def batch_done(model: BatchModel, batch: Batch) -> None:
         model.tracing.batch(batch, model.name)
     if batch.error is None:
         model.breaker.record(True, batch.finished_at)
+        leads, cache = model.shared.leads, model.shared.cache
         for request, output in zip(batch.requests, batch.outputs, strict=False):  # type: ignore[arg-type]
             if not request.future.done():
                 request.future.set_result(output)
-            if request.key is not None:
-                _deliver_shared(model, request, batch, output)
+            key = request.key
+            if key is not None:
+                if request.riders or cache is not None:
+                    _deliver_shared(model, request, batch, output)
+                elif leads.get(key) is request:  # (as `SharedWork.settle`, inline: per request)
+                    del leads[key]
         return
     failures = batch.failures if batch.failures is not None else dict.fromkeys(range(batch.size), batch.error)
     log.warning("model %s batch %d: %d of %d requests failed: %r", model.name, batch.batch_id, len(failures),

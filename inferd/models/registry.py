@@ -1,37 +1,72 @@
-"""The models one server serves, by name: batch models and generation models, the first configured
-being the default."""
+"""The models one server serves, by name: batch models with their versions (`versions.ServedModel`) and
+generation models, the first configured name being the default. The set changes at run time (the admin
+API, a config reload: `rollout`); routing reads it per request."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import TYPE_CHECKING
 
-from ..errors import InferdError
+from ..errors import InferdError, InvalidInput, NotReady
 from ..observability.snapshots import BatchModelSnapshot, GenerationSnapshot
 from .batch_model import BatchModel
+from .versions import ServedModel, VersionState
 
 if TYPE_CHECKING:
     from .generation import GenerationModel
 
 
 class Models:
-    """Every model of the server; `ready` when every one of them is."""
+    """Every model of the server; `ready` when every model taking traffic can serve its default version."""
 
-    def __init__(self, batch: dict[str, BatchModel], generation: dict[str, GenerationModel], default: str) -> None:
-        self.batch = batch
+    def __init__(self, served: dict[str, ServedModel], generation: dict[str, GenerationModel], default: str) -> None:
+        self.served = served
         self.generation = generation
         self.default = default
 
-    def __getitem__(self, name: str) -> BatchModel | GenerationModel:
-        model = self.batch.get(name)
-        return model if model is not None else self.generation[name]
+    @property
+    def batch(self) -> dict[str, BatchModel]:
+        """Each batch model's default version (or its only one), by name."""
+        found = {}
+        for name, served in self.served.items():
+            default = served.default
+            if default is not None:
+                found[name] = served.versions[default].model
+            elif served.versions:
+                found[name] = next(iter(served.versions.values())).model
+        return found
+
+    def route(self, spec: str, version: str | None = None) -> BatchModel | None:
+        """The batch model version a request for `spec` (`name` or `name@version`) goes to; None when no
+        batch model has that name. Raises ModelNotFound for a version it does not have."""
+        name, at, pinned = spec.partition("@")
+        if at:
+            if version is not None and version != pinned:
+                raise InvalidInput(f"`model` says version {pinned!r} and `version` says {version!r}")
+            version = pinned
+        served = self.served.get(name)
+        if served is None:
+            return None
+        if version is None and not served.traffic and any(v.state is VersionState.LOADING for v in served.versions.values()):
+            raise NotReady(f"model {name} is loading", retry_after_ms=1000)
+        return served.pick(version)
+
+    def __getitem__(self, spec: str) -> BatchModel | GenerationModel:
+        name, at, version = spec.partition("@")
+        if name in self.served:
+            return self.served[name].versions[version].model if at else self.batch[name]
+        return self.generation[name]
+
+    def instances(self) -> list[BatchModel]:
+        """Every batch model version holding workers."""
+        return [m for served in self.served.values() for m in served.models()]
 
     def all(self) -> list[BatchModel | GenerationModel]:
-        return [*self.batch.values(), *self.generation.values()]
+        return [*self.instances(), *self.generation.values()]
 
     @property
     def ready(self) -> bool:
-        return all(m.ready for m in self.all())
+        return all(s.ready for s in self.served.values() if s.traffic) and all(g.ready for g in self.generation.values())
 
     def failed(self) -> list[BatchModel | GenerationModel]:
         return [m for m in self.all() if m.start_error is not None]
@@ -41,7 +76,7 @@ class Models:
             model.start()
 
     async def stop(self, reason: InferdError) -> None:
-        await asyncio.gather(*(m.stop(reason) for m in self.batch.values()), *(g.stop() for g in self.generation.values()))
+        await asyncio.gather(*(m.stop(reason) for m in self.instances()), *(g.stop() for g in self.generation.values()))
 
     def snapshots(self, now: float) -> tuple[list[BatchModelSnapshot], list[GenerationSnapshot]]:
-        return [m.snapshot(now) for m in self.batch.values()], [g.snapshot(now) for g in self.generation.values()]
+        return [m.snapshot(now) for m in self.instances()], [g.snapshot(now) for g in self.generation.values()]

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 def snapshot(model: BatchModel, now: float) -> BatchModelSnapshot:
     return BatchModelSnapshot(
-        name=model.name, ready=model.ready, waiting_by_tier=model.batcher.depth_by_tier(),
+        name=model.name, version=model.version, takes_traffic=model.takes_traffic, ready=model.ready, waiting_by_tier=model.batcher.depth_by_tier(),
         oldest_age_by_tier=model.batcher.oldest_age_by_tier(now), workers=model.pool.snapshot(now),
         healthy_workers=model.pool.healthy, capacity_rps=model.load.capacity_rps(model.pool.healthy),
         predicted_wait_s=model.predicted_wait_s(now=now), queue_wait=model.queue_wait, linger=model.linger,
@@ -35,8 +35,14 @@ def describe(model: BatchModel) -> dict[str, Any]:
     settings = ("backend", "max_batch_size", "max_wait_ms", "slo_ms", "max_batch_tokens", "max_queue", "timeout_ms",
                 "max_timeout_ms", "collapse")
     cache = _cache_snapshot(model.shared.cache)
+    backend = next((w.backend for w in pool.workers if w.ready), None)
     return {
-        "name": c.name, **{key: getattr(c, key) for key in settings}, "workers": len(pool.workers),
+        "name": c.name, "version": c.version, **{key: getattr(c, key) for key in settings}, "workers": len(pool.workers),
+        # What keeps two requests out of one batch: another model or version (each has its own queue and
+        # workers), another length bucket, and whatever the backend declares changes its computation.
+        "batch_key": {"model": c.name, "version": c.version, "bucket": "per input, from the backend's prepare"
+                      if model.preprocessor is not None or model.prepare_one is not None else "one",
+                      **getattr(backend, "compatibility", {})},
         "devices": list(c.worker_devices), "ready": model.ready, "ready_workers": pool.healthy,
         "breaker": model.breaker.state.value, "workers_replaced": pool.replacements,
         "worker_build_failures": pool.build_failures, "batch_timeout_ms": round(pool.latencies.limit_s * 1000, 1),

@@ -45,10 +45,10 @@ class SharedWork:
         self._tenant_scoped = config.cache_scope == "tenant"
         self.enabled = self.collapse or self.cache is not None
         self.collapsed = 0  # requests answered by another request's computation
-        self._leads: dict[Hashable, PendingRequest] = {}
+        self.leads: dict[Hashable, PendingRequest] = {}  # (read inline on the request path: see BatchModel)
 
     def __len__(self) -> int:
-        return len(self._leads)
+        return len(self.leads)
 
     def cached(self, key: Hashable, tenant: str, now: float) -> Any:
         """A fresh cached (output, bucket, tokens) for this input and tenant, or MISS."""
@@ -58,7 +58,7 @@ class SharedWork:
 
     def lead_for(self, key: Hashable) -> PendingRequest | None:
         """The request whose computation of this input is in flight, if collapsing and there is one."""
-        lead = self._leads.get(key) if self.collapse else None
+        lead = self.leads.get(key) if self.collapse else None
         return lead if lead is not None and lead.state in _IN_FLIGHT else None
 
     def attach(self, lead: PendingRequest, rider: PendingRequest) -> None:
@@ -71,14 +71,10 @@ class SharedWork:
             lead.deadline = rider.deadline  # the computation lives as long as someone can use it
         self.collapsed += 1
 
-    def register(self, lead: PendingRequest) -> None:
-        if self.collapse:
-            self._leads[lead.key] = lead
-
     def settle(self, lead: PendingRequest) -> None:
         """The lead's computation is over (answered, failed or withdrawn): nobody attaches to it now."""
-        if self._leads.get(lead.key) is lead:
-            del self._leads[lead.key]
+        if self.leads.get(lead.key) is lead:
+            del self.leads[lead.key]
 
     def remember(self, lead: PendingRequest, output: Any, now: float) -> None:
         """Cache a computed output (with the input's bucket and tokens), for the lead's tenant and each

@@ -68,7 +68,7 @@ class InferdCollector(Collector):
         yield GaugeMetricFamily("inferd_requests_waiting", "Admitted requests not yet in a batch (all models).", value=waiting)
         yield GaugeMetricFamily("inferd_requests_running", "Requests inside executing batches (all models).", value=running)
         yield GaugeMetricFamily("inferd_predicted_wait_max_seconds", "Worst predicted wait across models.",
-                                value=min(max((m.predicted_wait_s for m in batch), default=0.0), 1e9))
+                                value=min(max((m.predicted_wait_s for m in batch if m.takes_traffic), default=0.0), 1e9))
         yield CounterMetricFamily("inferd_access_log_dropped_lines", "Access log lines dropped: the writer fell behind.",
                                   value=dropped_lines())
         yield GaugeMetricFamily("inferd_ready", "1 when every model is ready and the server is not draining.",
@@ -77,61 +77,61 @@ class InferdCollector(Collector):
 
 def _batch_families(models: list[BatchModelSnapshot]) -> Iterator[Metric]:
     yield _histograms("inferd_queue_wait_seconds", "From entering the queue to the start of its batch.",
-                      {m.name: m.queue_wait for m in models})
+                      {(m.name, m.version): m.queue_wait for m in models}, "version")
     yield _histograms("inferd_batch_linger_seconds", "How long a free worker waited for its batch to fill.",
-                      {m.name: m.linger for m in models})
+                      {(m.name, m.version): m.linger for m in models}, "version")
     yield _histograms("inferd_compute_seconds", "Backend call duration, one observation per call.",
-                      {m.name: m.compute for m in models})
-    sizes = HistogramMetricFamily("inferd_batch_size", "Requests per batch.", labels=["model"])
-    batches = CounterMetricFamily("inferd_batches", "Batches flushed, by trigger.", labels=["model", "trigger"])
+                      {(m.name, m.version): m.compute for m in models}, "version")
+    sizes = HistogramMetricFamily("inferd_batch_size", "Requests per batch.", labels=["model", "version"])
+    batches = CounterMetricFamily("inferd_batches", "Batches flushed, by trigger.", labels=["model", "version", "trigger"])
     gauges = {
-        "inferd_queue_depth": GaugeMetricFamily("inferd_queue_depth", "Requests waiting for a batch.", labels=["model", "tier"]),
+        "inferd_queue_depth": GaugeMetricFamily("inferd_queue_depth", "Requests waiting for a batch.", labels=["model", "version", "tier"]),
         "inferd_queue_oldest_age_seconds": GaugeMetricFamily(
-            "inferd_queue_oldest_age_seconds", "Age of the oldest waiting request.", labels=["model", "tier"]),
-        "inferd_batches_in_flight": GaugeMetricFamily("inferd_batches_in_flight", "Batches inside backend calls now.", labels=["model"]),
-        "inferd_workers_healthy": GaugeMetricFamily("inferd_workers_healthy", "Workers built, warm and running.", labels=["model"]),
-        "inferd_workers": GaugeMetricFamily("inferd_workers", "Configured workers.", labels=["model"]),
+            "inferd_queue_oldest_age_seconds", "Age of the oldest waiting request.", labels=["model", "version", "tier"]),
+        "inferd_batches_in_flight": GaugeMetricFamily("inferd_batches_in_flight", "Batches inside backend calls now.", labels=["model", "version"]),
+        "inferd_workers_healthy": GaugeMetricFamily("inferd_workers_healthy", "Workers built, warm and running.", labels=["model", "version"]),
+        "inferd_workers": GaugeMetricFamily("inferd_workers", "Configured workers.", labels=["model", "version"]),
         "inferd_capacity_requests_per_second": GaugeMetricFamily(
-            "inferd_capacity_requests_per_second", "Requests/s the healthy workers sustain, measured.", labels=["model"]),
+            "inferd_capacity_requests_per_second", "Requests/s the healthy workers sustain, measured.", labels=["model", "version"]),
         "inferd_predicted_wait_seconds": GaugeMetricFamily(
-            "inferd_predicted_wait_seconds", "Predicted wait of a request queued now: the scaling signal.", labels=["model"]),
+            "inferd_predicted_wait_seconds", "Predicted wait of a request queued now: the scaling signal.", labels=["model", "version"]),
     }
     collapsed = CounterMetricFamily("inferd_collapsed_requests", "Requests answered by an identical request's computation.",
-                                    labels=["model"])
+                                    labels=["model", "version"])
     cache_requests = CounterMetricFamily("inferd_cache_requests", "Result cache look-ups, by result.",
-                                         labels=["model", "result"])
+                                         labels=["model", "version", "result"])
     cache_removals = CounterMetricFamily("inferd_cache_removals", "Result cache entries removed, by reason.",
-                                         labels=["model", "reason"])
-    cache_bytes = GaugeMetricFamily("inferd_cache_bytes", "Bytes held by the result cache.", labels=["model"])
-    cache_entries = GaugeMetricFamily("inferd_cache_entries", "Entries in the result cache.", labels=["model"])
+                                         labels=["model", "version", "reason"])
+    cache_bytes = GaugeMetricFamily("inferd_cache_bytes", "Bytes held by the result cache.", labels=["model", "version"])
+    cache_entries = GaugeMetricFamily("inferd_cache_entries", "Entries in the result cache.", labels=["model", "version"])
     busy = GaugeMetricFamily("inferd_worker_busy_ratio", "Share of the last window a worker spent in backend calls.",
-                             labels=["model", "worker"])
+                             labels=["model", "version", "worker"])
     for m in models:
         h = Histogram(BATCH_SIZE_BUCKETS)
         for size, n in m.batch_sizes.items():
             h.counts[bisect_left(h.bounds, size)] += n
             h.sum += size * n
-        sizes.add_metric([m.name], h.cumulative(), h.sum)
+        sizes.add_metric([m.name, m.version], h.cumulative(), h.sum)
         for trigger, n in m.flushes.items():
-            batches.add_metric([m.name, trigger], n)
+            batches.add_metric([m.name, m.version, trigger], n)
         for tier, depth in m.waiting_by_tier.items():
-            gauges["inferd_queue_depth"].add_metric([m.name, tier], depth)
-            gauges["inferd_queue_oldest_age_seconds"].add_metric([m.name, tier], m.oldest_age_by_tier.get(tier, 0.0))
-        gauges["inferd_batches_in_flight"].add_metric([m.name], sum(1 for w in m.workers if w.running_requests))
-        gauges["inferd_workers_healthy"].add_metric([m.name], m.healthy_workers)
-        gauges["inferd_workers"].add_metric([m.name], len(m.workers))
-        gauges["inferd_capacity_requests_per_second"].add_metric([m.name], m.capacity_rps)
-        gauges["inferd_predicted_wait_seconds"].add_metric([m.name], min(m.predicted_wait_s, 1e9))
+            gauges["inferd_queue_depth"].add_metric([m.name, m.version, tier], depth)
+            gauges["inferd_queue_oldest_age_seconds"].add_metric([m.name, m.version, tier], m.oldest_age_by_tier.get(tier, 0.0))
+        gauges["inferd_batches_in_flight"].add_metric([m.name, m.version], sum(1 for w in m.workers if w.running_requests))
+        gauges["inferd_workers_healthy"].add_metric([m.name, m.version], m.healthy_workers)
+        gauges["inferd_workers"].add_metric([m.name, m.version], len(m.workers))
+        gauges["inferd_capacity_requests_per_second"].add_metric([m.name, m.version], m.capacity_rps)
+        gauges["inferd_predicted_wait_seconds"].add_metric([m.name, m.version], min(m.predicted_wait_s, 1e9))
         for w in m.workers:
-            busy.add_metric([m.name, w.name], w.busy_ratio)
-        collapsed.add_metric([m.name], m.collapsed)
+            busy.add_metric([m.name, m.version, w.name], w.busy_ratio)
+        collapsed.add_metric([m.name, m.version], m.collapsed)
         if m.cache is not None:
-            cache_requests.add_metric([m.name, "hit"], m.cache.hits)
-            cache_requests.add_metric([m.name, "miss"], m.cache.misses)
-            cache_removals.add_metric([m.name, "evicted"], m.cache.evictions)
-            cache_removals.add_metric([m.name, "expired"], m.cache.expirations)
-            cache_bytes.add_metric([m.name], m.cache.bytes)
-            cache_entries.add_metric([m.name], m.cache.entries)
+            cache_requests.add_metric([m.name, m.version, "hit"], m.cache.hits)
+            cache_requests.add_metric([m.name, m.version, "miss"], m.cache.misses)
+            cache_removals.add_metric([m.name, m.version, "evicted"], m.cache.evictions)
+            cache_removals.add_metric([m.name, m.version, "expired"], m.cache.expirations)
+            cache_bytes.add_metric([m.name, m.version], m.cache.bytes)
+            cache_entries.add_metric([m.name, m.version], m.cache.entries)
     yield from (collapsed, cache_requests, cache_removals, cache_bytes, cache_entries)
     yield sizes
     yield batches
@@ -166,10 +166,11 @@ def _generation_families(models: list[GenerationSnapshot]) -> Iterator[Metric]:
     yield from (tokens, aborts, requests, engine, kv)
 
 
-def _histograms(name: str, doc: str, per_model: dict[str, Histogram]) -> HistogramMetricFamily:
-    family = HistogramMetricFamily(name, doc, labels=["model"])
-    for model, h in list(per_model.items()):
-        family.add_metric([model], h.cumulative(), h.sum)
+def _histograms(name: str, doc: str, per_model: dict, *more_labels: str) -> HistogramMetricFamily:
+    """A histogram per model (or per model and version: keys are then tuples)."""
+    family = HistogramMetricFamily(name, doc, labels=["model", *more_labels])
+    for key, h in list(per_model.items()):
+        family.add_metric(list(key) if isinstance(key, tuple) else [key], h.cumulative(), h.sum)
     return family
 
 

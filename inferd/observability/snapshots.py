@@ -34,9 +34,11 @@ class CacheSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class BatchModelSnapshot:
-    """One batch model, as the exporter sees it at a scrape."""
+    """One batch model version, as the exporter sees it at a scrape."""
 
     name: str
+    version: str
+    takes_traffic: bool  # in its model's split (the pod-level signals count only these)
     ready: bool
     waiting_by_tier: dict[str, int]
     oldest_age_by_tier: dict[str, float]

@@ -52,6 +52,11 @@ class Preprocessor:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing waits for the thread and nothing is with it."""
+        return not self._busy and not self._waiting
+
     def put(self, request: PendingRequest) -> None:
         """Queue a request for preparation (its `raw` holds the input)."""
         self._waiting.append(request)

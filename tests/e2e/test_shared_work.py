@@ -43,7 +43,7 @@ async def test_a_hundred_identical_requests_are_one_input_computed_and_a_hundred
         collapsed = [h for _, _, h in results if "collapsed" in h.get("Server-Timing", "")]
         assert len(collapsed) == 119
         async with http.get(f"{srv.url}/metrics") as resp:
-            assert 'inferd_collapsed_requests_total{model="m"} 119.0' in await resp.text()
+            assert 'inferd_collapsed_requests_total{model="m",version="1"} 119.0' in await resp.text()
 
 
 async def test_a_rider_leaving_changes_nothing_for_the_rest_and_the_last_one_leaving_withdraws_it(http):
@@ -124,7 +124,7 @@ async def test_the_cache_answers_repeats_per_tenant_until_its_ttl_and_no_cache_a
         assert cache["hits"] == 1 and cache["entries"] >= 1 and 0 < cache["bytes"] <= 1 << 20
         async with http.get(f"{srv.url}/metrics") as resp:
             text = await resp.text()
-        assert re.search(r'inferd_cache_requests_total\{model="m",result="hit"\} 1\.0', text)
+        assert re.search(r'inferd_cache_requests_total\{model="m",result="hit",version="1"\} 1\.0', text)
 
 
 async def test_embeddings_share_work_item_by_item(http):

@@ -13,7 +13,7 @@ def snapshot() -> BatchModelSnapshot:
     compute = Histogram()
     compute.observe(0.01)
     return BatchModelSnapshot(
-        name="m", ready=True, waiting_by_tier={"free": 3, "paid": 1}, oldest_age_by_tier={"free": 0.2},
+        name="m", version="1", takes_traffic=True, ready=True, waiting_by_tier={"free": 3, "paid": 1}, oldest_age_by_tier={"free": 0.2},
         workers=(WorkerSnapshot("m-0", 0.75, 16), WorkerSnapshot("m-1", 0.5, 0)), healthy_workers=2,
         capacity_rps=2000.0, predicted_wait_s=0.04, queue_wait=Histogram(), linger=Histogram(), compute=compute,
         batch_sizes={16: 3, 100: 1}, flushes={"full": 1, "linger": 3},
@@ -29,14 +29,14 @@ def test_snapshots_become_the_documented_series():
     for line in (
         'inferd_requests_total{code="200",error="",model="m",tier="free"} 5.0',
         'inferd_shed_total{model="m",reason="queue_full",tier="free"} 2.0',
-        'inferd_queue_depth{model="m",tier="free"} 3.0',
-        'inferd_queue_oldest_age_seconds{model="m",tier="free"} 0.2',
-        'inferd_batches_in_flight{model="m"} 1.0',
-        'inferd_worker_busy_ratio{model="m",worker="m-0"} 0.75',
-        'inferd_batches_total{model="m",trigger="linger"} 3.0',
-        'inferd_batch_size_bucket{le="16.0",model="m"} 3.0',
-        'inferd_batch_size_count{model="m"} 4.0',
-        'inferd_compute_seconds_count{model="m"} 1.0',
+        'inferd_queue_depth{model="m",tier="free",version="1"} 3.0',
+        'inferd_queue_oldest_age_seconds{model="m",tier="free",version="1"} 0.2',
+        'inferd_batches_in_flight{model="m",version="1"} 1.0',
+        'inferd_worker_busy_ratio{model="m",version="1",worker="m-0"} 0.75',
+        'inferd_batches_total{model="m",trigger="linger",version="1"} 3.0',
+        'inferd_batch_size_bucket{le="16.0",model="m",version="1"} 3.0',
+        'inferd_batch_size_count{model="m",version="1"} 4.0',
+        'inferd_compute_seconds_count{model="m",version="1"} 1.0',
         "inferd_requests_waiting 4.0",
         "inferd_requests_running 16.0",
         "inferd_predicted_wait_max_seconds 0.04",

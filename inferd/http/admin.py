@@ -1,0 +1,73 @@
+"""The admin API for model versions (admin key): see each version's state, load one, move traffic,
+unload one. The steps themselves, and what they guarantee, are `models.rollout`'s.
+
+    GET    /v1/admin/models                           every model's versions, states and split
+    POST   /v1/admin/models                           load a version: a [[models]] table as JSON (202)
+    PUT    /v1/admin/models/{name}/traffic            the split, e.g. {"1": 90, "2": 10}
+    DELETE /v1/admin/models/{name}/versions/{version} drain and unload a version (202)
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ..admission.auth import Authenticator
+from ..config import ConfigError, parse_model
+from ..errors import InferdError, InvalidInput, MethodNotAllowed, NotFound
+from ..models.rollout import Rollouts
+from ..models.versions import Version
+from .protocol import BodyReader, RequestIds, json_object
+from .responses import error_response, json_response
+
+PREFIX = "/v1/admin/models"
+
+
+class AdminApi:
+    def __init__(self, *, rollouts: Rollouts, auth: Authenticator, body: BodyReader, ids: RequestIds) -> None:
+        self.rollouts = rollouts
+        self.auth = auth
+        self.body = body
+        self.ids = ids
+
+    async def route(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
+        request_id = self.ids.pick(request.headers.get("X-Request-ID"))
+        parts = path.removeprefix(PREFIX).strip("/").split("/") if path != PREFIX else []
+        try:
+            method = _method_for(parts)
+            if method is None:
+                raise NotFound(f"no route for {request.method} {path}")
+            if request.method not in method:
+                return error_response(MethodNotAllowed(f"{path} accepts {' or '.join(method)}"), request_id,
+                                      allow=", ".join(method))
+            self.auth.require_admin(request.headers)
+            rollouts = self.rollouts
+            if not parts and request.method == "GET":
+                return json_response({"models": rollouts.describe()}, request_id)
+            if not parts:
+                try:
+                    config = parse_model(json_object(await self.body.read(request)))
+                except ConfigError as exc:
+                    raise InvalidInput(str(exc)) from None
+                return json_response(_state(config.name, rollouts.load(config)), request_id, status=202)
+            if parts[1] == "traffic":
+                weights = json_object(await self.body.read(request))
+                rollouts.set_traffic(parts[0], weights)
+                return json_response({"name": parts[0], "traffic": rollouts.models.served[parts[0]].traffic}, request_id)
+            return json_response(_state(parts[0], rollouts.unload(parts[0], parts[2])), request_id, status=202)
+        except InferdError as error:
+            return error_response(error, request_id)
+
+
+def _method_for(parts: list[str]) -> tuple[str, ...] | None:
+    """The methods a path under /v1/admin/models takes (None: no such path)."""
+    if not parts:
+        return ("GET", "POST")
+    if len(parts) == 2 and parts[1] == "traffic":
+        return ("PUT",)
+    if len(parts) == 3 and parts[1] == "versions":
+        return ("DELETE",)
+    return None
+
+
+def _state(name: str, version: Version) -> dict[str, str | None]:
+    return {"name": name, "version": version.model.version, "state": version.state.value, "reason": version.reason}

@@ -1,0 +1,234 @@
+"""Model versions in one process: a rollout under open-loop load (load v2, canary, all traffic, unload v1),
+failed loads, the admin API's refusals, and a SIGHUP that adds one model and removes another.
+
+Each version's simulated GPU puts its version before every output (`tag`), so an answer shows which
+version computed it; each version's own call log shows what it computed."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import signal
+import time
+
+import aiohttp
+
+from inferd.backends.sim import expected_output
+from inferd.config import AuthConfig
+
+from .. import fakes
+from ..helpers import PYTHON, ServerProcess, infer, running_server, sim_model, until, write_config
+
+ADMIN_KEY = "admin-key-for-rollouts"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+AUTH = dict(auth=AuthConfig(enabled=True, anonymous_tier="default",
+                            admin_key_sha256=hashlib.sha256(ADMIN_KEY.encode()).hexdigest()))
+
+
+def version_table(version: str, **options) -> dict:  # type: ignore[no-untyped-def]
+    return {"name": "m", "version": version, "backend": "inferd.backends.sim:create", "max_batch_size": 16,
+            "max_wait_ms": 5, "options": {"latency_ms": 20, "max_batch_size": 16, "record_inputs": True,
+                                          "tag": f"v{version}:", **options}}
+
+
+async def admin(http, method: str, url: str, body=None) -> tuple[int, dict]:  # type: ignore[no-untyped-def]
+    async with http.request(method, url, json=body, headers=ADMIN) as resp:
+        return resp.status, await resp.json()
+
+
+async def state_of(http, url: str, version: str) -> str | None:  # type: ignore[no-untyped-def]
+    _, body = await admin(http, "GET", f"{url}/v1/admin/models")
+    return body["models"].get("m", {}).get("versions", {}).get(version, {}).get("state")
+
+
+async def test_a_rollout_under_load_loses_nothing_and_never_answers_from_another_version(http):
+    first = sim_model(latency_ms=20, max_batch_size=16, options={"tag": "v1:"})
+    async with running_server(first, **AUTH) as srv:
+        url, answers, pinned = srv.url, [], {"1": True, "2": False}
+        done = asyncio.Event()
+
+        async def one(i: int, version: str | None) -> None:
+            text = f"req {i}"
+            body = {"input": text, "timeout_ms": 5000, **({"version": version} if version else {})}
+            sent = time.monotonic()
+            async with http.post(f"{url}/v1/inference", json=body) as resp:
+                answers.append((text, version, resp.status, await resp.json(), resp.headers.get("X-Model-Version"),
+                                sent, time.monotonic()))
+
+        async def load() -> None:  # open loop, ~200 req/s: a tenth pinned to each version that may be pinned
+            tasks, rng, i = [], random.Random(7), 0
+            while not done.is_set():
+                draw = rng.random()
+                version = "1" if draw < 0.1 and pinned["1"] else "2" if draw < 0.2 and pinned["2"] else None
+                tasks.append(asyncio.ensure_future(one(i, version)))
+                i += 1
+                await asyncio.sleep(rng.expovariate(200))
+            await asyncio.gather(*tasks)
+
+        loading = asyncio.ensure_future(load())
+        marks = {"start": time.monotonic()}
+        await asyncio.sleep(1.0)
+        marks["load"] = time.monotonic()
+        status, body = await admin(http, "POST", f"{url}/v1/admin/models", version_table("2"))
+        assert status == 202 and body["state"] == "loading"
+        await until(lambda: srv.models.served["m"].versions["2"].model.ready)
+        await until(lambda: srv.models.served["m"].versions["2"].state.value == "ready")
+        pinned["2"] = True
+        assert (await admin(http, "PUT", f"{url}/v1/admin/models/m/traffic", {"1": 90, "2": 10}))[0] == 200
+        await asyncio.sleep(1.0)
+        assert (await admin(http, "PUT", f"{url}/v1/admin/models/m/traffic", {"2": 1}))[0] == 200
+        await asyncio.sleep(0.5)
+        pinned["1"] = False
+        await asyncio.sleep(0.1)  # (pinned requests already sent to v1 are still answered by it)
+        marks["unload"] = time.monotonic()
+        status, body = await admin(http, "DELETE", f"{url}/v1/admin/models/m/versions/1")
+        assert status == 202 and body["state"] == "draining"
+        v1_gpu = srv.models.served["m"].versions["1"].model.workers[0].backend
+        v2_gpu = srv.models.served["m"].versions["2"].model.workers[0].backend
+        await until(lambda: srv.models.served["m"].versions["1"].state.value == "unloaded")
+        await asyncio.sleep(0.5)
+        done.set()
+        await loading
+        assert len(answers) > 500
+        for text, version, status, body, header, _, _ in answers:
+            assert status == 200, body  # nothing lost, nothing refused
+            assert body["output"] == f"v{header}:" + expected_output(text) and body["model_version"] == header
+            assert version is None or header == version  # a pinned request is answered by its version
+        by_version = {v: {t for t, _, _, _, h, _, _ in answers if h == v} for v in ("1", "2")}
+        assert set(v1_gpu.computed) - {"warmup"} == by_version["1"] and set(v2_gpu.computed) - {"warmup"} == by_version["2"]
+        canary = [h for _, v, _, _, h, sent, _ in answers if v is None and marks["load"] < sent < marks["unload"]]
+        assert canary.count("2") > 10 and canary.count("1") > 10
+        steady = sorted(end - sent for _, _, _, _, _, sent, end in answers if sent < marks["load"])
+        switching = sorted(end - sent for _, _, _, _, _, sent, end in answers if sent >= marks["load"])
+        p99 = lambda xs: xs[int(0.99 * (len(xs) - 1))]  # noqa: E731
+        # The benchmark (S11) holds the 1.5x bound; here a loose one, for a shared 2-core CI box.
+        assert p99(switching) < 3 * p99(steady) + 0.05, (p99(steady), p99(switching))
+
+
+async def test_a_failed_load_leaves_the_serving_version_untouched(http):
+    fakes.reset()
+    async with running_server(sim_model(latency_ms=10, options={"tag": "v1:"}), **AUTH) as srv:
+        url = srv.url
+        serving = asyncio.ensure_future(asyncio.gather(*(infer(http, url, {"input": f"x{i}"}) for i in range(50))))
+        status, body = await admin(http, "POST", f"{url}/v1/admin/models", version_table("9", memory_mb=10**9))
+        assert status == 507 and body["error"] == "INSUFFICIENT_MEMORY" and "MiB" in body["message"]
+        fakes.build_failing.set()
+        try:
+            broken = {**version_table("2"), "backend": "tests.fakes:switchable", "options": {"latency_ms": 10}}
+            assert (await admin(http, "POST", f"{url}/v1/admin/models", broken))[0] == 202
+            await until(lambda: srv.models.served["m"].versions["2"].state.value == "failed")
+        finally:
+            fakes.reset()
+        assert "out of memory" in (await admin(http, "GET", f"{url}/v1/admin/models"))[1]["models"]["m"]["versions"]["2"]["reason"]
+        status, body = await admin(http, "PUT", f"{url}/v1/admin/models/m/traffic", {"2": 1})
+        assert status == 409 and body["error"] == "VERSION_CONFLICT"  # a failed version takes no traffic
+        assert all(s == 200 for s, _, _ in await serving)
+        status, body, headers = await infer(http, url, {"input": "after"})
+        assert status == 200 and headers["X-Model-Version"] == "1" and srv.ready
+        status, body, _ = await infer(http, url, {"input": "pinned", "model": "m@2"})
+        assert status == 404
+
+
+async def test_the_admin_api_needs_the_admin_key_and_refuses_what_states_do_not_allow(http):
+    async with running_server(sim_model(latency_ms=10), **AUTH) as srv:
+        url = srv.url
+        async with http.get(f"{url}/v1/admin/models") as resp:
+            assert resp.status == 401
+        async with http.get(f"{url}/v1/admin/models", headers={"Authorization": "Bearer nope"}) as resp:
+            assert resp.status == 403
+        async with http.put(f"{url}/v1/admin/models", headers=ADMIN) as resp:
+            assert resp.status == 405
+        assert (await admin(http, "POST", f"{url}/v1/admin/models", {"name": "m", "backend": 5}))[0] == 400
+        status, body = await admin(http, "POST", f"{url}/v1/admin/models", version_table("1"))
+        assert status == 409  # loaded already
+        status, body = await admin(http, "DELETE", f"{url}/v1/admin/models/m/versions/7")
+        assert status == 404
+        assert (await admin(http, "PUT", f"{url}/v1/admin/models/m/traffic", {"1": -1}))[0] == 400
+        slow = {**version_table("2"), "options": {"latency_ms": 10, "tag": "v2:"}, "warmup_inputs": ["w"] * 1}
+        assert (await admin(http, "POST", f"{url}/v1/admin/models", slow))[0] == 202
+        await until(lambda: srv.models.served["m"].versions["2"].state.value == "ready")
+        status, body = await admin(http, "DELETE", f"{url}/v1/admin/models/m/versions/1")
+        assert status == 409 and "give it to" in body["message"]  # v1 holds all the traffic
+        await admin(http, "PUT", f"{url}/v1/admin/models/m/traffic", {"2": 1})
+        assert (await admin(http, "DELETE", f"{url}/v1/admin/models/m/versions/1"))[0] == 202
+        await until(lambda: srv.models.served["m"].versions["1"].state.value == "unloaded")
+        async with http.get(f"{url}/v1/models/m") as resp:
+            described = await resp.json()
+        assert described["version"] == "2" and described["batch_key"]["version"] == "2"
+        assert (await infer(http, url, {"input": "a", "model": "m@1"}))[0] == 404
+
+
+CONFIG = """
+[server]
+grace_period_s = 5
+
+[[models]]
+name = "m"
+backend = "inferd.backends.sim:create"
+[models.options]
+latency_ms = 10
+
+[[models]]
+name = "{second}"
+backend = "inferd.backends.sim:create"
+[models.options]
+latency_ms = 10
+tag = "{second}:"
+"""
+
+
+async def test_sighup_applies_an_edited_config_adding_one_model_and_removing_another(tmp_path):
+    config = write_config(tmp_path / "inferd.toml", CONFIG.replace("{second}", "old"))
+    server = ServerProcess([PYTHON, "-m", "inferd", "serve", "--config", str(config), "--port", "0"])
+    try:
+        url = server.wait_listening()
+        async with aiohttp.ClientSession() as http:
+            await until(lambda: any("inferd ready" in line for line in server.lines), timeout_s=60)
+            assert (await infer(http, url, {"input": "a", "model": "old"}))[0] == 200
+            write_config(config, CONFIG.replace("{second}", "new"))
+            results = asyncio.ensure_future(asyncio.gather(*(infer(http, url, {"input": f"x{i}", "model": "m"})
+                                                             for i in range(100))))
+            server.signal(signal.SIGHUP)
+            for _ in range(500):
+                async with http.get(f"{url}/v1/models") as resp:
+                    names = {m["id"] for m in (await resp.json())["data"]}
+                if names == {"m", "new"}:
+                    break
+                await asyncio.sleep(0.02)
+            assert names == {"m", "new"}
+            status, body, _ = await infer(http, url, {"input": "b", "model": "new"})
+            assert status == 200 and body["output"] == "new:" + expected_output("b")
+            assert (await infer(http, url, {"input": "c", "model": "old"}))[0] == 404
+            assert all(status == 200 for status, _, _ in await results)  # the model left alone never noticed
+    finally:
+        assert server.stop() == 0
+    assert any("config reload: new@1: loading" in line for line in server.lines)
+
+
+async def test_a_second_minilm_version_loads_beside_the_first_and_unloads(http):
+    from inferd.config import ModelConfig
+
+    options = {"max_tokens": 64, "bucket_edges": [16, 32]}
+    first = ModelConfig(name="minilm", backend="inferd.backends.transformer:create", max_batch_size=8, options=options)
+    async with running_server(first, **AUTH) as srv:
+        table = {"name": "minilm", "version": "2", "backend": "inferd.backends.transformer:create", "max_batch_size": 8,
+                 "options": {**options, "bucket_edges": [32]}}
+        assert (await admin(http, "POST", f"{srv.url}/v1/admin/models", table))[0] == 202
+        await until(lambda: srv.models.served["minilm"].versions["2"].state.value == "ready", timeout_s=120)
+        body = {"model": "minilm", "input": ["a sentence to embed", "another one"]}
+        async with http.post(f"{srv.url}/v1/embeddings", json=body) as resp:
+            assert resp.headers["X-Model-Version"] == "1"  # no traffic moved: the split still sends all to v1
+            one = [d["embedding"] for d in (await resp.json())["data"]]
+        async with http.post(f"{srv.url}/v1/embeddings", json={**body, "model": "minilm@2"}) as resp:
+            assert resp.headers["X-Model-Version"] == "2"
+            two = [d["embedding"] for d in (await resp.json())["data"]]
+        assert max(abs(a - b) for x, y in zip(one, two, strict=True) for a, b in zip(x, y, strict=True)) < 1e-4
+        async with http.get(f"{srv.url}/v1/models/minilm") as resp:
+            described = await resp.json()
+        assert described["batch_key"] == {"model": "minilm", "version": "1", "bucket": "per input, from the backend's prepare",
+                                          "task": "embedding", "dtype": "float32", "device": "cpu"}
+        assert described["other_versions"]["2"]["state"] == "ready" and described["other_versions"]["2"]["traffic"] == 0
+        assert (await admin(http, "DELETE", f"{srv.url}/v1/admin/models/minilm/versions/2"))[0] == 202
+        await until(lambda: srv.models.served["minilm"].versions["2"].state.value == "unloaded")
+        assert srv.models.served["minilm"].versions["2"].model.pool.healthy == 0  # its workers are gone
