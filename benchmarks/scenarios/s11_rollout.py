@@ -142,18 +142,17 @@ def plot(run: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     answers, events = run["answers"], run["events"]
-    end = int(max(a["t"] for a in answers)) + 1
-    seconds = list(range(end))
+    seconds = list(range(int(max(a["t"] for a in answers))))  # (whole seconds only: the last one is cut short)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
     for version, colour in (("1", "tab:blue"), ("2", "tab:orange")):
         counts = [sum(1 for a in answers if int(a["t"]) == s and a["version"] == version) for s in seconds]
         top.plot(seconds, counts, label=f"answered by v{version}", color=colour)
     tails = [p99([a["latency_ms"] for a in answers if int(a["t"]) == s]) for s in seconds]
     bottom.plot(seconds, [t if t is not None else float("nan") for t in tails], color="black", label="p99, all")
-    for name, at in events.items():
+    for i, (name, at) in enumerate(events.items()):
         for axis in (top, bottom):
             axis.axvline(at, color="grey", linestyle=":")
-        top.text(at, top.get_ylim()[1] * 0.95, f" {name}", fontsize=8, rotation=90, va="top")
+        top.text(at, top.get_ylim()[1] * (0.97 - 0.12 * (i % 2)), f" {name}", fontsize=8, va="top")
     top.set_ylabel("answers per second")
     top.set_ylim(bottom=0)
     bottom.set_ylabel("p99 latency (ms)")

@@ -1,34 +1,65 @@
 """What tracing costs the request path: S2 (10 ms per batch of up to 100, wrk at 100 and 400 clients)
 with tracing off, on at 1% and on at 100%, alternated round by round in one run. Spans go through the
-batching processor to a file exporter writing to /dev/null: the SDK's own cost, serialisation included,
-without a collector's. The figures are medians of the server's CPU µs per request and of throughput.
+batching processor and the OTLP/HTTP exporter (protobuf) to a sink in another process that answers 200:
+the SDK's own cost, encoding and sending included, without a collector's. The figures are medians of
+the server's CPU µs per request and of throughput.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
+import socket
 import statistics
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 from common import RESULTS, inferd_server, parse_args, sim_config, step
 
 BODY = b'{"input": "E equals {i}"}'
 CLIENTS = (100, 400)
-VARIANTS = {
-    "off": "",
-    "on at 1%": '\n[tracing]\nsample_rate = 0.01\nexporter = "file"\npath = "/dev/null"\n',
-    "on at 100%": '\n[tracing]\nsample_rate = 1.0\nexporter = "file"\npath = "/dev/null"\n',
-}
+TRACING = '\n[tracing]\nsample_rate = {rate}\nexporter = "otlp"\nendpoint = "http://127.0.0.1:{port}/v1/traces"\n'
+VARIANTS = {"off": None, "on at 1%": 0.01, "on at 100%": 1.0}
+
+
+class _Sink(BaseHTTPRequestHandler):
+    """An OTLP/HTTP endpoint that reads each export and answers 200 with an empty response."""
+
+    def do_POST(self) -> None:  # noqa: N802 (the handler's name)
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _sink(port: int) -> None:
+    HTTPServer(("127.0.0.1", port), _Sink).serve_forever()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
 
 if __name__ == "__main__":
     args = parse_args(__doc__)
     runs: dict[str, dict[int, list[dict[str, float]]]] = {v: {c: [] for c in CLIENTS} for v in VARIANTS}
+    port = free_port()
+    sink = multiprocessing.get_context("spawn").Process(target=_sink, args=(port,), daemon=True)
+    sink.start()
     for _ in range(1 if args.quick else 3):
-        for variant, table in VARIANTS.items():
+        for variant, rate in VARIANTS.items():
+            table = "" if rate is None else TRACING.format(rate=rate, port=port)
             with inferd_server(sim_config(latency_ms=10) + table) as url:
                 for clients in CLIENTS:
                     r = step(url, clients=clients, duration_s=8, quick=args.quick, processes=2, body=BODY)
                     runs[variant][clients].append({"rps": r["achieved_rps"], "cpu_us": r["server"]["cpu_us_per_request"]})
+    sink.terminate()
     summary = {variant: {c: {"rps": round(statistics.median(x["rps"] for x in xs), 1),
                              "cpu_us": statistics.median(x["cpu_us"] for x in xs)} for c, xs in by.items()}
                for variant, by in runs.items()}

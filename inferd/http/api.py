@@ -76,9 +76,9 @@ class HttpApi:
         keyed = self.idempotency.wrap
         # path -> (method, handler, counted as in flight)
         self.routes: dict[str, tuple[str, Handler, bool]] = {
-            "/v1/inference": ("POST", inference.inference_route, True),
-            "/api/inference": ("POST", inference.inference_route, True),
-            "/v1/embeddings": ("POST", inference.embeddings_route, True),
+            "/v1/inference": ("POST", inference.inference, True),
+            "/api/inference": ("POST", inference.inference, True),
+            "/v1/embeddings": ("POST", inference.embeddings, True),
             "/healthz": ("GET", self.healthz, False),
             "/readyz": ("GET", self.readyz, False),
             "/v1/models": ("GET", self.list_models, False),

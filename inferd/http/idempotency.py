@@ -112,10 +112,11 @@ class IdempotentReplies:
             return response
         finally:
             entry.answered.set_result(kept)
-            if kept is not None:
+            mine = self._entries.get(scoped) is entry  # (not when it was evicted for room meanwhile)
+            if kept is not None and mine:
                 entry.kept_until = time.monotonic() + self.window_s
                 self._entries.move_to_end(scoped)  # (in order of expiry, for `_current`)
-            elif self._entries.get(scoped) is entry:
+            elif mine:
                 del self._entries[scoped]
 
     def _current(self, scoped: tuple[str, str], now: float) -> _Entry | None:

@@ -44,19 +44,6 @@ class InferenceApi:
         self.body = body
         self.generation = generation
         self.tracing = tracing
-        # The route handlers: without tracing, the handlers themselves (no frame in between per request).
-        self.inference_route = self.inference if tracing is None else self._traced(self.inference)
-        self.embeddings_route = self.embeddings if tracing is None else self._traced(self.embeddings)
-
-    def _traced(self, handler):  # type: ignore[no-untyped-def]
-        async def traced_handler(request: web.BaseRequest) -> web.StreamResponse:
-            started = time.monotonic()
-            request_id = self.ids.pick(request.headers.get("X-Request-ID") or request.headers.get("Idempotency-Key"))
-            trace = self.tracing.begin(request.headers, started, request.path)  # type: ignore[union-attr]
-            if trace is None:
-                return await handler(request, started, request_id)
-            return await traced(self.tracing, trace, request_id, handler(request, started, request_id, trace))  # type: ignore[arg-type]
-        return traced_handler
 
     async def inference(self, request: web.BaseRequest, started: float = 0.0, request_id: str = "",
                         trace: RequestTrace | None = None) -> web.StreamResponse:
@@ -64,6 +51,8 @@ class InferenceApi:
         if not started:
             started = time.monotonic()
             request_id = self.ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key"))
+            if self.tracing is not None and (trace := self.tracing.begin(headers, started, request.path)) is not None:
+                return await traced(self.tracing, trace, request_id, self.inference(request, started, request_id, trace))
         model_name, tier, tenant, pending = "-", "-", "-", None
         try:
             who = self.admission.identify(headers)
@@ -110,6 +99,8 @@ class InferenceApi:
         if not started:
             started = time.monotonic()
             request_id = self.ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key"))
+            if self.tracing is not None and (trace := self.tracing.begin(headers, started, request.path)) is not None:
+                return await traced(self.tracing, trace, request_id, self.embeddings(request, started, request_id, trace))
         model_name, tier, tenant, model, items = "-", "-", "-", None, []
         try:
             who = self.admission.identify(headers)

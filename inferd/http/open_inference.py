@@ -12,7 +12,6 @@ in the protocol's shape, `{"error": message}`, with inferd's stable `code` besid
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from typing import Any
 
@@ -29,7 +28,7 @@ from ..observability.tracing import RequestTrace, Tracing
 from .inference import cache_allowed, traced, withdraw_unanswered
 from .open_inference_wire import HEADER_LENGTH, INPUT, OUTPUT, infer_response, parse_infer
 from .protocol import BodyReader, RequestIds
-from .responses import WholeResponse, dumps
+from .responses import WholeResponse, dumps, error_response
 
 
 class OpenInferenceApi:
@@ -137,17 +136,7 @@ class OpenInferenceApi:
 
 
 def error_v2(error: InferdError, request_id: str, *, close: bool = False, allow: str | None = None) -> WholeResponse:
-    """The protocol's error shape, `{"error": message}`, with inferd's code (and `retry_after_ms`) beside it."""
-    payload: dict[str, Any] = {"error": error.message, "code": error.code, "request_id": request_id}
-    headers: tuple[tuple[str, str], ...] = (("X-Request-ID", request_id),)
-    if error.retry_after_ms is not None:
-        payload["retry_after_ms"] = error.retry_after_ms
-        headers += (("Retry-After", str(max(1, math.ceil(error.retry_after_ms / 1000)))),)
-    if allow is not None:
-        headers += (("Allow", allow),)
-    if error.status == 401:
-        headers += (("WWW-Authenticate", 'Bearer realm="inferd"'),)
-    return WholeResponse(error.status, dumps(payload), headers, close=close, drop_body=error.drops_connection)
+    return error_response(error, request_id, close=close, allow=allow, open_inference=True)
 
 
 def _json(payload: dict[str, Any], request_id: str, status: int = 200) -> WholeResponse:

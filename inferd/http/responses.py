@@ -87,10 +87,12 @@ def json_response(payload: Any, request_id: str, status: int = 200, headers: tup
 
 
 def error_response(
-    error: InferdError, request_id: str, *, close: bool = False, openai: bool = False, allow: str | None = None
+    error: InferdError, request_id: str, *, close: bool = False, openai: bool = False, allow: str | None = None,
+    open_inference: bool = False,
 ) -> WholeResponse:
     """inferd's error shape (`{"error": CODE, "message", "request_id"}`, plus `retry_after_ms` and a
-    Retry-After header for a 429 or 503), or OpenAI's (`{"error": {"message", "type", "code", ...}}`).
+    Retry-After header for a 429 or 503), OpenAI's (`{"error": {"message", "type", "code", ...}}`), or
+    the Open Inference Protocol's (`{"error": message}`, inferd's `code` beside it).
     `close`: the connection closes after it (draining); `allow`: the Allow header of a 405."""
     headers: tuple[tuple[str, str], ...] = (("X-Request-ID", request_id),)
     if allow is not None:
@@ -99,7 +101,11 @@ def error_response(
         headers += (("WWW-Authenticate", 'Bearer realm="inferd"'),)
     if error.retry_after_ms is not None:
         headers += (("Retry-After", str(max(1, math.ceil(error.retry_after_ms / 1000)))),)
-    if openai:
+    if open_inference:
+        payload = {"error": error.message, "code": error.code, "request_id": request_id}
+        if error.retry_after_ms is not None:
+            payload["retry_after_ms"] = error.retry_after_ms
+    elif openai:
         inner: dict[str, Any] = {"message": error.message, "type": _OPENAI_TYPES.get(error.status, "server_error"),
                                  "param": None, "code": error.code}
         if error.retry_after_ms is not None:
