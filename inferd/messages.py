@@ -69,7 +69,7 @@ class Batch:
     error: BaseException | None = None  # the batch's call raised (see `failures` for what isolation found)
     failures: dict[int, BaseException] | None = None  # after bisection: the requests that failed on their own
     abandoned: bool = False  # the watchdog gave up on it: its results, if they ever come, are discarded
-    span: Any = None  # its trace span, when it carried a sampled request
+    span: Any = None  # its trace span's context, when it carried a sampled request
 
     @property
     def size(self) -> int:

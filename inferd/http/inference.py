@@ -68,7 +68,7 @@ class InferenceApi:
             model_name = model.name
             pending = self.admission.admit(model, request_id, (call.input,), who, call.timeout_ms, cache_allowed(headers))[0]
             if trace is not None:
-                trace.admitted([pending], model_name, tier, tenant)
+                trace.admitted([pending], model_name, model.version, tier, tenant)
             try:
                 output = await pending.future
             except asyncio.CancelledError:
@@ -118,7 +118,7 @@ class InferenceApi:
                 raise InvalidInput(f"`input` holds {len(call.items)} items; model {name} takes at most {cap} per call")
             items = self.admission.admit(model, request_id, call.items, who, call.timeout_ms, cache_allowed(headers))
             if trace is not None:
-                trace.admitted(items, model_name, tier, tenant)
+                trace.admitted(items, model_name, model.version, tier, tenant)
             try:
                 vectors = await asyncio.gather(*(item.future for item in items))
             except asyncio.CancelledError:

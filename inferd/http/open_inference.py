@@ -116,7 +116,7 @@ class OpenInferenceApi:
                 raise InvalidInput(f"`{INPUT}` holds {len(call.texts)} elements; model {model.name} takes at most {cap}")
             items = self.admission.admit(model, request_id, call.texts, who, call.timeout_ms, cache_allowed(headers))
             if trace is not None:
-                trace.admitted(items, model.name, tier, tenant)
+                trace.admitted(items, model.name, model.version, tier, tenant)
             try:
                 outputs = await asyncio.gather(*(item.future for item in items))
             except asyncio.CancelledError:

@@ -69,7 +69,9 @@ class Models:
         return all(s.ready for s in self.served.values() if s.traffic) and all(g.ready for g in self.generation.values())
 
     def failed(self) -> list[BatchModel | GenerationModel]:
-        return [m for m in self.all() if m.start_error is not None]
+        """Models that never came up (versions marked failed included)."""
+        versions = [v.model for served in self.served.values() for v in served.versions.values()]
+        return [m for m in (*versions, *self.generation.values()) if m.start_error is not None]
 
     def start(self) -> None:
         for model in self.all():
