@@ -51,7 +51,7 @@ class InferenceApi:
         if not started:
             started = time.monotonic()
             request_id = self.ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key"))
-            if self.tracing is not None and (trace := self.tracing.begin(headers, started, request.path)) is not None:
+            if self.tracing is not None and (trace := self.tracing.begin(headers, started, request)) is not None:
                 return await traced(self.tracing, trace, request_id, self.inference(request, started, request_id, trace))
         model_name, tier, tenant, pending = "-", "-", "-", None
         try:
@@ -99,7 +99,7 @@ class InferenceApi:
         if not started:
             started = time.monotonic()
             request_id = self.ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key"))
-            if self.tracing is not None and (trace := self.tracing.begin(headers, started, request.path)) is not None:
+            if self.tracing is not None and (trace := self.tracing.begin(headers, started, request)) is not None:
                 return await traced(self.tracing, trace, request_id, self.embeddings(request, started, request_id, trace))
         model_name, tier, tenant, model, items = "-", "-", "-", None, []
         try:

@@ -80,18 +80,19 @@ class Tracing:
         return self._api.SpanContext(trace_id or self._bits(128) or 1, self._bits(64) or 1, is_remote=False,
                                      trace_flags=self._sampled)
 
-    def begin(self, headers: Any, started: float, route: str) -> RequestTrace | None:
-        """The request's trace when it is sampled, else None (nothing else is made)."""
+    def begin(self, headers: Any, started: float, route: Any) -> RequestTrace | None:
+        """The request's trace when it is sampled, else None (nothing else is made). `route`: a string, or
+        the request, whose path is read only when it is sampled (aiohttp decodes a path when asked)."""
         header = headers.get("traceparent")
         match = _TRACEPARENT.fullmatch(header.strip().lower()) if header else None
         if match is not None and int(match[1], 16) and int(match[2], 16):
             if not int(match[3], 16) & 1:
                 return None  # the caller did not sample this trace: neither do we
             parent = self._api.SpanContext(int(match[1], 16), int(match[2], 16), is_remote=True, trace_flags=self._sampled)
-            return RequestTrace(self._context(parent.trace_id), parent, started, route)
+            return RequestTrace(self._context(parent.trace_id), parent, started, _route(route))
         if self._random() >= self.sample_rate:
             return None
-        return RequestTrace(self._context(), None, started, route)
+        return RequestTrace(self._context(), None, started, _route(route))
 
     def end(self, trace: RequestTrace, request_id: str, status: int) -> None:
         """Write a sampled request's span, with its stages as children (from the times already recorded)."""
@@ -142,6 +143,10 @@ class Tracing:
 
     def shutdown(self) -> None:
         self._processor.shutdown()  # (sends what is still queued)
+
+
+def _route(route: Any) -> str:
+    return route if isinstance(route, str) else route.raw_path.partition("?")[0]
 
 
 def _exporter(config: TracingConfig) -> Any:
