@@ -53,7 +53,7 @@ class InferenceApi:
             request_id = self.ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key"))
             if self.tracing is not None and (trace := self.tracing.begin(headers, started, request)) is not None:
                 return await traced(self.tracing, trace, request_id, self.inference(request, started, request_id, trace))
-        model_name, tier, tenant, pending = "-", "-", "-", None
+        model_name, version, tier, tenant, pending = "-", "", "-", "-", None
         try:
             who = self.admission.identify(headers)
             tier, tenant = who.tier, who.tenant
@@ -65,7 +65,7 @@ class InferenceApi:
                     return await self.generation.inference(request, self.models.generation[name], call, who, request_id,
                                                            started)
                 raise ModelNotFound(f"no model named {name!r}; see GET /v1/models")
-            model_name = model.name
+            model_name, version = model.name, model.version
             pending = self.admission.admit(model, request_id, (call.input,), who, call.timeout_ms, cache_allowed(headers))[0]
             if trace is not None:
                 trace.admitted([pending], model_name, model.version, tier, tenant)
@@ -73,12 +73,12 @@ class InferenceApi:
                 output = await pending.future
             except asyncio.CancelledError:
                 model.abandon(pending)  # client went away: never computed if still queued
-                self.outcomes.record(request_id, model_name, tier, 499, "CLIENT_DISCONNECTED", started, pending, tenant, trace)
+                self.outcomes.record(request_id, model_name, tier, 499, "CLIENT_DISCONNECTED", started, pending, tenant, trace, version)
                 raise
         except InferdError as error:
-            self.outcomes.record_error(request_id, model_name, tier, error, started, pending, tenant, trace)
+            self.outcomes.record_error(request_id, model_name, tier, error, started, pending, tenant, trace, version)
             return error_response(error, request_id, close=self.lifecycle.draining)
-        now = self.outcomes.record(request_id, model_name, tier, 200, "", started, pending, tenant, trace)
+        now = self.outcomes.record(request_id, model_name, tier, 200, "", started, pending, tenant, trace, version)
         batch = pending.batch
         extra: tuple[tuple[str, str], ...] = (("X-Request-ID", request_id), ("X-Model-Version", model.version))
         if batch is not None:
@@ -101,7 +101,7 @@ class InferenceApi:
             request_id = self.ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key"))
             if self.tracing is not None and (trace := self.tracing.begin(headers, started, request)) is not None:
                 return await traced(self.tracing, trace, request_id, self.embeddings(request, started, request_id, trace))
-        model_name, tier, tenant, model, items = "-", "-", "-", None, []
+        model_name, version, tier, tenant, model, items = "-", "", "-", "-", None, []
         try:
             who = self.admission.identify(headers)
             tier, tenant = who.tier, who.tenant
@@ -110,7 +110,7 @@ class InferenceApi:
             model = self.models.route(name)
             if model is None:
                 raise ModelNotFound(f"no embedding model named {name!r}; see GET /v1/models")
-            model_name = model.name
+            model_name, version = model.name, model.version
             if model.ready and model.output_kind != "embedding":
                 raise InvalidInput(f"model {name} does not produce embeddings")
             cap = model.config.max_inputs_per_call
@@ -122,14 +122,14 @@ class InferenceApi:
             try:
                 vectors = await asyncio.gather(*(item.future for item in items))
             except asyncio.CancelledError:
-                self.outcomes.record(request_id, model_name, tier, 499, "CLIENT_DISCONNECTED", started, None, tenant, trace)
+                self.outcomes.record(request_id, model_name, tier, 499, "CLIENT_DISCONNECTED", started, None, tenant, trace, version)
                 raise
         except InferdError as error:
-            self.outcomes.record_error(request_id, model_name, tier, error, started, None, tenant, trace)
+            self.outcomes.record_error(request_id, model_name, tier, error, started, None, tenant, trace, version)
             return error_response(error, request_id, close=self.lifecycle.draining, openai=True)
         finally:
             withdraw_unanswered(model, items)
-        self.outcomes.record(request_id, model_name, tier, 200, "", started, None, tenant, trace)
+        self.outcomes.record(request_id, model_name, tier, 200, "", started, None, tenant, trace, version)
         payload = embeddings_payload(model_name, vectors, sum(item.tokens for item in items), call.base64)
         return WholeResponse(200, dumps(payload), (("X-Request-ID", request_id), ("X-Model-Version", model.version)))
 

@@ -106,7 +106,7 @@ class OpenInferenceApi:
     async def _infer(self, request: web.BaseRequest, model: BatchModel, request_id: str, started: float,
                      trace: RequestTrace | None) -> web.StreamResponse:
         headers = request.headers
-        tier, tenant, items = "-", "-", []
+        tier, tenant, items, version = "-", "-", [], model.version
         try:
             who = self.admission.identify(headers)
             tier, tenant = who.tier, who.tenant
@@ -120,14 +120,14 @@ class OpenInferenceApi:
             try:
                 outputs = await asyncio.gather(*(item.future for item in items))
             except asyncio.CancelledError:
-                self.outcomes.record(request_id, model.name, tier, 499, "CLIENT_DISCONNECTED", started, None, tenant, trace)
+                self.outcomes.record(request_id, model.name, tier, 499, "CLIENT_DISCONNECTED", started, None, tenant, trace, version)
                 raise
         except InferdError as error:
-            self.outcomes.record_error(request_id, model.name, tier, error, started, None, tenant, trace)
+            self.outcomes.record_error(request_id, model.name, tier, error, started, None, tenant, trace, version)
             return error_v2(error, request_id, close=self.lifecycle.draining)
         finally:
             withdraw_unanswered(model, items)
-        self.outcomes.record(request_id, model.name, tier, 200, "", started, None, tenant, trace)
+        self.outcomes.record(request_id, model.name, tier, 200, "", started, None, tenant, trace, version)
         body, header_length = infer_response(model.name, model.version, call.id, list(outputs), call.binary_output)
         if header_length is None:
             return WholeResponse(200, body, (("X-Request-ID", request_id),))

@@ -29,7 +29,7 @@ class RequestMetrics:
     """Per-request outcomes and stage times, recorded by the HTTP layer and by admission."""
 
     def __init__(self) -> None:
-        self.requests: defaultdict[tuple[str, str, int, str], int] = defaultdict(int)  # model, tier, status, error
+        self.requests: defaultdict[tuple[str, str, str, int, str], int] = defaultdict(int)  # model, version, tier, status, error
         self.shed: defaultdict[tuple[str, str, str], int] = defaultdict(int)  # model, tier, reason
         self.duration: defaultdict[str, Histogram] = defaultdict(Histogram)
         self.admission: defaultdict[str, Histogram] = defaultdict(Histogram)
@@ -47,9 +47,9 @@ class InferdCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         r = self.requests
         total = CounterMetricFamily("inferd_requests", "Requests answered, by HTTP status and error code.",
-                                    labels=["model", "tier", "code", "error"])
-        for (model, tier, status, error), n in list(r.requests.items()):
-            total.add_metric([model, tier, str(status), error], n)
+                                    labels=["model", "version", "tier", "code", "error"])
+        for (model, version, tier, status, error), n in list(r.requests.items()):
+            total.add_metric([model, version, tier, str(status), error], n)
         yield total
         shed = CounterMetricFamily("inferd_shed", "Requests refused or dropped before computing, by reason.",
                                    labels=["model", "tier", "reason"])

@@ -21,13 +21,13 @@ class Outcomes:
 
     def record(
         self, request_id: str, model: str, tier: str, status: int, error: str, started: float,
-        pending: PendingRequest | None = None, tenant: str = "-", trace: RequestTrace | None = None,
+        pending: PendingRequest | None = None, tenant: str = "-", trace: RequestTrace | None = None, version: str = "",
     ) -> float:
         """One answer; returns the time it was recorded."""
         now = time.monotonic()
         metrics = self.metrics
         if metrics is not None:
-            metrics.requests[(model, tier, status, error)] += 1
+            metrics.requests[(model, version, tier, status, error)] += 1
             metrics.duration[model].observe(now - started)
             if pending is not None:
                 metrics.admission[model].observe(pending.enqueued_at - started)
@@ -40,9 +40,9 @@ class Outcomes:
 
     def record_error(
         self, request_id: str, model: str, tier: str, error: InferdError, started: float,
-        pending: PendingRequest | None = None, tenant: str = "-", trace: RequestTrace | None = None,
+        pending: PendingRequest | None = None, tenant: str = "-", trace: RequestTrace | None = None, version: str = "",
     ) -> None:
         """An error answer; refusals (429, 503) are also counted as shed, by reason."""
         if error.status in (429, 503) and self.metrics is not None:
             self.metrics.shed[(model, tier, error.reason)] += 1
-        self.record(request_id, model, tier, error.status, error.code, started, pending, tenant, trace)
+        self.record(request_id, model, tier, error.status, error.code, started, pending, tenant, trace, version)

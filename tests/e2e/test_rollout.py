@@ -81,11 +81,11 @@ async def test_a_rollout_under_load_loses_nothing_and_never_answers_from_another
         await asyncio.sleep(0.5)
         pinned["1"] = False
         await asyncio.sleep(0.1)  # (pinned requests already sent to v1 are still answered by it)
+        v1_gpu = srv.models.served["m"].versions["1"].model.workers[0].backend  # (before an unload lets go of it)
+        v2_gpu = srv.models.served["m"].versions["2"].model.workers[0].backend
         marks["unload"] = time.monotonic()
         status, body = await admin(http, "DELETE", f"{url}/v1/admin/models/m/versions/1")
         assert status == 202 and body["state"] == "draining"
-        v1_gpu = srv.models.served["m"].versions["1"].model.workers[0].backend
-        v2_gpu = srv.models.served["m"].versions["2"].model.workers[0].backend
         await until(lambda: srv.models.served["m"].versions["1"].state.value == "unloaded")
         await asyncio.sleep(0.5)
         done.set()

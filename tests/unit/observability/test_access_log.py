@@ -50,6 +50,6 @@ def test_outcomes_count_answers_and_refusals_by_reason():
     outcomes = Outcomes(metrics, AccessLog("off", 0.0))
     outcomes.record("r1", "m", "free", 200, "", started=0.0)
     outcomes.record_error("r2", "m", "free", ServiceOverloaded("full", retry_after_ms=5, reason="queue_full"), started=0.0)
-    assert metrics.requests == {("m", "free", 200, ""): 1, ("m", "free", 503, "SERVICE_OVERLOADED"): 1}
+    assert metrics.requests == {("m", "", "free", 200, ""): 1, ("m", "", "free", 503, "SERVICE_OVERLOADED"): 1}
     assert metrics.shed == {("m", "free", "queue_full"): 1}
     assert metrics.duration["m"].count == 2

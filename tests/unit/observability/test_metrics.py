@@ -22,12 +22,12 @@ def snapshot() -> BatchModelSnapshot:
 
 def test_snapshots_become_the_documented_series():
     requests = RequestMetrics()
-    requests.requests[("m", "free", 200, "")] += 5
+    requests.requests[("m", "1", "free", 200, "")] += 5
     requests.shed[("m", "free", "queue_full")] += 2
     collector = InferdCollector(requests, lambda: ([snapshot()], []), lambda: True)
     text = generate_latest(build_registry(collector)).decode()
     for line in (
-        'inferd_requests_total{code="200",error="",model="m",tier="free"} 5.0',
+        'inferd_requests_total{code="200",error="",model="m",tier="free",version="1"} 5.0',
         'inferd_shed_total{model="m",reason="queue_full",tier="free"} 2.0',
         'inferd_queue_depth{model="m",tier="free",version="1"} 3.0',
         'inferd_queue_oldest_age_seconds{model="m",tier="free",version="1"} 0.2',
