@@ -70,8 +70,11 @@ class Client(_Calls):
         self._last_used = 0.0
 
     def infer(self, text: str, *, model: str | None = None, timeout_ms: int | None = None,
-              request_id: str | None = None) -> Answer:
-        status, data, attempts = self._call("/v1/inference", self.inference_body(text, model, timeout_ms, {}), request_id)
+              request_id: str | None = None, idempotency_key: str | None = None) -> Answer:
+        """`idempotency_key`: the server answers this request once however often it is sent, so a lost
+        connection is retried too."""
+        body = self.inference_body(text, model, timeout_ms, {})
+        status, data, attempts = self._call("/v1/inference", body, request_id, idempotency_key)
         return self.answer(data, attempts)
 
     def generate(self, prompt: str, *, model: str | None = None, timeout_ms: int | None = None, **sampling: Any) -> str:
@@ -110,12 +113,13 @@ class Client(_Calls):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, path: str, body: bytes, request_id: str | None) -> tuple[int, dict[str, Any], int]:
+    def _call(self, path: str, body: bytes, request_id: str | None,
+              idempotency_key: str | None = None) -> tuple[int, dict[str, Any], int]:
         request_id = request_id or _new_request_id()
         give_up = time.monotonic() + self.timeout_s
         for attempt in range(1, self.retries + 2):
             try:
-                response = self._send(path, body, request_id)
+                response = self._send(path, body, request_id, idempotency_key)
                 payload = response.read()
                 if response.status == 200:
                     return 200, json.loads(payload), attempt
@@ -125,21 +129,25 @@ class Client(_Calls):
                 error = ConnectionFailed(f"cannot connect to {self.url}: {exc}", request_id=request_id)
             except (OSError, http.client.HTTPException) as exc:
                 self.close()
-                raise ConnectionLost(f"connection to {self.url} lost: {exc!r}", request_id=request_id) from None
-            delay = retry_delay_s(error, attempt, give_up - time.monotonic()) if attempt <= self.retries else None
+                error = ConnectionLost(f"connection to {self.url} lost: {exc!r}", request_id=request_id)
+            delay = (retry_delay_s(error, attempt, give_up - time.monotonic(), idempotency_key is not None)
+                     if attempt <= self.retries else None)
             if delay is None:
                 raise error
             time.sleep(delay)
         raise AssertionError("unreachable")
 
-    def _send(self, path: str, body: bytes, request_id: str) -> http.client.HTTPResponse:
+    def _send(self, path: str, body: bytes, request_id: str, idempotency_key: str | None = None) -> http.client.HTTPResponse:
         now = time.monotonic()
         if self._conn is not None and now - self._last_used > _REUSE_IDLE_S:
             self.close()  # the server may be closing it as idle: a request sent on it could be lost
         if self._conn is None:
             self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout_s + 5)
         self._last_used = now
-        self._conn.request("POST", path, body, {**self.headers, "X-Request-ID": request_id})
+        headers = {**self.headers, "X-Request-ID": request_id}
+        if idempotency_key is not None:
+            headers["Idempotency-Key"] = idempotency_key
+        self._conn.request("POST", path, body, headers)
         return self._conn.getresponse()
 
 
@@ -153,8 +161,9 @@ class AsyncClient(_Calls):
         self._own_session = session is None
 
     async def infer(self, text: str, *, model: str | None = None, timeout_ms: int | None = None,
-                    request_id: str | None = None) -> Answer:
-        data, attempts = await self._call("/v1/inference", self.inference_body(text, model, timeout_ms, {}), request_id)
+                    request_id: str | None = None, idempotency_key: str | None = None) -> Answer:
+        body = self.inference_body(text, model, timeout_ms, {})
+        data, attempts = await self._call("/v1/inference", body, request_id, idempotency_key)
         return self.answer(data, attempts)
 
     async def generate(self, prompt: str, *, model: str | None = None, timeout_ms: int | None = None,
@@ -195,14 +204,17 @@ class AsyncClient(_Calls):
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s + 5))
         return self._session
 
-    async def _call(self, path: str, body: bytes, request_id: str | None) -> tuple[dict[str, Any], int]:
+    async def _call(self, path: str, body: bytes, request_id: str | None,
+                    idempotency_key: str | None = None) -> tuple[dict[str, Any], int]:
         request_id = request_id or _new_request_id()
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.timeout_s
+        headers = {**self.headers, "X-Request-ID": request_id}
+        if idempotency_key is not None:
+            headers["Idempotency-Key"] = idempotency_key
         for attempt in range(1, self.retries + 2):
             try:
-                async with self._http().post(f"{self.url}{path}", data=body,
-                                             headers={**self.headers, "X-Request-ID": request_id}) as resp:
+                async with self._http().post(f"{self.url}{path}", data=body, headers=headers) as resp:
                     payload = await resp.read()
                     if resp.status == 200:
                         return json.loads(payload), attempt
@@ -210,8 +222,9 @@ class AsyncClient(_Calls):
             except aiohttp.ClientConnectorError as exc:
                 error = ConnectionFailed(f"cannot connect to {self.url}: {exc}", request_id=request_id)
             except (aiohttp.ClientError, TimeoutError) as exc:
-                raise ConnectionLost(f"connection to {self.url} lost: {exc!r}", request_id=request_id) from None
-            delay = retry_delay_s(error, attempt, give_up - loop.time()) if attempt <= self.retries else None
+                error = ConnectionLost(f"connection to {self.url} lost: {exc!r}", request_id=request_id)
+            delay = (retry_delay_s(error, attempt, give_up - loop.time(), idempotency_key is not None)
+                     if attempt <= self.retries else None)
             if delay is None:
                 raise error
             await asyncio.sleep(delay)

@@ -104,12 +104,14 @@ def error_from(status: int, body: bytes) -> InferdClientError:
                retry_after_ms=data.get("retry_after_ms"))
 
 
-def retry_delay_s(error: InferdClientError, attempt: int, time_left_s: float) -> float | None:
-    """How long to wait before trying again, or None: not safe to retry, or no time left for it."""
+def retry_delay_s(error: InferdClientError, attempt: int, time_left_s: float, idempotent: bool = False) -> float | None:
+    """How long to wait before trying again, or None: not safe to retry, or no time left for it.
+    `idempotent`: the request carries an Idempotency-Key, so a lost connection is safe to retry too
+    (the server answers a repeat once)."""
     if error.status == 503:
         delay = (error.retry_after_ms or 100) / 1000.0
-    elif type(error) is ConnectionFailed:  # never opened: nothing was sent
-        delay = min(2.0, 0.05 * 2 ** attempt) * random.uniform(0.5, 1.0)
+    elif type(error) is ConnectionFailed or (idempotent and type(error) is ConnectionLost):
+        delay = min(2.0, 0.05 * 2 ** attempt) * random.uniform(0.5, 1.0)  # (refused: nothing was sent)
     else:
         return None
     return delay if delay < time_left_s else None

@@ -29,7 +29,7 @@ def closed_port() -> int:
 
 
 def failures(srv, status: int) -> int:
-    return sum(n for (_, _, code, _), n in srv.models["m"].metrics.requests.items() if code == status)
+    return sum(n for (_, _, _, code, _), n in srv.models["m"].metrics.requests.items() if code == status)
 
 
 async def test_both_clients_return_the_output_with_the_request_id_they_sent(http):
@@ -96,3 +96,14 @@ async def test_a_refused_connection_is_retried_then_typed(http):
         return "answered"
 
     assert await asyncio.to_thread(sync) == "CONNECTION_FAILED"
+
+
+async def test_an_idempotency_key_is_sent_on_every_attempt_and_the_server_computes_once(http):
+    from ..helpers import backend_of
+
+    async with running_server(sim_model(latency_ms=10)) as srv:
+        first = await asyncio.to_thread(lambda: Client(srv.url).infer("pay 7", idempotency_key="order-7"))
+        async with AsyncClient(srv.url) as client:
+            again = await client.infer("pay 7", idempotency_key="order-7")
+        assert first.output == again.output == expected_output("pay 7")
+        assert backend_of(srv).computed["pay 7"] == 1  # the repeat got the first answer

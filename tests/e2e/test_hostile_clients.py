@@ -43,7 +43,7 @@ async def test_a_body_that_is_not_the_gzip_it_claims_is_a_400_counted(http):
     async with running_server(sim_model(latency_ms=5)) as srv:
         status, headers, body = await exchange(
             srv.url, b"POST /v1/inference HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\nContent-Length: 10\r\n\r\n0123456789")
-        counted = sum(n for (_, _, code, error), n in srv.models["m"].metrics.requests.items()
+        counted = sum(n for (_, _, _, code, error), n in srv.models["m"].metrics.requests.items()
                       if (code, error) == (400, "INVALID_INPUT"))
     assert (status, body["error"]) == (400, "INVALID_INPUT") and "gzip" in body["message"]
     assert headers["x-request-id"] == body["request_id"] and headers["server"] == "inferd"
@@ -55,7 +55,7 @@ async def test_what_the_http_parser_refuses_is_json_with_a_request_id_and_counte
         status, headers, body = await exchange(srv.url, b"GARBAGE / HTTP/1.1\r\n\r\n")
         answers = dict(srv.models["m"].metrics.requests)
     assert (status, body["error"]) == (400, "MALFORMED_REQUEST") and headers["x-request-id"] == body["request_id"]
-    assert answers.get(("-", "-", 400, "MALFORMED_REQUEST")) == 1
+    assert answers.get(("-", "", "-", 400, "MALFORMED_REQUEST")) == 1
 
 
 async def test_a_bug_in_a_handler_is_a_json_500_for_that_request_alone(http):
