@@ -101,8 +101,10 @@ class BatchModel:
 
     @property
     def ready(self) -> bool:
-        """Serving: all workers were warmed once, one is still healthy, and the breaker is not open."""
-        return self.pool.warmed and self.pool.healthy > 0 and self.breaker.state is not BreakerState.OPEN
+        """Serving: all workers were warmed once, one is still healthy, the breaker is not open, and it is
+        not stopping (a version being unloaded admits nothing once its stop began)."""
+        return (self.pool.warmed and self.pool.healthy > 0 and self.breaker.state is not BreakerState.OPEN
+                and self._stop_reason is None)
 
     start_error = property(lambda self: self.pool.start_error, doc="Why the model never came up, if it did not.")
 

@@ -244,3 +244,16 @@ async def test_a_second_minilm_version_loads_beside_the_first_and_unloads(http):
         assert (await admin(http, "DELETE", f"{srv.url}/v1/admin/models/minilm/versions/2"))[0] == 202
         await until(lambda: srv.models.served["minilm"].versions["2"].state.value == "unloaded")
         assert srv.models.served["minilm"].versions["2"].model.pool.healthy == 0  # its workers are gone
+
+
+async def test_a_version_whose_stop_began_admits_nothing_more(http):
+    from inferd.errors import Draining
+
+    async with running_server(sim_model(latency_ms=10)) as srv:
+        model = srv.models["m"]
+        stopping = asyncio.ensure_future(model.stop(Draining("unloaded")))
+        await asyncio.sleep(0)  # (its stop has begun: the batcher is stopped, workers are being joined)
+        assert not model.ready
+        status, body, _ = await infer(http, srv.url, {"input": "late"})
+        assert status == 503 and body["error"] == "NOT_READY"  # refused at once, not queued to a stopped batcher
+        await stopping
