@@ -1,11 +1,17 @@
-"""The reference simulated GPU: the seed's `batchstring` workload.
+"""The reference simulated GPU: the seed's `batchstring` workload, and a real model's cost curve.
 
-A call takes about `latency_ms` whatever the batch size, accepts 1..`max_batch_size` inputs, and raises
-if two calls overlap on one simulated device, so a test catches any worker that runs two batches at
-once. Each output is a deterministic function of its input (`expected_output`), so a client can tell
-that the answer it got belongs to the input it sent.
+A call takes about `latency_ms` whatever the batch size (the seed's function), accepts
+1..`max_batch_size` inputs, and raises if two calls overlap on one simulated device, so a test catches
+any worker that runs two batches at once. Each output is a deterministic function of its input
+(`expected_output`), so a client can tell that the answer it got belongs to the input it sent.
 
-Options: `latency_ms` (default 100), `max_batch_size` (default 100), `record_inputs` (default false:
+A variable cost, as a real model's batch costs: `latency_ms + per_item_ms x n + per_token_ms x n x L`
+for n inputs whose longest is L tokens (a quarter of its characters, plus one: padded to the longest,
+as an encoder is), times 1 + `jitter` x a standard normal draw (at least a tenth of it), so benchmarks
+and tests reproduce a real model's curve and noise without one.
+
+Options: `latency_ms` (default 100), `per_item_ms` (0), `per_token_ms` (0), `jitter` (0),
+`seed` (the jitter's), `max_batch_size` (default 100), `record_inputs` (default false:
 count every input computed, for tests that check what ran), `tag` (put before every output, to tell
 versions apart), `memory_mb` (what a device claims to need, for the memory check), `bucket_chars` (e.g. [50]: inputs of up to
 50 characters in bucket 0, longer ones in bucket 1, with a rough token count of a quarter of their
@@ -15,6 +21,7 @@ characters, as a tokenizer would bucket them; default: one bucket).
 from __future__ import annotations
 
 import hashlib
+import random
 import threading
 import time
 from bisect import bisect_left
@@ -40,9 +47,14 @@ class SimulatedGPU:
 
     def __init__(
         self, latency_ms: float = 100.0, max_batch_size: int = 100, name: str = "sim", record_inputs: bool = False,
-        tag: str = "",
+        tag: str = "", per_item_ms: float = 0.0, per_token_ms: float = 0.0, jitter: float = 0.0, seed: int | None = None,
     ) -> None:
         self.latency_s = latency_ms / 1000.0
+        self.per_item_s = per_item_ms / 1000.0
+        self.per_token_s = per_token_ms / 1000.0
+        self.jitter = jitter
+        self.slowdown = 1.0  # a test may make the device slower (or faster) while it runs
+        self._jitter_draws = random.Random(seed)
         self.max_batch_size = max_batch_size
         self.name = name
         self.tag = tag  # put before every output: tells apart what two versions of one model computed
@@ -64,7 +76,7 @@ class SimulatedGPU:
             start = time.monotonic()
             if self._busy_until:
                 self.idle_gaps.append(start - self._busy_until)
-            self._busy_until = start + self.latency_s
+            self._busy_until = start + self.call_s(inputs)
             outputs = self.compute(inputs)
             remaining = self._busy_until - time.monotonic()
             if remaining > 0:
@@ -76,6 +88,16 @@ class SimulatedGPU:
         finally:
             self._busy.release()
 
+
+    def call_s(self, inputs: list[str]) -> float:
+        """How long a call on these inputs takes (see the module docstring)."""
+        n = len(inputs)
+        seconds = self.latency_s + self.per_item_s * n
+        if self.per_token_s:
+            seconds += self.per_token_s * n * (max(len(text) for text in inputs) // 4 + 1)
+        if self.jitter:
+            seconds *= max(0.1, 1.0 + self.jitter * self._jitter_draws.gauss(0.0, 1.0))
+        return seconds * self.slowdown
 
     def compute(self, inputs: list[str]) -> list[str]:
         if self.computed is not None:
@@ -112,7 +134,8 @@ def memory_bytes(options: Mapping[str, Any]) -> int:
 
 def sim_options(options: Mapping[str, Any], where: str, extra: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The simulated device's own options; anything not in `extra` is a typo."""
-    unknown = set(options) - {"latency_ms", "max_batch_size", "record_inputs", "memory_mb", "tag"} - extra
+    known = {"latency_ms", "max_batch_size", "record_inputs", "memory_mb", "tag", "per_item_ms", "per_token_ms", "jitter"}
+    unknown = set(options) - known - {"seed"} - extra
     if unknown:
         raise ValueError(f"{where}: unknown options {sorted(unknown)}")
     return {
@@ -120,6 +143,10 @@ def sim_options(options: Mapping[str, Any], where: str, extra: frozenset[str] = 
         "max_batch_size": int(options.get("max_batch_size", 100)),
         "record_inputs": bool(options.get("record_inputs", False)),
         "tag": str(options.get("tag", "")),
+        "per_item_ms": float(options.get("per_item_ms", 0.0)),
+        "per_token_ms": float(options.get("per_token_ms", 0.0)),
+        "jitter": float(options.get("jitter", 0.0)),
+        **({"seed": int(options["seed"])} if "seed" in options and "seed" not in extra else {}),
     }
 
 

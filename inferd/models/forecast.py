@@ -1,0 +1,110 @@
+"""What a model's load predicts: how long a request queued now waits for its batch and how long that
+batch takes, the requests per second the model can serve, and the share of its time each tier takes.
+
+Pure arithmetic on what it is told: the batches it observes (their time, size and length bucket, the
+tier they served), and at each question the queue ahead of the request by bucket, the healthy workers
+and how soon one is free. Batch times come from the measured cost model (`scheduling.batch_costs`), so
+a queue of short inputs and one of long inputs predict different waits. Reading never changes it; the
+capacity reference that rate limits scale against moves only when `note_capacity` is called.
+
+A predicted wait counts what will really be ahead: every bucket's waiting requests in batches as large
+as that bucket's batches go (partial batches of another bucket take a whole call too), each costed by
+the cost model, spread over the healthy workers; and the share of the workers' time that higher tiers
+have been taking, since their requests arriving meanwhile go first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from ..scheduling.arrivals import Rate
+from ..scheduling.batch_costs import BatchCosts
+
+EWMA_ALPHA = 0.2
+MAX_SHARE = 0.95  # past this share of time taken by higher tiers, a lower tier's wait is endless
+
+
+class Forecast:
+    """Estimates for one batch model version, on its cost model."""
+
+    def __init__(self, costs: BatchCosts) -> None:
+        self.costs = costs
+        self.max_batch_size = costs.max_batch_size
+        self.batch_s = 0.0  # exponentially weighted mean of the backend call time, whatever its shape; 0: none yet
+        self.loaded_batch = float(costs.max_batch_size)  # mean size of batches taken while more waited
+        self.peak_capacity_rps = 0.0  # the best capacity noted: what rate limits are scaled against
+        self._busy_by_rank: dict[int, Rate] = {}  # seconds of backend calls per second, by the tier served
+
+    def observe_batch(self, seconds: float, size: int = 0, bucket: int = 0, backlog: int = 0,
+                      by_rank: dict[int, int] | None = None, now: float = 0.0) -> None:
+        """A backend call of `size` requests of length bucket `bucket` took `seconds` (the first one, e.g.
+        a warm-up call, sets the mean), taken while `backlog` more waited; `by_rank`: its requests per
+        tier, whose shares of the call's time are what each tier took (None: tiers are not tracked)."""
+        self.batch_s = seconds if not self.batch_s else self.batch_s + EWMA_ALPHA * (seconds - self.batch_s)
+        if not size:
+            return
+        self.costs.observe(bucket, size, seconds)
+        if backlog > 0:
+            self.loaded_batch += EWMA_ALPHA * (size - self.loaded_batch)
+        for rank, count in (by_rank or {}).items():
+            busy = self._busy_by_rank.get(rank)
+            if busy is None:
+                busy = self._busy_by_rank[rank] = Rate()
+            busy.add(now, seconds * count / size)
+
+    def share_above(self, rank: int, healthy: int, now: float) -> float:
+        """The share of the workers' time that tiers above `rank` have been taking lately."""
+        busy = sum(r.per_s(now) for k, r in self._busy_by_rank.items() if k > rank)
+        return busy / healthy if healthy else 0.0
+
+    # ---- capacity --------------------------------------------------------------------------------
+
+    def capacity_rps(self, healthy: int) -> float:
+        """Requests/s `healthy` workers sustain: batches as large as the load has let them be, at the mean
+        batch time."""
+        return healthy * self.loaded_batch / self.batch_s if self.batch_s else 0.0
+
+    def note_capacity(self, healthy: int) -> None:
+        self.peak_capacity_rps = max(self.peak_capacity_rps, self.capacity_rps(healthy))
+
+    def capacity_scale(self, healthy: int) -> float:
+        """Capacity now as a share of the best noted: what rate limits are multiplied by."""
+        return self.capacity_rps(healthy) / self.peak_capacity_rps if self.peak_capacity_rps else 1.0
+
+    # ---- waits -----------------------------------------------------------------------------------
+
+    def linger_s(self, max_wait_ms: float, slo_ms: float | None, bucket: int = 0) -> float:
+        """How long a partial batch of `bucket` may wait for more: `max_wait_ms`, or with a latency
+        objective what it leaves after a batch in progress and the request's own batch (slo - 2 batch
+        times, each that bucket's useful batch as the cost model predicts it)."""
+        if slo_ms is None:
+            return max_wait_ms / 1000.0
+        costs = self.costs
+        return max(0.0, slo_ms / 1000.0 - 2 * costs.estimate(costs.size_limit(bucket), bucket))
+
+    def wait_s(self, ahead: Mapping[int, int], bucket: int | None, healthy: int, first_free_s: float,
+               share_above: float = 0.0) -> float:
+        """How long a request of `bucket` would wait for its batch to start, with `ahead[b]` requests of
+        bucket b before it: until a worker is free, then the batches ahead of it, spread over the
+        workers. Its own bucket's partial batch is its own (it joins it); another bucket's is a whole
+        call (`bucket` None: every partial batch is). `share_above` of the workers' time going to
+        higher tiers leaves 1 - share_above for these."""
+        if healthy == 0:
+            return math.inf if any(ahead.values()) else 0.0
+        if share_above >= MAX_SHARE:
+            return math.inf
+        costs, work = self.costs, 0.0
+        for b, count in ahead.items():
+            if count:
+                size = costs.size_limit(b)
+                full, rest = divmod(count, size)
+                work += full * costs.estimate(size, b) + (costs.estimate(rest, b) if rest and b != bucket else 0.0)
+        return first_free_s + work / (healthy * (1.0 - share_above))
+
+    def own_batch_s(self, ahead_in_bucket: int, bucket: int, joining: float = 0.0) -> float:
+        """How long the request's own batch takes: it holds what is ahead of it in its bucket's partial
+        batch, itself, and up to `joining` requests expected to arrive before it is taken."""
+        costs = self.costs
+        size = costs.size_limit(bucket)
+        return costs.estimate(min(size, ahead_in_bucket % size + 1 + int(joining)), bucket)

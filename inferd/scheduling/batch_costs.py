@@ -1,0 +1,202 @@
+"""What a batch costs: the time of one backend call, per length bucket and batch size, measured.
+
+The seed's function costs the same whatever the batch; a real model does not (MiniLM on two CPU cores:
+12 ms for one short input, 2.2 s for 32 inputs of 256 tokens). Everything that predicts a wait or sizes
+a batch asks this table, so it is learned from what runs, never configured:
+
+- at warm-up, a backend that declares its shapes is timed at a few sizes per bucket (`executor`), or
+  tells its own costs (`cost(batch_size, bucket)`, e.g. the CUDA graphs it captured);
+- then every batch run updates its cell (bucket, size), and a level shared by all cells: a model that
+  gets twice as slow (another process on the GPU, a throttled clock) moves every estimate within a few
+  batches, not only the shapes that happen to run.
+
+An estimate is `level x shape`: a cell's shape is the mean of its own observations (a running mean,
+then a slow moving one), the level a fast moving mean of how far observations have been from their
+cells. Sizes never run are interpolated between the measured ones of their bucket (flat below the
+smallest, the last slope above the largest), and never cost less than a smaller size. A bucket never
+run borrows the nearest measured bucket's curve. The spread of observations around their estimates is
+kept too (`slack`): what a prediction adds to stay on the safe side.
+
+Thread-safety: written on the event loop only; read by the batcher under its lock from worker threads.
+Readers see either a bucket's old curve or its new one (each is replaced whole), never half of one.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+LEVEL_ALPHA = 0.3  # how fast the level follows (a 2x slowdown: within 10% in about 8 batches)
+CELL_ALPHA = 0.05  # how fast a cell's shape moves once it has 20 observations (before: their mean)
+SPREAD_ALPHA = 0.05
+SPREAD_SIGMAS = 2.0  # slack: this many standard deviations of the log error...
+MIN_SLACK = 0.1  # ...and never less than 10% (scheduling noise, the response's own time)
+KNEE_LOSS = 0.05  # the useful batch: the smallest with 95% of the best throughput in the objective
+
+
+@dataclass(slots=True)
+class _Cell:
+    shape: float  # seconds at level 1.0
+    runs: int
+
+
+class BatchCosts:
+    """The cost of a batch of `size` requests of length bucket `bucket`, for one model version.
+
+    `slo_s`: the model's latency objective, if any; it makes `size_limit` the largest *useful* batch
+    (see `useful_size`) instead of `max_batch_size`."""
+
+    def __init__(self, max_batch_size: int, slo_s: float | None = None) -> None:
+        self.max_batch_size = max_batch_size
+        self.slo_s = slo_s
+        self.level = 1.0
+        self.batches = 0  # observations since start (warm-up measurements included)
+        self._log_spread = 0.0  # moving mean of the squared log error of estimates of measured cells
+        self.slack = MIN_SLACK  # what a prediction adds to stay on the safe side (see `_spread`)
+        self._cells: dict[int, dict[int, _Cell]] = {}
+        self._curves: dict[int, list[float]] = {}  # by bucket: shape by size (index 0: 0.0), at level 1.0
+        self._limits: dict[int, int] = {}  # by bucket: the size a batch stops at
+        self._full: dict[int, float] = {}  # by bucket: the shape of a batch of that size
+
+    # ---- learning (on the event loop) ------------------------------------------------------------
+
+    def measured(self, shapes: Iterable[tuple[int, int, float]]) -> None:
+        """Warm-up measurements (or a backend's own figures), (bucket, size, seconds) each: they set their
+        cells and move nothing else."""
+        touched = set()
+        for bucket, size, seconds in shapes:
+            if seconds > 0 and 1 <= size <= self.max_batch_size:
+                self._cells.setdefault(bucket, {})[size] = _Cell(seconds / self.level, 1)
+                self.batches += 1
+                touched.add(bucket)
+        for bucket in touched:
+            self._refresh(bucket)
+
+    def observe(self, bucket: int, size: int, seconds: float) -> None:
+        """A batch of `size` requests of `bucket` ran in `seconds`."""
+        if seconds <= 0 or not 1 <= size <= self.max_batch_size:
+            return
+        self.batches += 1
+        cells = self._cells.setdefault(bucket, {})
+        cell = cells.get(size)
+        if cell is None:  # a new shape: what interpolation got wrong is not the level's business
+            cells[size] = _Cell(seconds / self.level, 1)
+            self._refresh(bucket)
+            return
+        error = max(-3.0, min(3.0, math.log(seconds / (cell.shape * self.level))))
+        self._spread(error)
+        self.level *= math.exp(LEVEL_ALPHA * error)
+        cell.runs += 1
+        cell.shape += max(CELL_ALPHA, 1.0 / cell.runs) * (seconds / self.level - cell.shape)
+        self._refresh(bucket)
+
+    def _spread(self, log_error: float) -> None:
+        """Keep the spread of estimates' log errors, and the slack it makes: two standard deviations,
+        at least `MIN_SLACK`."""
+        self._log_spread += SPREAD_ALPHA * (log_error * log_error - self._log_spread)
+        self.slack = max(MIN_SLACK, math.exp(SPREAD_SIGMAS * math.sqrt(self._log_spread)) - 1.0)
+
+    def _refresh(self, bucket: int) -> None:
+        cells = self._cells[bucket]
+        sizes = sorted(cells)
+        shapes = [cells[n].shape for n in sizes]
+        curve = [0.0] * (self.max_batch_size + 1)
+        floor = 0.0
+        for n in range(1, self.max_batch_size + 1):
+            floor = max(floor, _interpolate(sizes, shapes, n))
+            curve[n] = floor
+        self._curves[bucket] = curve  # (replaced whole: see the module docstring)
+        limit = self._limits[bucket] = self._useful_size(curve)
+        self._full[bucket] = curve[limit]
+
+    def _useful_size(self, curve: list[float]) -> int:
+        """Without an objective, the largest batch allowed. With one, the largest useful batch: among the
+        sizes whose call takes at most half the objective (a request may wait for one batch and then
+        run in its own), the smallest that gets 95% of the best throughput there, and then as many more
+        as cost no more than it (1%: a flat curve, or a GPU's padded shape, fills for free). Past it a
+        batch adds latency for next to no throughput."""
+        if self.slo_s is None:
+            return self.max_batch_size
+        fits = [n for n in range(1, self.max_batch_size + 1) if 2 * curve[n] * self.level <= self.slo_s]
+        if not fits:
+            return 1
+        best = max(n / curve[n] for n in fits)
+        knee = next(n for n in fits if n / curve[n] >= (1 - KNEE_LOSS) * best)
+        return max(n for n in fits if curve[n] <= curve[knee] * 1.01)
+
+    # ---- reading (any thread) --------------------------------------------------------------------
+
+    def curve(self, bucket: int) -> list[float] | None:
+        """Shapes by size (index 0 unused) for `bucket`, at level 1.0: multiply by `level`. A bucket
+        never measured borrows the nearest shorter bucket's curve (the nearest longer one when none is
+        shorter): an optimistic guess, which its first batches correct. None: nothing measured at all."""
+        curve = self._curves.get(bucket)
+        if curve is None and self._curves:
+            curve = self._curves[self._nearest(bucket)]
+        return curve
+
+    def _nearest(self, bucket: int) -> int:
+        known = sorted(self._curves)
+        below = [b for b in known if b < bucket]
+        return below[-1] if below else known[0]
+
+    def estimate(self, size: int, bucket: int) -> float:
+        """Seconds a batch of `size` requests of `bucket` is expected to take (0.0: nothing measured)."""
+        curve = self._curves.get(bucket) or self.curve(bucket)
+        if curve is None:
+            return 0.0
+        return curve[size if 0 < size <= self.max_batch_size else max(1, min(size, self.max_batch_size))] * self.level
+
+    def full_batch_s(self, bucket: int) -> float:
+        """What a batch of `bucket` at its size limit is expected to take (0.0: nothing measured)."""
+        full = self._full.get(bucket)
+        if full is None:
+            return self.estimate(self.size_limit(bucket), bucket)
+        return full * self.level
+
+    def size_limit(self, bucket: int) -> int:
+        """Where a batch of `bucket` stops growing: `max_batch_size`, or with an objective the largest
+        useful batch (a bucket never measured: the one whose curve it borrows)."""
+        limit = self._limits.get(bucket)
+        if limit is None:
+            return self._limits[self._nearest(bucket)] if self._limits else self.max_batch_size
+        return limit
+
+    def describe(self) -> dict[str, Any]:
+        """The curve as `GET /v1/models` shows it: per bucket, the estimate (ms) and runs of every measured
+        size, and the size a batch stops at."""
+        return {
+            "level": round(self.level, 4), "slack": round(self.slack, 4), "batches": self.batches,
+            "buckets": {
+                str(bucket): {
+                    "size_limit": self.size_limit(bucket),
+                    "sizes": {str(n): {"ms": round(self.estimate(n, bucket) * 1000, 3), "runs": cells[n].runs}
+                              for n in sorted(cells)},
+                }
+                for bucket, cells in sorted(self._cells.items())
+            },
+        }
+
+    def measured_shapes(self) -> list[tuple[int, int, float]]:
+        """(bucket, size, estimated seconds) of every measured shape: for the metrics exporter."""
+        return [(b, n, cells[n].shape * self.level) for b, cells in sorted(self._cells.items()) for n in sorted(cells)]
+
+
+def _interpolate(sizes: list[int], shapes: list[float], n: int) -> float:
+    """The shape at size `n` from the measured sizes: flat below the first, straight between two, the
+    last slope (never negative) past the last."""
+    i = bisect_left(sizes, n)
+    if i < len(sizes) and sizes[i] == n:
+        return shapes[i]
+    if i == 0:
+        return shapes[0]
+    if i == len(sizes):
+        if len(sizes) == 1:
+            return shapes[0]
+        slope = max(0.0, (shapes[-1] - shapes[-2]) / (sizes[-1] - sizes[-2]))
+        return shapes[-1] + slope * (n - sizes[-1])
+    lo, hi = sizes[i - 1], sizes[i]
+    return shapes[i - 1] + (shapes[i] - shapes[i - 1]) * (n - lo) / (hi - lo)

@@ -1,0 +1,105 @@
+"""What a model's load predicts: waits from the work ahead by bucket, costed by the cost model; capacity;
+the tiers' shares. Pure: reading changes nothing."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from inferd.models.forecast import Forecast
+from inferd.scheduling.batch_costs import BatchCosts
+
+
+def forecast(max_batch_size: int = 10, **per_bucket: float) -> Forecast:
+    """A forecast whose bucket N's batches cost `bN` seconds whatever their size."""
+    costs = BatchCosts(max_batch_size)
+    costs.measured([(int(name[1:]), 1, seconds) for name, seconds in per_bucket.items()])
+    return Forecast(costs)
+
+
+def test_the_first_observation_sets_the_mean_batch_time_and_later_ones_move_it_gently():
+    f = forecast(100)
+    assert f.batch_s == 0.0 and f.capacity_rps(healthy=1) == 0.0
+    f.observe_batch(0.1)
+    assert f.batch_s == 0.1
+    f.observe_batch(0.2)
+    assert f.batch_s == 0.1 + 0.2 * (0.2 - 0.1)
+
+
+def test_capacity_scales_with_healthy_workers_and_reading_it_moves_no_reference():
+    f = forecast(100)
+    f.observe_batch(0.1)
+    assert f.capacity_rps(2) == 2000.0
+    f.capacity_rps(8)  # a read: the reference rate limits scale against must not move
+    assert f.peak_capacity_rps == 0.0 and f.capacity_scale(1) == 1.0
+    f.note_capacity(2)
+    assert f.peak_capacity_rps == 2000.0
+    assert f.capacity_scale(1) == 0.5  # one of two workers lost: budgets halve
+
+
+def test_the_wait_is_the_time_to_a_free_worker_plus_the_batches_ahead():
+    f = forecast(b0=0.1)
+    assert f.wait_s({0: 9}, 0, healthy=1, first_free_s=0.03) == 0.03  # it joins the next batch
+    assert f.wait_s({0: 25}, 0, healthy=1, first_free_s=0.03) == pytest.approx(0.03 + 2 * 0.1)
+    assert f.wait_s({0: 25}, 0, healthy=2, first_free_s=0.0) == pytest.approx(0.1)
+    assert math.isinf(f.wait_s({0: 1}, 0, healthy=0, first_free_s=0.0))
+    assert f.wait_s({}, 0, healthy=0, first_free_s=0.0) == 0.0
+
+
+def test_each_bucket_ahead_is_costed_by_its_own_batches_and_another_buckets_partial_batch_is_a_call():
+    f = forecast(b0=0.01, b1=0.2)  # short inputs: 10 ms a batch; long ones: 200 ms
+    # 15 short ahead of a short request: one full batch, then its own (with the other 5)
+    assert f.wait_s({0: 15}, 0, healthy=1, first_free_s=0.0) == pytest.approx(0.01)
+    # ...and 3 long ones waiting too: their (partial) batch is a whole call ahead of it
+    assert f.wait_s({0: 15, 1: 3}, 0, healthy=1, first_free_s=0.0) == pytest.approx(0.01 + 0.2)
+    # a long request joins the long partial batch: only the short work is ahead of it
+    assert f.wait_s({0: 15, 1: 3}, 1, healthy=1, first_free_s=0.0) == pytest.approx(0.01 + 0.01)
+    assert f.own_batch_s(3, 1) == pytest.approx(0.2)
+
+
+def test_a_costly_curve_makes_a_fuller_batch_longer():
+    costs = BatchCosts(10)
+    costs.measured([(0, 1, 0.01), (0, 10, 0.1)])  # 10 ms a request
+    f = Forecast(costs)
+    assert f.own_batch_s(0, 0) == pytest.approx(0.01)  # alone
+    assert f.own_batch_s(3, 0) == pytest.approx(0.04)  # the 4th of its batch
+    assert f.own_batch_s(3, 0, joining=20) == pytest.approx(0.1)  # more coming before it is taken: full
+    assert f.wait_s({0: 25}, 0, healthy=1, first_free_s=0.0) == pytest.approx(0.2)  # two full batches first
+
+
+def test_higher_tiers_taking_the_workers_time_stretch_the_wait_and_can_make_it_endless():
+    f = forecast(b0=0.1)
+    f.observe_batch(0.1)
+    for i in range(20):  # the top tier (rank 3) has been taking half of the worker's time lately
+        f.observe_batch(0.1, size=10, backlog=5, by_rank={3: 10}, now=i * 0.2)
+    share = f.share_above(rank=1, healthy=1, now=4.0)
+    assert 0.4 < share < 0.6 and f.share_above(rank=3, healthy=1, now=4.0) == 0.0
+    assert f.wait_s({0: 20}, 0, healthy=1, first_free_s=0.0, share_above=0.5) == pytest.approx(4 * 0.1)
+    assert math.isinf(f.wait_s({0: 0}, 0, healthy=1, first_free_s=0.01, share_above=0.96))
+
+
+def test_capacity_counts_batches_as_large_as_the_load_let_them_be():
+    f = forecast(32)
+    f.observe_batch(0.05)
+    for _ in range(50):  # under load, batches went out with 8 while more waited
+        f.observe_batch(0.05, size=8, backlog=100)
+    assert f.loaded_batch == pytest.approx(8, abs=0.1)
+    assert f.capacity_rps(1) == pytest.approx(8 / 0.05, rel=0.02)
+    f.observe_batch(0.05, size=1, backlog=0)  # a batch taken with nothing left behind says nothing of capacity
+    assert f.loaded_batch == pytest.approx(8, abs=0.1)
+
+
+def test_the_linger_is_max_wait_or_what_the_objective_leaves_after_two_of_that_buckets_batches():
+    f = forecast(b0=0.02, b1=0.04)
+    assert f.linger_s(max_wait_ms=5, slo_ms=None) == 0.005
+    assert f.linger_s(max_wait_ms=5, slo_ms=100) == pytest.approx(0.1 - 2 * 0.02)  # 60 ms to fill a batch
+    assert f.linger_s(max_wait_ms=5, slo_ms=100, bucket=1) == pytest.approx(0.1 - 2 * 0.04)  # longer inputs: less
+    assert f.linger_s(max_wait_ms=5, slo_ms=30) == 0.0  # the objective leaves none
+
+
+def test_a_shared_batch_counts_each_tier_for_its_share_of_the_call():
+    f = forecast(b0=0.1)
+    for i in range(40):  # every 100 ms call holds 6 enterprise (rank 3) and 4 free (rank 1) requests
+        f.observe_batch(0.1, size=10, backlog=50, by_rank={3: 6, 1: 4}, now=i * 0.1)
+    assert f.share_above(rank=1, healthy=1, now=4.0) == pytest.approx(0.6, rel=0.1)

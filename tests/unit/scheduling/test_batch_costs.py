@@ -1,0 +1,93 @@
+"""The cost model on its own: learning a real model's curve (the variable-cost sim's formula) from the
+batches that run, following a slowdown, the spread it keeps as slack, and the largest useful batch."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from inferd.backends.sim import SimulatedGPU
+from inferd.scheduling.batch_costs import MIN_SLACK, BatchCosts
+
+
+def sim(**options: float) -> SimulatedGPU:
+    """The variable-cost sim: its `call_s` is the truth the cost model learns (nothing is slept)."""
+    return SimulatedGPU(**{"latency_ms": 5.0, "per_item_ms": 1.0, "per_token_ms": 0.05, "max_batch_size": 64, **options})
+
+
+def texts(n: int, chars: int) -> list[str]:
+    return ["x" * chars] * n
+
+
+def test_nothing_measured_nothing_predicted_and_one_measurement_is_flat():
+    costs = BatchCosts(32)
+    assert costs.estimate(8, 0) == 0.0 and costs.curve(0) is None and costs.size_limit(0) == 32
+    costs.measured([(0, 1, 0.05)])
+    assert costs.estimate(1, 0) == costs.estimate(32, 0) == pytest.approx(0.05)  # the seed's function: flat
+    assert costs.estimate(8, 3) == pytest.approx(0.05)  # a bucket never run borrows the nearest measured one
+
+
+def test_the_curve_of_a_real_model_is_learned_from_the_batches_it_runs():
+    device, costs = sim(), BatchCosts(64)
+    for _ in range(5):
+        for n in (1, 4, 16, 64):  # the sizes that happened to run, in two length buckets
+            costs.observe(0, n, device.call_s(texts(n, 60)))
+            costs.observe(1, n, device.call_s(texts(n, 400)))
+    for n in (1, 2, 8, 10, 33, 50, 64):  # measured or not, every size is within 10% of the truth
+        assert costs.estimate(n, 0) == pytest.approx(device.call_s(texts(n, 60)), rel=0.1)
+        assert costs.estimate(n, 1) == pytest.approx(device.call_s(texts(n, 400)), rel=0.1)
+    assert costs.estimate(64, 1) > 3 * costs.estimate(64, 0)  # long inputs cost more
+
+
+def test_a_model_that_gets_twice_as_slow_is_followed_within_ten_batches_even_where_nothing_ran():
+    device, costs = sim(), BatchCosts(64)
+    for _ in range(30):  # served a while: batches of several sizes ran
+        for n in (1, 8, 32, 64):
+            costs.observe(0, n, device.call_s(texts(n, 60)))
+    before = {n: costs.estimate(n, 0) for n in (1, 8, 20, 64)}
+    device.slowdown = 2.0
+    for _ in range(10):  # only full batches run meanwhile
+        costs.observe(0, 64, device.call_s(texts(64, 60)))
+    assert costs.estimate(64, 0) == pytest.approx(2 * before[64], rel=0.05)
+    for n in (1, 8, 20):  # shapes that did not run moved with the level
+        assert costs.estimate(n, 0) == pytest.approx(2 * before[n], rel=0.15)
+    device.slowdown = 1.0
+    for _ in range(10):
+        costs.observe(0, 64, device.call_s(texts(64, 60)))
+    assert costs.estimate(20, 0) == pytest.approx(before[20], rel=0.15)  # and back
+
+
+def test_noisy_batches_widen_the_slack_and_the_estimate_stays_at_the_mean():
+    steady, noisy = BatchCosts(8), BatchCosts(8)
+    rng = random.Random(1)
+    for _ in range(300):
+        steady.observe(0, 8, 0.05)
+        noisy.observe(0, 8, 0.05 * max(0.1, 1 + 0.2 * rng.gauss(0, 1)))
+    assert steady.slack == MIN_SLACK  # never less than 10%
+    assert 0.3 < noisy.slack < 0.8  # two standard deviations of a 20% jitter
+    assert noisy.estimate(8, 0) == pytest.approx(0.05, rel=0.1)
+
+
+def test_with_an_objective_the_batch_stops_at_the_largest_useful_size():
+    costs = BatchCosts(64, slo_s=0.3)
+    # throughput flattens past 16 (a CPU's curve): about 16 gets 95% of the best for a third of the latency
+    costs.measured([(0, 1, 0.012), (0, 16, 0.047), (0, 32, 0.094), (0, 64, 0.180)])
+    useful = costs.size_limit(0)
+    best = max(n / costs.estimate(n, 0) for n in range(1, 65) if 2 * costs.estimate(n, 0) <= 0.3)  # fits the objective
+    assert 12 <= useful <= 20 and useful / costs.estimate(useful, 0) >= 0.95 * best
+    # long inputs: 64 of them would take 1.2 s; a batch past 8 would take over half the objective
+    costs.measured([(1, 1, 0.03), (1, 8, 0.15), (1, 64, 1.2)])
+    assert 4 <= costs.size_limit(1) <= 8
+    flat = BatchCosts(64, slo_s=0.3)
+    flat.measured([(0, 1, 0.05)])
+    assert flat.size_limit(0) == 64  # the seed's function: the fuller the better
+    assert BatchCosts(64).size_limit(0) == 64  # no objective: the largest allowed
+
+
+def test_a_larger_batch_is_never_predicted_cheaper_and_wrong_figures_are_ignored():
+    costs = BatchCosts(16)
+    costs.measured([(0, 4, 0.04), (0, 8, 0.03), (0, 0, 1.0), (0, 99, 1.0), (0, 2, -1.0)])
+    curve = [costs.estimate(n, 0) for n in range(1, 17)]
+    assert curve == sorted(curve) and costs.estimate(8, 0) == pytest.approx(0.04)
+    assert costs.describe()["buckets"]["0"]["sizes"].keys() == {"4", "8"}
