@@ -10,6 +10,7 @@ the event loop.
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -37,6 +38,9 @@ class PendingRequest:
     enqueued_at: float  # time.monotonic()
     deadline: float  # time.monotonic()
     future: asyncio.Future
+    due: float = math.inf  # when its answer is wanted: its deadline, or sooner its latency objective (set by its model)
+    slo_at: float | None = None  # when its latency objective ends (None: it has none)
+    predicted_wait: float | None = None  # the wait predicted when it was queued (seconds), for the error
     state: RequestState = RequestState.QUEUED
     attempts: int = 0  # backend runs it was part of (a hung or dead worker's batch runs again)
     batch: Batch | None = None  # set when taken, for the response's timing and logs

@@ -1,12 +1,14 @@
 """Admission: whether a request may go to a model, and on what deadline.
 
-Every refusal happens here, before any work, cheapest check first: draining, input too long, breaker
-open, not ready, the tenant's rate limit (429), then shedding by predicted wait. A request that cannot
-finish before its own deadline is refused at once rather than queued to die; past its tier's
-`max_predicted_wait_ms` a lower tier is refused while a higher one still gets in. A 503 always carries
-`retry_after_ms`. Batch and generation models go through the same entry points: `identify`, then
-`admit` (the inputs are handed to the batch model, which prepares and queues them) or
-`admit_generation` (which returns the deadline and engine priority the stream runs under).
+Every refusal happens before any work, cheapest check first: draining, input too long, breaker open,
+not ready, the tenant's rate limit (429) here; then the model's own question, asked as it takes the
+input: would this request finish in time? A request whose predicted wait plus its own batch (costed
+by the model's cost model) ends past its deadline or its latency objective is refused at once (503)
+rather than queued to miss it; past its tier's `max_predicted_wait_ms` a lower tier is refused while a
+higher one still gets in. A 503 always carries `retry_after_ms`. Batch and generation models go through
+the same entry points: `identify`, then `admit` (the inputs are handed to the batch model, which
+prepares and queues them) or `admit_generation` (which returns the deadline and engine priority the
+stream runs under).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ if TYPE_CHECKING:
     from ..models.generation import GenerationModel
 
 _CLOSED = BreakerState.CLOSED
-WAIT_SLACK = 1.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +48,6 @@ class Admission:
         self.lifecycle = lifecycle
         self.auth = auth
         self.limiter = limiter
-        self.tier_wait_limit_s = {
-            t.name: t.max_predicted_wait_ms / 1000.0 if t.max_predicted_wait_ms else None for t in tiers
-        }
         self.engine_priority = {t.name: -t.priority for t in tiers}  # vLLM schedules lower values first
 
     def identify(self, headers: Mapping[str, str]) -> Identity:
@@ -85,7 +83,6 @@ class Admission:
             shortcut = model.shortcut(request_id, values[0], timeout_s, who.tier, who.tenant, use_cache)
             if shortcut is not None:
                 return [shortcut]
-            self._shed_by_predicted_wait(model, who, timeout_s, now)
             return [model.submit(request_id, values[0], timeout_s, who.tier, who.tenant)]
         ids = [f"{request_id}.{i}" for i in range(len(values))]
         admitted: list[PendingRequest | None] = [
@@ -93,7 +90,6 @@ class Admission:
         try:
             fresh = [i for i, request in enumerate(admitted) if request is None]
             if fresh:
-                self._shed_by_predicted_wait(model, who, timeout_s, now)
                 if model.batcher.depth + len(fresh) > config.max_queue:
                     raise ServiceOverloaded(f"model {model.name} cannot queue {len(fresh)} more inputs",
                                             retry_after_ms=model.retry_after_ms(who.tier), reason="queue_full")
@@ -120,25 +116,6 @@ class Admission:
     def _check_open(self) -> None:
         if self.lifecycle.draining:
             raise Draining("server is shutting down; retry on another instance", retry_after_ms=1000)
-
-    def _shed_by_predicted_wait(self, model: BatchModel, who: Identity, timeout_s: float, now: float) -> None:
-        tier = who.tier
-        wait_s = model.predicted_wait_s(tier, now, who.tenant)
-        limit_s = self.tier_wait_limit_s.get(tier)
-        batch_s = model.load.batch_s
-        # A prediction errs more the longer the wait: 10% of it is kept as slack against the deadline.
-        if WAIT_SLACK * wait_s + batch_s <= timeout_s and (limit_s is None or wait_s <= limit_s):
-            return
-        if WAIT_SLACK * wait_s + batch_s > timeout_s:
-            raise ServiceOverloaded(
-                f"predicted wait {wait_s * 1000:.0f} ms plus {batch_s * 1000:.0f} ms of compute "
-                f"exceeds this request's {timeout_s * 1000:.0f} ms deadline",
-                retry_after_ms=retry_after_ms(wait_s), reason="deadline_infeasible",
-            )
-        raise ServiceOverloaded(
-            f"predicted wait {wait_s * 1000:.0f} ms is over the {tier} tier's {limit_s * 1000:.0f} ms",  # type: ignore[operator]
-            retry_after_ms=retry_after_ms(wait_s), reason="tier_predicted_wait",
-        )
 
 
 def deadline_s(config: ModelConfig, timeout_ms: int | None) -> float:

@@ -82,7 +82,7 @@ def _parse_tiers(raw: Any) -> tuple[TierConfig, ...]:
         reject_unknown(table, field_names(TierConfig) - {"name"}, where)
         check_types(table, TierConfig, where)
         tier = TierConfig(name=name, **{"priority": DEFAULT_TIER_PRIORITIES.get(name, 0), **table})
-        for key in ("rate_per_s", "burst", "max_predicted_wait_ms", "promote_after_ms"):
+        for key in ("rate_per_s", "burst", "max_predicted_wait_ms", "promote_after_ms", "slo_ms"):
             value = getattr(tier, key)
             if value is not None and (not isinstance(value, (int, float)) or value <= 0):
                 raise ConfigError(f"{where}: `{key}` must be a positive number")

@@ -18,7 +18,7 @@ class ModelConfig:
     kind: str = "batch"  # "batch": our batcher and executor threads; "generation": a vLLM engine
     max_batch_size: int = 32
     max_wait_ms: float = 5.0  # linger, counted from the oldest waiting request
-    slo_ms: float | None = None  # a latency objective (p95, end to end): the linger becomes slo - 2 batch times
+    slo_ms: float | None = None  # a latency objective, from admission to answer: admitted only if predicted to meet it
     max_batch_tokens: int | None = None  # a batch's token budget besides max_batch_size (None: none)
     workers: int = 1  # executor threads, one per GPU
     devices: tuple[str, ...] = ()  # one per worker; default "auto:0", "auto:1", ...
@@ -68,6 +68,7 @@ class TierConfig:
     priority: int = 0  # defaults: enterprise 2, paid 1, free 0, anything else 0
     rate_per_s: float | None = None  # token bucket per tenant and model (None: unlimited), at full capacity
     burst: float | None = None  # bucket size; default max(1, rate_per_s)
+    slo_ms: float | None = None  # a latency objective for this tier's requests (the tighter of it and the model's holds)
     max_predicted_wait_ms: float | None = None  # refuse new requests past this predicted wait (None: deadline only)
     promote_after_ms: float | None = None  # starvation guard: waiting this long, a request is served first
 

@@ -64,6 +64,7 @@ class Worker:
         on_batch_done: Callable[[Batch], None],
         on_died: Callable[[Worker, Batch | None, BaseException], None],
         max_isolation_calls: int = 32,
+        max_batch_size: int = 1,
     ) -> None:
         self.name = name
         self.device = device
@@ -74,6 +75,8 @@ class Worker:
         self.busy_s = 0.0  # total time inside backend calls
         self.warmup_s = 0.0  # how long the last warm-up call took: the first estimate of a batch's time
         self.warmup_report: dict[str, Any] = {}  # what warming up did and took (GET /v1/models)
+        self.measured_costs: list[tuple[int, int, float]] = []  # (bucket, size, seconds) measured at warm-up
+        self.max_batch_size = max_batch_size
         self.batches = 0
         self.current: Batch | None = None  # the batch inside the backend now
         self.call_started_at = 0.0  # start of the backend call in progress (the watchdog's clock)
@@ -120,6 +123,10 @@ class Worker:
                 call_started = time.monotonic()
                 check_outputs(fn(list(batch)), len(batch))
                 self.warmup_s = time.monotonic() - call_started
+            if warmups is not None:  # the backend's shapes are known: what they cost is the cost model's start
+                self.measured_costs = measure_costs(fn, batches, self.max_batch_size)
+            elif batches:  # the warm-up inputs, taken as one bucket's: the first figure to learn from
+                self.measured_costs = [(0, len(batches[-1]), self.warmup_s)]
             self.warmup_report["warmup_s"] = round(time.monotonic() - started, 3)
         except BaseException as exc:  # noqa: BLE001 - reported to the loop, the model stays not ready
             log.error("worker %s failed to start: %s", self.name, describe(exc))  # a config mistake, mostly
@@ -194,6 +201,33 @@ class Worker:
             return True
         except RuntimeError:  # the loop is closed: the process is exiting
             return False
+
+
+PROBE_CALL_LIMIT_S = 0.1  # a bucket's warm-up measurement stops doubling its batch once a call takes half this
+
+
+def measure_costs(fn: BatchFunction, batches: Sequence[Sequence[Any]], max_batch_size: int) -> list[tuple[int, int, float]]:
+    """What batches cost, for the cost model to start from: the backend's own figures (`cost(size,
+    bucket)`, e.g. timed CUDA graphs) when it has them, else each length bucket's warm-up batch (one
+    per bucket, in bucket order) timed at 1, 2, 4... inputs up to `max_batch_size`, until a call takes
+    half of `PROBE_CALL_LIMIT_S` (an expensive bucket is measured small and learned as it runs)."""
+    own = getattr(fn, "cost", None)
+    if own is not None:
+        known = ((b, n, own(n, b)) for b in range(len(batches)) for n in range(1, max_batch_size + 1))
+        return [(b, n, float(s)) for b, n, s in known if s]
+    measured = []
+    for bucket, batch in enumerate(batches):
+        size = 1
+        while True:
+            inputs = [batch[0]] * size
+            started = time.monotonic()
+            check_outputs(fn(inputs), size)
+            seconds = time.monotonic() - started
+            measured.append((bucket, size, seconds))
+            if size >= max_batch_size or 2 * seconds > PROBE_CALL_LIMIT_S:
+                break
+            size = min(max_batch_size, 2 * size)
+    return measured
 
 
 def isolate(

@@ -47,6 +47,7 @@ class WorkerPool:
         on_requeue: Callable[[Batch], None],
         on_ready: Callable[[Worker], None],
         max_isolation_calls: int = 32,
+        max_batch_size: int = 1,
     ) -> None:
         self.name = name
         self.loop = loop
@@ -58,6 +59,7 @@ class WorkerPool:
         self._on_requeue = on_requeue
         self._on_ready = on_ready
         self._max_isolation_calls = max_isolation_calls
+        self._max_batch_size = max_batch_size
         self._busy_samples: dict[str, deque[tuple[float, float]]] = {}
         self.workers = [self._new_worker(f"{name}-{i}", device) for i, device in enumerate(devices)]
         self.healthy = 0  # built, warm and not given up on (recounted when a worker changes)
@@ -76,6 +78,7 @@ class WorkerPool:
             name=name, device=device, build=self._build, warmup_inputs=self._warmup_inputs,
             next_batch=self._next_batch, loop=self.loop, on_ready=self._worker_ready, on_failed=self._worker_failed,
             on_batch_done=self._on_batch_done, on_died=self._worker_died, max_isolation_calls=self._max_isolation_calls,
+            max_batch_size=self._max_batch_size,
         )
 
     # ---- lifecycle -------------------------------------------------------------------------------
@@ -179,9 +182,9 @@ class WorkerPool:
 
     # ---- what it knows -----------------------------------------------------------------------------
 
-    def first_free_s(self, now: float, batch_s: float) -> float:
+    def first_free_s(self, now: float, batch_s: Callable[[Batch], float]) -> float:
         """How soon a healthy worker is free: 0 when one is free now, else the least time left of the
-        running batches, each expected to take `batch_s`."""
+        running batches, each expected to take `batch_s(batch)` in all."""
         first = None
         for worker in self.workers:
             if not worker.healthy:
@@ -189,7 +192,7 @@ class WorkerPool:
             running = worker.current
             if running is None:
                 return 0.0
-            left = max(0.0, batch_s - (now - running.started_at))
+            left = max(0.0, batch_s(running) - (now - running.started_at))
             first = left if first is None else min(first, left)
         return first or 0.0
 

@@ -125,11 +125,12 @@ class InferenceApi:
                 self.outcomes.record(request_id, model_name, tier, 499, "CLIENT_DISCONNECTED", started, None, tenant, trace, version)
                 raise
         except InferdError as error:
-            self.outcomes.record_error(request_id, model_name, tier, error, started, None, tenant, trace, version)
+            self.outcomes.record_error(request_id, model_name, tier, error, started, None, tenant, trace, version,
+                                       items[0].slo_at if items else None)
             return error_response(error, request_id, close=self.lifecycle.draining, openai=True)
         finally:
             withdraw_unanswered(model, items)
-        self.outcomes.record(request_id, model_name, tier, 200, "", started, None, tenant, trace, version)
+        self.outcomes.record(request_id, model_name, tier, 200, "", started, None, tenant, trace, version, items[0].slo_at)
         payload = embeddings_payload(model_name, vectors, sum(item.tokens for item in items), call.base64)
         return WholeResponse(200, dumps(payload), (("X-Request-ID", request_id), ("X-Model-Version", model.version)))
 

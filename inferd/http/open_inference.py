@@ -123,11 +123,12 @@ class OpenInferenceApi:
                 self.outcomes.record(request_id, model.name, tier, 499, "CLIENT_DISCONNECTED", started, None, tenant, trace, version)
                 raise
         except InferdError as error:
-            self.outcomes.record_error(request_id, model.name, tier, error, started, None, tenant, trace, version)
+            self.outcomes.record_error(request_id, model.name, tier, error, started, None, tenant, trace, version,
+                                       items[0].slo_at if items else None)
             return error_v2(error, request_id, close=self.lifecycle.draining)
         finally:
             withdraw_unanswered(model, items)
-        self.outcomes.record(request_id, model.name, tier, 200, "", started, None, tenant, trace, version)
+        self.outcomes.record(request_id, model.name, tier, 200, "", started, None, tenant, trace, version, items[0].slo_at)
         body, header_length = infer_response(model.name, model.version, call.id, list(outputs), call.binary_output)
         if header_length is None:
             return WholeResponse(200, body, (("X-Request-ID", request_id),))

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -31,13 +32,14 @@ from ..observability.histogram import Histogram
 from ..observability.metrics import RequestMetrics
 from ..observability.snapshots import BatchModelSnapshot
 from ..observability.tracing import Tracing
+from ..scheduling.batch_costs import BatchCosts
 from ..scheduling.batcher import Batcher, QueueFull
 from ..scheduling.deadlines import DeadlineWheel
 from ..scheduling.preprocess import Preprocessor
 from . import delivery, reports
-from .load_model import LoadModel
-from .result_cache import MISS
+from .forecast import Forecast
 from .shared_work import SharedWork, identity, waited_for
+from .timeliness import Timeliness
 
 log = logging.getLogger("inferd.model")
 
@@ -55,30 +57,34 @@ class BatchModel:
         dead_letters: DeadLetters | None = None,
         tiers: tuple[TierConfig, ...] = (TierConfig("default"),),
         tracing: Tracing | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
+        self._clock = clock  # (a fake one in tests that drive the model through time)
         self.name = config.name
         self.version = config.version
         self.takes_traffic = True  # in its model's split (a version loading, draining or only pinned is not)
         self.loop = loop
         self.metrics = metrics
         self.dead_letters = dead_letters if dead_letters is not None else DeadLetters()
-        self.load = LoadModel(config.max_batch_size)
-        self._promote_after_s = {t.name: t.promote_after_ms / 1000.0 for t in tiers if t.promote_after_ms}
+        self.costs = BatchCosts(config.max_batch_size, config.slo_ms / 1000.0 if config.slo_ms else None)
+        self.forecast = Forecast(self.costs)
         self.tiered = len(tiers) > 1  # (then the tier each batch served is tracked for predicted waits)
         self.batcher = Batcher(
             max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms, max_queue=config.max_queue, loop=loop,
             tiers=[(t.name, t.promote_after_ms / 1000.0 if t.promote_after_ms else None) for t in tiers],
-            batch_time_s=lambda: self.load.batch_s, max_batch_tokens=config.max_batch_tokens,
-            linger_s=lambda: self.load.linger_s(config.max_wait_ms, config.slo_ms),
+            batch_time_s=lambda: self.forecast.batch_s, costs=self.costs, max_batch_tokens=config.max_batch_tokens,
+            linger_s=partial(self.forecast.linger_s, config.max_wait_ms, config.slo_ms), clock=clock,
         )
         self.pool = WorkerPool(
             name=config.name, devices=config.worker_devices, build=partial(_build_for_device, config),
             warmup_inputs=config.warmup_inputs, next_batch=self.batcher.next_batch, loop=loop,
             latencies=BatchLatencies(config.batch_timeout_ms / 1000.0), on_batch_done=partial(delivery.batch_done, self),
             on_requeue=partial(delivery.requeue, self), on_ready=self._on_worker_ready, max_isolation_calls=config.max_isolation_calls,
+            max_batch_size=config.max_batch_size,
         )
-        self.deadlines = DeadlineWheel(loop, self._expire)
+        self.timeliness = Timeliness(config, tiers, self.forecast, self.batcher, self.pool)
+        self.deadlines = DeadlineWheel(loop, self._expire, clock=clock)
         self.breaker = CircuitBreaker(config.breaker_failures, config.breaker_cooldown_ms / 1000.0)
         self.tracing = tracing  # (a batch carrying a sampled request is a span of its own)
         self.shared = SharedWork(config)  # identical inputs computed once (collapsing, the result cache)
@@ -127,30 +133,20 @@ class BatchModel:
     ) -> PendingRequest | None:
         """An input computed already (answered from the cache) or being computed now (attached to that
         computation): a request that never enters the queue. None: it must be submitted."""
-        shared = self.shared
-        if not shared.enabled:
+        now = self._clock()
+        found = self.shared.find(raw, tenant, use_cache, now)
+        if found is None:
             return None
-        key = raw if type(raw) is str else identity(raw)
-        if key is None:
-            return None
-        if shared.cache is None or not use_cache:  # (the usual case, inline: per request)
-            lead = shared.leads.get(key) if shared.collapse else None
-            if lead is None:
-                return None
-        now = time.monotonic()
-        cached = shared.cached(key, tenant, now) if use_cache else MISS
-        lead = shared.lead_for(key) if cached is MISS else None
-        if cached is MISS and lead is None:
-            return None
-        request = PendingRequest(request_id, raw, now, now + timeout_s, self.loop.create_future(), tier=tier,
-                                 tenant=tenant, raw=raw, key=key)
+        key, cached, lead = found
+        request = self._new_request(request_id, raw, now, timeout_s, tier, tenant)
+        request.key = key
         if lead is None:
             request.state = RequestState.CACHED
             output, request.bucket, request.tokens = cached
             request.future.set_result(output)
             return request
         request.state, request.lead = RequestState.ATTACHED, lead
-        shared.attach(lead, request)
+        self.shared.attach(lead, request)
         self.deadlines.add(request)
         return request
 
@@ -158,14 +154,17 @@ class BatchModel:
         self, request_id: str, raw: Any, timeout_s: float, tier: str = "default", tenant: str = "anonymous"
     ) -> PendingRequest:
         """Take one admitted input: it is prepared (off the loop when the backend has `prepare_batch`),
-        then queued. The caller awaits `.future`. Raises InvalidInput or ServiceOverloaded when that is
-        known at once; otherwise the future carries it."""
-        now = time.monotonic()
-        request = PendingRequest(request_id, raw, now, now + timeout_s, self.loop.create_future(), tier=tier,
-                                 tenant=tenant, raw=raw)
+        then queued, unless it would not finish in time (`timeliness`). The caller awaits `.future`.
+        Raises InvalidInput or ServiceOverloaded when that is known at once; otherwise the future
+        carries it."""
+        now = self._clock()
+        request = self._new_request(request_id, raw, now, timeout_s, tier, tenant)
         if self.shared.enabled:
             request.key = raw if type(raw) is str else identity(raw)
         if self.preprocessor is not None:
+            refusal = self.timeliness.refusal(request, now, bucket=None)  # (before the work of preparing it)
+            if refusal is not None:
+                raise refusal
             request.state = RequestState.PREPARING
             self.deadlines.add(request)
             self.preprocessor.put(request)
@@ -178,28 +177,38 @@ class BatchModel:
                 raise self._unreadable(exc) from None
             request.input, request.bucket = prepared[0], prepared[1]
             request.tokens = prepared[2] if len(prepared) > 2 else 0
-        self._enqueue(request)
+        self._enqueue(request, now)
         self.deadlines.add(request)
         self._register(request)
         return request
+
+    def _new_request(self, request_id: str, raw: Any, now: float, timeout_s: float, tier: str, tenant: str) -> PendingRequest:
+        """A request admitted now, with its deadline and, where its model or tier sets one, its objective."""
+        deadline = now + timeout_s
+        slo_s = self.timeliness.slo_s(tier)
+        slo_at = None if slo_s is None else now + slo_s
+        due = deadline if slo_at is None or slo_at > deadline else slo_at
+        return PendingRequest(request_id, raw, now, deadline, self.loop.create_future(), due=due, slo_at=slo_at,
+                              tier=tier, tenant=tenant, raw=raw)
 
     def _register(self, request: PendingRequest) -> None:
         key = request.key
         if key is not None and self.shared.collapse:
             self.shared.leads[key] = request
 
-    def _enqueue(self, request: PendingRequest) -> None:
-        """Into the batcher's queue; raises ServiceOverloaded when it is full and nobody can make room."""
+    def _enqueue(self, request: PendingRequest, now: float) -> None:
+        """Into the batcher's queue; raises ServiceOverloaded when it would not finish in time, or the
+        queue is full and nobody can make room."""
+        refusal = self.timeliness.refusal(request, now, request.bucket)
+        if refusal is not None:
+            raise refusal
         try:
             shed = self.batcher.submit(request)
         except QueueFull:
-            raise self._queue_full(request) from None
+            raise ServiceOverloaded(f"model {self.name} has {self.config.max_queue} requests waiting",
+                                    retry_after_ms=self.retry_after_ms(request.tier), reason="queue_full") from None
         if shed is not None:
             self._shed(shed)
-
-    def _queue_full(self, request: PendingRequest) -> ServiceOverloaded:
-        message = f"model {self.name} has {self.config.max_queue} requests waiting"
-        return ServiceOverloaded(message, retry_after_ms=self.retry_after_ms(request.tier), reason="queue_full")
 
     def _shed(self, request: PendingRequest) -> None:
         """A queued request the batcher shed to make room for a higher tier's or a lighter tenant's: 503."""
@@ -221,7 +230,7 @@ class BatchModel:
                 request.tokens = result[2] if len(result) > 2 else 0
                 request.state = RequestState.QUEUED
                 try:
-                    self._enqueue(request)
+                    self._enqueue(request, self._clock())
                 except ServiceOverloaded as error:
                     request.state = RequestState.REJECTED
                     self.fail(request, error)
@@ -273,9 +282,10 @@ class BatchModel:
     # ---- from the pool (on the loop) -------------------------------------------------------------
 
     def _on_worker_ready(self, worker: Worker) -> None:
-        if not self.load.batch_s:  # the warm-up call is the first measurement
-            self.load.observe_batch(worker.warmup_s)
-        self.load.note_capacity(self.pool.healthy)
+        if not self.forecast.batch_s:  # the warm-up call is the first measurement
+            self.forecast.observe_batch(worker.warmup_s)
+        self.costs.measured(worker.measured_costs)
+        self.forecast.note_capacity(self.pool.healthy)
         if self.preprocessor is None and self.prepare_one is None:  # the same for every worker's backend
             backend = worker.backend
             prepare_batch = getattr(backend, "prepare_batch", None)
@@ -289,20 +299,12 @@ class BatchModel:
 
     def capacity_scale(self) -> float:
         """Capacity now as a share of the best measured: what rate limits are multiplied by."""
-        return self.load.capacity_scale(self.pool.healthy)
+        return self.forecast.capacity_scale(self.pool.healthy)
 
     def predicted_wait_s(self, tier: str | None = None, now: float | None = None, tenant: str | None = None) -> float:
-        """How long a request of `tier` (default: the lowest) from `tenant` queued now would wait before its
-        batch starts, counting the higher tiers' work expected to arrive meanwhile."""
-        batcher, load = self.batcher, self.load
-        now = time.monotonic() if now is None else now
-        ahead = batcher.depth if tier is None else batcher.depth_ahead_of(tier, tenant)
-        healthy, first_free_s = self.pool.healthy, self.pool.first_free_s(now, load.batch_s)
-        if not self.tiered or tier is None:
-            return load.predicted_wait_s(ahead, healthy, first_free_s)
-        wait = load.predicted_wait_s(ahead, healthy, first_free_s, load.share_above(batcher.tier_rank(tier), healthy, now))
-        promote_s = self._promote_after_s.get(tier)
-        return wait if promote_s is None else min(wait, promote_s + 2 * load.batch_s)  # promoted, it goes next
+        """How long a request of `tier` (default: behind everything) from `tenant` queued now would wait
+        before its batch starts, counting the higher tiers' work expected to arrive meanwhile."""
+        return self.timeliness.wait_and_ahead(tier, self._clock() if now is None else now, tenant)[0]
 
     def retry_after_ms(self, tier: str | None = None) -> int:
         return errors.retry_after_ms(self.predicted_wait_s(tier))

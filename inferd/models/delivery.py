@@ -27,8 +27,10 @@ def batch_done(model: BatchModel, batch: Batch) -> None:
         return  # the pool gave up on it and its requests went back to the queue: not delivered
     compute = batch.compute_s
     by_rank = Counter(model.batcher.tier_rank(r.tier) for r in batch.requests) if model.tiered else None
-    model.load.observe_batch(compute, batch.size, batch.backlog, by_rank, batch.finished_at)
-    model.load.note_capacity(model.pool.healthy)
+    # (a failed batch's time holds its bisection's extra calls: it says nothing of what a batch costs)
+    model.forecast.observe_batch(compute, batch.size if batch.error is None else 0, batch.requests[0].bucket,
+                                 batch.backlog, by_rank, batch.finished_at)
+    model.forecast.note_capacity(model.pool.healthy)
     model.pool.latencies.observe(compute)
     model.batches += 1
     model.requests_computed += batch.size
@@ -38,8 +40,11 @@ def batch_done(model: BatchModel, batch: Batch) -> None:
     observe_wait, started, discard = model.queue_wait.observe, batch.started_at, model.deadlines.discard
     for request in batch.requests:
         request.batch = batch
-        observe_wait(started - request.enqueued_at)
+        waited = started - request.enqueued_at
+        observe_wait(waited)
         discard(request)
+        if request.predicted_wait is not None:
+            model.timeliness.observe_wait_error(request.tier, waited - request.predicted_wait)
     if model.tracing is not None:
         model.tracing.batch(batch, model.name)
     if batch.error is None:

@@ -80,8 +80,7 @@ class Forecast:
         times, each that bucket's useful batch as the cost model predicts it)."""
         if slo_ms is None:
             return max_wait_ms / 1000.0
-        costs = self.costs
-        return max(0.0, slo_ms / 1000.0 - 2 * costs.estimate(costs.size_limit(bucket), bucket))
+        return max(0.0, slo_ms / 1000.0 - 2 * self.batch_cost_s(self.costs.size_limit(bucket), bucket))
 
     def wait_s(self, ahead: Mapping[int, int], bucket: int | None, healthy: int, first_free_s: float,
                share_above: float = 0.0) -> float:
@@ -97,14 +96,20 @@ class Forecast:
         costs, work = self.costs, 0.0
         for b, count in ahead.items():
             if count:
-                size = costs.size_limit(b)
-                full, rest = divmod(count, size)
-                work += full * costs.estimate(size, b) + (costs.estimate(rest, b) if rest and b != bucket else 0.0)
+                full, rest = divmod(count, costs.size_limit(b))
+                if full:
+                    work += full * (costs.full_batch_s(b) or self.batch_s)
+                if rest and b != bucket:
+                    work += self.batch_cost_s(rest, b)
         return first_free_s + work / (healthy * (1.0 - share_above))
 
     def own_batch_s(self, ahead_in_bucket: int, bucket: int, joining: float = 0.0) -> float:
         """How long the request's own batch takes: it holds what is ahead of it in its bucket's partial
         batch, itself, and up to `joining` requests expected to arrive before it is taken."""
-        costs = self.costs
-        size = costs.size_limit(bucket)
-        return costs.estimate(min(size, ahead_in_bucket % size + 1 + int(joining)), bucket)
+        size = self.costs.size_limit(bucket)
+        holds = ahead_in_bucket % size + 1 + int(joining)
+        return (self.costs.full_batch_s(bucket) or self.batch_s) if holds >= size else self.batch_cost_s(holds, bucket)
+
+    def batch_cost_s(self, size: int, bucket: int) -> float:
+        """A batch's time as the cost model has it, or the mean batch time while it has nothing."""
+        return self.costs.estimate(size, bucket) or self.batch_s

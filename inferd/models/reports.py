@@ -16,10 +16,11 @@ def snapshot(model: BatchModel, now: float) -> BatchModelSnapshot:
     return BatchModelSnapshot(
         name=model.name, version=model.version, takes_traffic=model.takes_traffic, ready=model.ready, waiting_by_tier=model.batcher.depth_by_tier(),
         oldest_age_by_tier=model.batcher.oldest_age_by_tier(now), workers=model.pool.snapshot(now),
-        healthy_workers=model.pool.healthy, capacity_rps=model.load.capacity_rps(model.pool.healthy),
+        healthy_workers=model.pool.healthy, capacity_rps=model.forecast.capacity_rps(model.pool.healthy),
         predicted_wait_s=model.predicted_wait_s(now=now), queue_wait=model.queue_wait, linger=model.linger,
         compute=model.compute, batch_sizes=dict(model.batch_sizes), flushes=dict(model.batcher.flushes),
         collapsed=model.shared.collapsed, cache=_cache_snapshot(model.shared.cache),
+        batch_costs=tuple(model.costs.measured_shapes()), wait_error=dict(model.timeliness.wait_error),
     )
 
 
@@ -56,8 +57,8 @@ def describe(model: BatchModel) -> dict[str, Any]:
             "batches": model.batches, "requests_computed": model.requests_computed,
             "requests_collapsed": model.shared.collapsed, "inputs_in_flight": len(model.shared),
             "mean_batch_size": round(model.requests_computed / model.batches, 2) if model.batches else 0.0,
-            "batch_ms_ewma": round(model.load.batch_s * 1000, 3),
-            "capacity_rps": round(model.load.capacity_rps(pool.healthy), 1), "queue_depth": model.batcher.depth,
+            "batch_ms_ewma": round(model.forecast.batch_s * 1000, 3),
+            "capacity_rps": round(model.forecast.capacity_rps(pool.healthy), 1), "queue_depth": model.batcher.depth,
             "predicted_wait_ms": round(min(model.predicted_wait_s(), 1e9) * 1000, 3),
             "flushes": dict(model.batcher.flushes), "echo_holds": model.batcher.echo.holds, "shed_for_room": model.batcher.shed,
             "busy_gap_ms_p50": pool.busy_gap_p50_ms(),
@@ -65,5 +66,25 @@ def describe(model: BatchModel) -> dict[str, Any]:
             "preprocess_calls": preprocessor.calls if preprocessor else 0,
             "preprocess_mean_batch": round(preprocessor.items / preprocessor.calls, 2)
             if preprocessor and preprocessor.calls else None,
+            "objectives": _objectives(model), "wait_error": _wait_errors(model),
         },
+        "cost_model": model.costs.describe(),
     }
+
+
+def _objectives(model: BatchModel) -> dict[str, dict[str, Any]]:
+    """Per tier: admitted requests with a latency objective that met it and missed it, and the share met."""
+    counts: dict[str, dict[str, Any]] = {}
+    for (name, version, tier, result), n in list(model.metrics.objectives.items()):
+        if name == model.name and version == model.version:
+            counts.setdefault(tier, {"met": 0, "missed": 0})[result] += n
+    for tier_counts in counts.values():
+        total = tier_counts["met"] + tier_counts["missed"]
+        tier_counts["met_share"] = round(tier_counts["met"] / total, 5) if total else None
+    return counts
+
+
+def _wait_errors(model: BatchModel) -> dict[str, dict[str, Any]]:
+    """Per tier: how far actual waits have been from the waits predicted at admission (ms)."""
+    return {tier: {"requests": h.count, "mean_ms": round(h.mean * 1000, 3) if h.mean is not None else None}
+            for tier, h in model.timeliness.wait_error.items()}

@@ -50,6 +50,18 @@ class SharedWork:
     def __len__(self) -> int:
         return len(self.leads)
 
+    def find(self, raw: Any, tenant: str, use_cache: bool, now: float) -> tuple[Hashable, Any, PendingRequest | None] | None:
+        """Work that answers `raw` without computing it: (its key, the cached (output, bucket, tokens) or
+        MISS, the lead in flight or None); None when there is none."""
+        if not self.enabled:
+            return None
+        key = raw if type(raw) is str else identity(raw)
+        if key is None or (not use_cache or self.cache is None) and (not self.collapse or key not in self.leads):
+            return None  # (the usual case, decided with one look-up)
+        cached = self.cached(key, tenant, now) if use_cache else MISS
+        lead = self.lead_for(key) if cached is MISS else None
+        return None if cached is MISS and lead is None else (key, cached, lead)
+
     def cached(self, key: Hashable, tenant: str, now: float) -> Any:
         """A fresh cached (output, bucket, tokens) for this input and tenant, or MISS."""
         if self.cache is None:

@@ -14,6 +14,12 @@ LATENCY_BUCKETS_S = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )
 
+# Signed: how much longer (+) or shorter (-) a request waited than was predicted when it was queued.
+WAIT_ERROR_BUCKETS_S = (
+    -1.0, -0.5, -0.25, -0.1, -0.05, -0.025, -0.01, -0.005, -0.001, 0.0,
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+)
+
 
 class Histogram:
     """Counts per `le` bucket (the last one is +Inf) and the sum of what was observed."""

@@ -31,6 +31,8 @@ class RequestMetrics:
     def __init__(self) -> None:
         self.requests: defaultdict[tuple[str, str, str, int, str], int] = defaultdict(int)  # model, version, tier, status, error
         self.shed: defaultdict[tuple[str, str, str], int] = defaultdict(int)  # model, tier, reason
+        # admitted requests with a latency objective, by whether they met it: model, version, tier, met|missed
+        self.objectives: defaultdict[tuple[str, str, str, str], int] = defaultdict(int)
         self.duration: defaultdict[str, Histogram] = defaultdict(Histogram)
         self.admission: defaultdict[str, Histogram] = defaultdict(Histogram)
         self.response: defaultdict[str, Histogram] = defaultdict(Histogram)
@@ -56,6 +58,12 @@ class InferdCollector(Collector):
         for (model, tier, reason), n in list(r.shed.items()):
             shed.add_metric([model, tier, reason], n)
         yield shed
+        objectives = CounterMetricFamily(
+            "inferd_objective_requests", "Admitted requests with a latency objective (slo_ms), by whether they met it.",
+            labels=["model", "version", "tier", "result"])
+        for (model, version, tier, result), n in list(r.objectives.items()):
+            objectives.add_metric([model, version, tier, result], n)
+        yield objectives
         yield _histograms("inferd_request_duration_seconds", "End-to-end time inside the server.", r.duration)
         yield _histograms("inferd_admission_seconds", "From the request's arrival to its entry in the queue.", r.admission)
         yield _histograms("inferd_response_seconds", "From the end of the backend call to the response.", r.response)
@@ -82,6 +90,15 @@ def _batch_families(models: list[BatchModelSnapshot]) -> Iterator[Metric]:
                       {(m.name, m.version): m.linger for m in models}, "version")
     yield _histograms("inferd_compute_seconds", "Backend call duration, one observation per call.",
                       {(m.name, m.version): m.compute for m in models}, "version")
+    yield _histograms("inferd_wait_prediction_error_seconds",
+                      "Actual minus predicted wait of admitted requests (negative: shorter than predicted).",
+                      {(m.name, m.version, tier): h for m in models for tier, h in m.wait_error.items()}, "version", "tier")
+    costs = GaugeMetricFamily("inferd_batch_cost_seconds", "The cost model's estimate of a backend call, per measured shape.",
+                              labels=["model", "version", "bucket", "size"])
+    for m in models:
+        for bucket, size, seconds in m.batch_costs:
+            costs.add_metric([m.name, m.version, str(bucket), str(size)], seconds)
+    yield costs
     sizes = HistogramMetricFamily("inferd_batch_size", "Requests per batch.", labels=["model", "version"])
     batches = CounterMetricFamily("inferd_batches", "Batches flushed, by trigger.", labels=["model", "version", "trigger"])
     gauges = {

@@ -10,6 +10,8 @@ from .access_log import AccessLog
 from .metrics import RequestMetrics
 from .tracing import RequestTrace
 
+_ADMITTED_ANSWERS = frozenset((200, 500, 504))  # what an admitted request ends with, as far as its objective goes
+
 
 class Outcomes:
     """Counts answers by model, tier, status and error code, times their stages, and passes them to the
@@ -22,13 +24,19 @@ class Outcomes:
     def record(
         self, request_id: str, model: str, tier: str, status: int, error: str, started: float,
         pending: PendingRequest | None = None, tenant: str = "-", trace: RequestTrace | None = None, version: str = "",
+        slo_at: float | None = None,
     ) -> float:
-        """One answer; returns the time it was recorded."""
+        """One answer; returns the time it was recorded. `slo_at`: when its latency objective ended, for a
+        call of several requests (one request's is its own)."""
         now = time.monotonic()
         metrics = self.metrics
         if metrics is not None:
             metrics.requests[(model, version, tier, status, error)] += 1
             metrics.duration[model].observe(now - started)
+            if pending is not None:
+                slo_at = pending.slo_at
+            if slo_at is not None and status in _ADMITTED_ANSWERS:  # (not counted: refused, or the client left)
+                metrics.objectives[(model, version, tier, "met" if status == 200 and now <= slo_at else "missed")] += 1
             if pending is not None:
                 metrics.admission[model].observe(pending.enqueued_at - started)
                 if pending.batch is not None and status == 200:
@@ -41,8 +49,9 @@ class Outcomes:
     def record_error(
         self, request_id: str, model: str, tier: str, error: InferdError, started: float,
         pending: PendingRequest | None = None, tenant: str = "-", trace: RequestTrace | None = None, version: str = "",
+        slo_at: float | None = None,
     ) -> None:
         """An error answer; refusals (429, 503) are also counted as shed, by reason."""
         if error.status in (429, 503) and self.metrics is not None:
             self.metrics.shed[(model, tier, error.reason)] += 1
-        self.record(request_id, model, tier, error.status, error.code, started, pending, tenant, trace, version)
+        self.record(request_id, model, tier, error.status, error.code, started, pending, tenant, trace, version, slo_at)

@@ -53,6 +53,8 @@ class BatchModelSnapshot:
     flushes: dict[str, int]
     collapsed: int = 0  # requests answered by an identical request's computation
     cache: CacheSnapshot | None = None  # None: the model has no result cache
+    batch_costs: tuple[tuple[int, int, float], ...] = ()  # (bucket, size, estimated seconds) of each measured shape
+    wait_error: dict[str, Histogram] = field(default_factory=dict)  # by tier: actual - predicted wait
 
     @property
     def waiting(self) -> int:

@@ -1,6 +1,6 @@
 """What the batcher learns from arrivals: how fast requests come, and whether closed-loop clients are
 echoing the batch just finished. (`Rate` also measures, per tier, the workers' time each tier takes:
-see `models.load_model`.)
+see `models.forecast`.)
 
 The echo: closed-loop clients (each sends again as soon as it is answered) whose number is near the
 batch size can split into two groups whose batches alternate half full, forever, since each group is
@@ -53,8 +53,16 @@ class Echo:
         self.holds = 0  # times a free worker waited for an echo
         self.cycle_start = 0.0  # when the last batch finished
         self._cycle_size = 0  # how many requests it answered
-        self.in_window = 0  # arrivals within the window after it (counted by the batcher)...
+        self.in_window = 0  # arrivals within the window after it...
         self.after = 0  # ...and after, until the next batch finished
+
+    def arrived(self, now: float) -> None:
+        """A request arrived (counted for the cycle in progress)."""
+        if self.cycle_start:
+            if now - self.cycle_start <= self.window_s:
+                self.in_window += 1
+            else:
+                self.after += 1
 
     def batch_finished(self, now: float, answered: int) -> None:
         """Score the cycle since the previous batch finished, and start the next one."""

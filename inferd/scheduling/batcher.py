@@ -21,9 +21,9 @@ has its own queue and a batch never mixes buckets. Which bucket goes, and when, 
 rule in `policy` (tiers across buckets, an age bound between buckets, a linger that stops when it
 cannot help). The batcher measures what the rule and the load model need: the arrival rate, per tier.
 
-When the queue is full, room is made before anyone is refused by shedding the newest request of the
-lowest tier waiting, and within the newcomer's own tier, of a tenant holding clearly more than the
-newcomer's tenant: a light tenant is not refused because a heavy one filled the queue.
+When the queue is full, room is made before anyone is refused by shedding a waiting request of a lower
+tier or of a clearly heavier tenant (`shedding`): a light tenant is not refused because a heavy one
+filled the queue.
 """
 
 from __future__ import annotations
@@ -34,11 +34,14 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
+from functools import partial
 
 from ..messages import Batch, PendingRequest, RequestState
-from .arrivals import RATE_STEP_S, Echo, Rate
+from .arrivals import Echo, Rate
+from .batch_costs import BatchCosts
 from .policy import Decision, Limits, decide
 from .request_queue import RequestQueue
+from .shedding import choose_victim
 
 Taker = Callable[[Batch | None], None]  # hands a parked worker its batch (None: stop); any thread
 
@@ -49,8 +52,10 @@ class QueueFull(Exception):
 class Batcher:
     """One model's queues (one per length bucket) and the rule that turns them into batches.
 
-    `batch_time_s` tells how long a batch is expected to take (for deadline flushes); `clock` is
-    injectable so the rule can be tested on a fake clock."""
+    `costs` tells what a batch of each bucket and size costs (deadline flushes, where a batch stops
+    growing); `batch_time_s` how long a batch takes on the whole lately (the age gap); `linger_s(bucket)`
+    how long a partial batch of that bucket may wait. `clock` is injectable so the rule can be tested
+    on a fake clock."""
 
     def __init__(
         self,
@@ -61,7 +66,8 @@ class Batcher:
         loop: asyncio.AbstractEventLoop,
         tiers: Iterable[tuple[str, float | None]] = (("default", None),),
         batch_time_s: Callable[[], float] = lambda: 0.0,
-        linger_s: Callable[[], float] | None = None,
+        costs: BatchCosts | None = None,
+        linger_s: Callable[[int], float] | None = None,
         max_batch_tokens: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -72,7 +78,8 @@ class Batcher:
         self.flushes: Counter[str] = Counter()  # batches by trigger
         self.shed = 0  # queued requests shed to make room for a higher tier or a lighter tenant
         self._batch_time_s = batch_time_s
-        self._linger_s = linger_s if linger_s is not None else (lambda: self.max_wait_s)
+        self.costs = costs if costs is not None else BatchCosts(max_batch_size)
+        self._linger_s = linger_s if linger_s is not None else (lambda bucket: self.max_wait_s)
         self._clock = clock
         self._loop = loop
         self._lock = threading.Lock()
@@ -109,6 +116,12 @@ class Batcher:
             return self._depth
         return sum(q.live_ahead_of(tier, tenant) for q in self._queues.values())
 
+    def ahead_by_bucket(self, tier: str | None, tenant: str | None = None) -> dict[int, int]:
+        """`depth_ahead_of`, per length bucket (`tier` None: everything waiting)."""
+        if tier is None or (self._single_tier and (tenant is None or self._one_tenant is not None)):
+            return {key: q.live for key, q in self._queues.items()}
+        return {key: q.live_ahead_of(tier, tenant) for key, q in self._queues.items()}
+
     def arrival_rate(self, now: float) -> float:
         """Requests per second arriving lately (all tiers)."""
         return self._arrivals.per_s(now)
@@ -144,28 +157,20 @@ class Batcher:
             queue.append(request)
             self._depth += 1
             now = request.enqueued_at
-            arrivals = self._arrivals  # (as `Rate.add`, inline: per request)
-            if now - arrivals.at >= RATE_STEP_S:
-                arrivals.decay(now)
-            arrivals.score += 1.0
+            self._arrivals.add(now)
+            self.echo.arrived(now)
             one = self._one_tenant
             if one is not None and request.tenant != one:  # the first tenant seen, then None for good
                 self._one_tenant = request.tenant if one == "" else None
-            echo = self.echo
-            if echo.cycle_start:  # (inline: per request)
-                if now - echo.cycle_start <= echo.window_s:
-                    echo.in_window += 1
-                else:
-                    echo.after += 1
             if self._takers:
                 # A new request can make its bucket full; a linger or deadline running out, or a lone
                 # request worth sending at once, is the batcher coroutine's to decide (it sleeps until
                 # the earliest of them), woken by the first request of a bucket.
-                full = queue.live >= self.max_batch_size or (
+                full = queue.live >= self.costs.size_limit(request.bucket) or (
                     self.max_batch_tokens is not None and queue.tokens >= self.max_batch_tokens)
                 if full:
                     decision = self._decision(now, "linger")  # (which bucket goes is still the rule's)
-                    batch = self._take(decision.trigger, now, self._queues[decision.bucket])
+                    batch = self._take(decision.trigger, now, decision.bucket)
                     if batch is not None:
                         taker = self._takers.popleft()
                 else:
@@ -177,29 +182,16 @@ class Batcher:
         return shed
 
     def _shed_for(self, request: PendingRequest) -> PendingRequest | None:
-        """Room for `request` in a full queue (lock held): the newest waiting request of the lowest tier
-        below it, else of its own tier's heaviest tenant if that one holds more than one request more
-        than the newcomer's tenant. None: the newcomer is the one to refuse."""
-        rank = self._tier_rank.get(request.tier, 0)
-        for name, _ in reversed(self._tiers):  # lowest tier first
-            tier_rank = self._tier_rank[name]
-            if tier_rank > rank:
-                return None
-            counts: Counter[str] = Counter()
-            for q in self._queues.values():
-                counts.update(q.tenant_live(name))
-            if not counts:
-                continue
-            heaviest, held = counts.most_common(1)[0]
-            if tier_rank == rank and held <= counts.get(request.tenant, 0) + 1:
-                return None
-            candidates = [(r, q) for q in self._queues.values() if (r := q.newest_of(name, heaviest)) is not None]
-            victim, queue = max(candidates, key=lambda rq: rq[0].enqueued_at)
-            queue.remove(victim, RequestState.REJECTED)
-            self._depth -= 1
-            self.shed += 1
-            return victim
-        return None
+        """Room for `request` in a full queue (lock held): the waiting request `shedding` picks, taken out.
+        None: the newcomer is the one to refuse."""
+        picked = choose_victim(request, self._queues, self._tiers, self._tier_rank)
+        if picked is None:
+            return None
+        victim, queue = picked
+        queue.remove(victim, RequestState.REJECTED)
+        self._depth -= 1
+        self.shed += 1
+        return victim
 
     def withdraw(self, request: PendingRequest, new_state: RequestState) -> bool:
         """Remove a request that is still waiting (client gone, deadline passed). False if it left already."""
@@ -248,7 +240,7 @@ class Batcher:
                         break
                     decision = self._decision(now, "linger")
                     if decision.bucket is not None:
-                        batch = self._take(decision.trigger, now, self._queues[decision.bucket])
+                        batch = self._take(decision.trigger, now, decision.bucket)
                         if batch is not None:
                             taker = self._takers.popleft()
                     due_at = decision.due_at
@@ -278,7 +270,7 @@ class Batcher:
                     self._hold_until = now + self.max_wait_s
                     self.echo.holds += 1
                     trigger = ""
-                batch = self._take(trigger, now, self._queues[decision.bucket]) if trigger else None
+                batch = self._take(trigger, now, decision.bucket) if trigger else None
                 if batch is not None:
                     return batch
                 self._takers.append(taker)
@@ -293,18 +285,20 @@ class Batcher:
 
     def _decision(self, now: float, on_linger: str) -> Decision:
         """The scheduling rule's decision now (see `policy`)."""
-        batch_s = self._batch_time_s()
-        limits = Limits(self.max_batch_size, self.max_batch_tokens, self._linger_s(), max(2 * batch_s, self.max_wait_s))
-        views = [q.view(key, now) for key, q in self._queues.items() if q.live]
-        return decide(views, now, limits, batch_time_s=batch_s, arrival_rate=self._arrivals.per_s(now),
-                      hold_until=self._hold_until, on_linger=on_linger)
+        costs = self.costs
+        limits = Limits(self.max_batch_tokens, max(2 * self._batch_time_s(), self.max_wait_s))
+        views = [q.view(key, now, costs.size_limit(key), partial(costs.estimate, bucket=key), self._linger_s(key))
+                 for key, q in self._queues.items() if q.live]
+        return decide(views, now, limits, arrival_rate=self._arrivals.per_s(now), hold_until=self._hold_until,
+                      on_linger=on_linger)
 
-
-    def _take(self, trigger: str, now: float, queue: RequestQueue | None) -> Batch | None:
+    def _take(self, trigger: str, now: float, bucket: int | None) -> Batch | None:
+        queue = self._queues.get(bucket) if bucket is not None else None
         if queue is None:
             return None
+        costs = self.costs
         live = queue.live
-        requests = queue.take(self.max_batch_size, now, self.max_batch_tokens)
+        requests = queue.take(costs.size_limit(bucket), now, self.max_batch_tokens, costs.curve(bucket), costs.level)  # type: ignore[arg-type]
         self._depth -= live - queue.live  # taken, and any found expired on the way
         if not requests:
             return None  # everything due had expired

@@ -3,9 +3,11 @@ across length buckets, tiers and tenants (tiers and tenants order requests insid
 `request_queue`). Pure: it reads a view of each bucket and a few figures, and decides.
 
 A bucket is *due* when
-- it is full: `max_batch_size` requests, or `max_batch_tokens` tokens;
-- its oldest request has lingered `linger_s` (or the echo hold has ended, whichever is later);
-- lingering on would make its oldest request miss a deadline it can still meet; or
+- it is full: its size limit (`max_batch_size`, or with a latency objective its largest useful batch:
+  `batch_costs`) or `max_batch_tokens` tokens;
+- its oldest request has lingered its `linger_s` (or the echo hold has ended, whichever is later);
+- lingering on would make one of its requests miss a due (its deadline, or sooner its objective) it can
+  still meet, its batch costed by the cost model; or
 - waiting cannot add enough to matter: the model's arrival rate over the rest of the linger brings
   fewer than max(1, 10% of the room left in the batch) requests. A lone request then goes at once
   instead of paying the whole linger; a burst or closed-loop clients still fill the batch.
@@ -15,9 +17,10 @@ Among due buckets:
    a request waiting past its tier's `promote_after` ranks above every tier), except that while no
    bucket of that tier is full and none has waited `age_gap_s`, a lower tier's full bucket may go:
    the higher tier's batch fills meanwhile, for at most `age_gap_s`;
-2. among the buckets of one rank, a full bucket goes first (full batches are the cheapest) unless
-   another's oldest request has waited longer than the full one's by more than `age_gap_s`: then the
-   oldest goes.
+2. among the buckets of one rank, a bucket goes first when it can still meet its earliest due only by
+   going before another bucket's batch (the earliest such due first);
+3. otherwise a full bucket goes first (full batches are the cheapest) unless another's oldest request
+   has waited longer than the full one's by more than `age_gap_s`: then the oldest goes.
 The bounds: a higher tier's request is held behind lower tiers' work at most `age_gap_s` (plus the
 batch in progress); under saturation the buckets of one tier are all served, and their oldest
 requests' waits stay within `age_gap_s` (plus a batch time) of each other.
@@ -38,16 +41,17 @@ class BucketView:
     count: int  # waiting requests
     tokens: int  # their tokens
     oldest_at: float  # when its oldest waiting request was queued
-    oldest_deadline: float  # that request's deadline
+    due: float  # the earliest due (deadline or objective) of the requests at its heads
     rank: float  # the highest effective priority waiting in it (promoted: inf)
     rank_oldest_at: float  # when the oldest request of that rank was queued
+    size_limit: int  # where its batch stops growing
+    batch_s: float  # what its batch would cost, sent now
+    linger_s: float  # the most its partial batch waits for more requests
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    max_batch_size: int
     max_batch_tokens: int | None  # None: no token budget
-    linger_s: float  # the most a partial batch waits for more requests
     age_gap_s: float  # past this, an older bucket's request goes before a full bucket
 
 
@@ -59,7 +63,7 @@ class Decision:
 
 
 def is_full(view: BucketView, limits: Limits) -> bool:
-    return view.count >= limits.max_batch_size or (
+    return view.count >= view.size_limit or (
         limits.max_batch_tokens is not None and view.tokens >= limits.max_batch_tokens)
 
 
@@ -68,7 +72,6 @@ def decide(
     now: float,
     limits: Limits,
     *,
-    batch_time_s: float,
     arrival_rate: float,
     hold_until: float = 0.0,
     on_linger: str = "linger",
@@ -80,7 +83,7 @@ def decide(
     for view in views:
         if view.count == 0:
             continue
-        trigger, when = _due(view, now, limits, batch_time_s, arrival_rate, hold_until, on_linger)
+        trigger, when = _due(view, now, limits, arrival_rate, hold_until, on_linger)
         if trigger:
             due.append((view, trigger))
         else:
@@ -93,6 +96,10 @@ def decide(
         lower_full = [(v, t) for v, t in due if t == "full"]
         if lower_full:  # the higher tier's batch is still filling: a full one of a lower tier goes meanwhile
             best = [max(lower_full, key=lambda vt: (vt[0].rank, -vt[0].rank_oldest_at))]
+    if len(best) > 1:
+        urgent = [(v, t) for v, t in best if _must_go_first(v, best, now)]
+        if urgent:
+            return Decision(min(urgent, key=lambda vt: vt[0].due)[0].key, "deadline", now)
     oldest = min(best, key=lambda vt: vt[0].rank_oldest_at)
     full = [(v, t) for v, t in best if t == "full"]
     if full:
@@ -102,23 +109,28 @@ def decide(
     return Decision(oldest[0].key, oldest[1], now)
 
 
+def _must_go_first(view: BucketView, due: list[tuple[BucketView, str]], now: float) -> bool:
+    """`view`'s earliest due can be met if it goes now, but not after another due bucket's batch."""
+    finish = now + view.batch_s
+    return finish <= view.due < finish + max(v.batch_s for v, _ in due if v is not view)
+
+
 def _due(
-    view: BucketView, now: float, limits: Limits, batch_time_s: float, arrival_rate: float, hold_until: float,
-    on_linger: str,
+    view: BucketView, now: float, limits: Limits, arrival_rate: float, hold_until: float, on_linger: str,
 ) -> tuple[str, float]:
     """(trigger, "") when `view` is due now; ("", when it will be) otherwise."""
     if is_full(view, limits):
         return "full", now
-    linger_end = max(view.oldest_at + limits.linger_s, hold_until)
+    linger_end = max(view.oldest_at + view.linger_s, hold_until)
     if now >= linger_end:
         return on_linger, now
-    deadline_end = view.oldest_deadline - batch_time_s
+    deadline_end = view.due - view.batch_s
     meetable = deadline_end > view.oldest_at  # else lingering changes nothing for it
     if meetable and now >= deadline_end:
         return "deadline", now
     wait_until = min(linger_end, deadline_end) if meetable else linger_end
     if now >= hold_until:  # (a closed-loop echo is about to come back: no early flush meanwhile)
-        room = limits.max_batch_size - view.count
+        room = view.size_limit - view.count
         enough = max(1.0, 0.1 * room)
         if arrival_rate * (linger_end - now) < enough:
             return "sparse", now

@@ -15,17 +15,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from ..messages import PendingRequest, RequestState
+from .batch_filling import BatchFilling, cost
 from .policy import BucketView
 
 _QUEUED = RequestState.QUEUED
-
-
-def cost(request: PendingRequest) -> int:
-    """A request's share of a token budget: its tokens, or one when nothing counted them."""
-    return request.tokens or 1
 
 
 class _TierQueue:
@@ -173,14 +169,21 @@ class RequestQueue:
             ages[tier.name] = now - min(heads) if heads else 0.0
         return ages
 
-    def view(self, key: int, now: float) -> BucketView:
-        """What the scheduling rule needs of this bucket now (see `policy`)."""
+    def view(self, key: int, now: float, size_limit: int, batch_s: Callable[[int], float], linger_s: float) -> BucketView:
+        """What the scheduling rule needs of this bucket now (see `policy`): `size_limit` is where its
+        batch stops growing, `batch_s(n)` what a batch of n costs, `linger_s` how long it may wait."""
         oldest: PendingRequest | None = None
-        rank, rank_oldest_at = -math.inf, math.inf
+        rank, rank_oldest_at, due = -math.inf, math.inf, math.inf
         for tier in self._tiers:
             if not tier.live:
                 continue
-            tier_head = min(tier.heads(), key=lambda r: r.enqueued_at)
+            tier_head = None
+            for head in tier.heads():
+                due = min(due, head.due)
+                if tier_head is None or head.enqueued_at < tier_head.enqueued_at:
+                    tier_head = head
+            if tier_head is None:
+                continue
             promote = tier.promote_after_s
             tier_rank = math.inf if promote is not None and now - tier_head.enqueued_at >= promote else tier.rank
             if tier_rank > rank or (tier_rank == rank and tier_head.enqueued_at < rank_oldest_at):
@@ -188,86 +191,92 @@ class RequestQueue:
             if oldest is None or tier_head.enqueued_at < oldest.enqueued_at:
                 oldest = tier_head
         if oldest is None:
-            return BucketView(key, 0, 0, math.inf, math.inf, -math.inf, math.inf)
-        return BucketView(key, self.live, self.tokens, oldest.enqueued_at, oldest.deadline, rank, rank_oldest_at)
+            return BucketView(key, 0, 0, math.inf, math.inf, -math.inf, math.inf, size_limit, 0.0, linger_s)
+        return BucketView(key, self.live, self.tokens, oldest.enqueued_at, due, rank, rank_oldest_at, size_limit,
+                          batch_s(min(self.live, size_limit)), linger_s)
 
-    def take(self, limit: int, now: float, token_budget: int | None = None) -> list[PendingRequest]:
+    def take(self, limit: int, now: float, token_budget: int | None = None, curve: Sequence[float] | None = None,
+             level: float = 1.0) -> list[PendingRequest]:
         """Pop up to `limit` live requests, within `token_budget` (the first always goes): promoted ones,
-        then tier by tier with tenants in turn.
+        then tier by tier with tenants in turn. With `curve` (`curve[n] x level`: the seconds a batch of
+        n takes), the batch also stops growing before a size that would make one of its members miss
+        its due (deadline or objective) when the smaller batch would not (see `BatchFilling`).
 
         Requests whose deadline passed are dropped, never run (their deadline timer answers 504).
         """
-        taken: list[PendingRequest] = []
-        budget = [math.inf if token_budget is None else token_budget]
+        batch = BatchFilling(limit, token_budget, now, curve, level)
         if self._promoting:
-            self._take_promoted(taken, limit, now, budget)
+            self._take_promoted(batch, now)
         for tier in self._tiers:
-            if tier.live and len(tier.turns) == 1 and token_budget is None:  # one tenant: its FIFO, no turns
-                self._take_fifo(tier, tier.turns[0], limit, now, taken)
-            while tier.live and len(taken) < limit:
+            if tier.live and len(tier.turns) == 1:
+                self._take_fifo(tier, now, batch)
+            while tier.live and batch.open:
                 tenant = tier.turns[0]
                 head = tier.head(tenant)
                 if head is None:
                     tier.turns.popleft()
                     del tier.tenants[tenant]
                     continue
-                if token_budget is not None and taken and cost(head) > budget[0]:
-                    return taken
+                if not batch.fits(head):
+                    return batch.taken
                 tier.tenants[tenant].popleft()
                 tier.turns.rotate(-1)
-                self._claim(tier, head, now, taken, budget)
-            if len(taken) >= limit:
+                self._claim(tier, head, now, batch)
+            if not batch.open:
                 break
-        return taken
+        return batch.taken
 
-    def _take_fifo(self, tier: _TierQueue, tenant: str, limit: int, now: float, taken: list[PendingRequest]) -> None:
-        """`take` for a tier with one tenant waiting: its FIFO in order (as `_claim` does, inline)."""
+    def _take_fifo(self, tier: _TierQueue, now: float, batch: BatchFilling) -> None:
+        """`take` from a tier with one tenant waiting: its FIFO in order, the counts settled once at the
+        end. A fast path, measured: turn-taking and per-request accounting made a saturated worker's gap
+        between batches of 100 three times as long (S2, 10 ms batches: 0.2 -> 0.6 ms)."""
+        tenant = tier.turns[0]
         items = tier.tenants[tenant]
-        left = 0
-        tokens = 0
-        while items and len(taken) < limit:
-            request = items.popleft()
+        left = tokens = 0
+        while items and batch.open:
+            request = items[0]
             if request.state is not _QUEUED:
-                continue  # a tombstone
+                items.popleft()  # a tombstone
+                continue
+            if not batch.fits(request):
+                break
+            items.popleft()
             left += 1
-            tokens += request.tokens or 1
+            tokens += cost(request)
             if request.deadline <= now:
                 request.state = RequestState.EXPIRED
             else:
                 request.state = RequestState.TAKEN
-                taken.append(request)
+                batch.add(request)
         tier.live -= left
         self.live -= left
         self.tokens -= tokens
-        n = tier.tenant_live.get(tenant, 0) - left
-        if n > 0:
-            tier.tenant_live[tenant] = n
+        held = tier.tenant_live.get(tenant, 0) - left
+        if held > 0:
+            tier.tenant_live[tenant] = held
         else:
             tier.tenant_live.pop(tenant, None)
 
-    def _take_promoted(self, taken: list[PendingRequest], limit: int, now: float, budget: list[float]) -> None:
+    def _take_promoted(self, batch: BatchFilling, now: float) -> None:
         for tier in self._tiers[1:]:  # the top tier needs no promotion
             if tier.promote_after_s is None or not tier.live:
                 continue
             cutoff = now - tier.promote_after_s
             for tenant in list(tier.turns):
-                while len(taken) < limit:
+                while batch.open:
                     head = tier.head(tenant)
-                    if head is None or head.enqueued_at > cutoff or (taken and cost(head) > budget[0]):
+                    if head is None or head.enqueued_at > cutoff or not batch.fits(head):
                         break
                     tier.tenants[tenant].popleft()
-                    self._claim(tier, head, now, taken, budget)
+                    self._claim(tier, head, now, batch)
 
-    def _claim(
-        self, tier: _TierQueue, request: PendingRequest, now: float, taken: list[PendingRequest], budget: list[float]
-    ) -> None:
+    def _claim(self, tier: _TierQueue, request: PendingRequest, now: float, batch: BatchFilling) -> None:
         self._left(tier, request)
         if request.deadline <= now:
             request.state = RequestState.EXPIRED
         else:
             request.state = RequestState.TAKEN
-            taken.append(request)
-            budget[0] -= request.tokens or 1
+            batch.add(request)
 
     def drain(self) -> Iterator[PendingRequest]:
         """Remove and yield every live request (shutdown, breaker)."""

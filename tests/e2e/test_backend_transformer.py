@@ -110,9 +110,13 @@ async def test_warm_up_runs_every_bucket_before_ready(http):
         assert (status, body["error"]) == (503, "NOT_READY")
         fakes.build_gate.set()
         await srv.wait_ready(60)
-        backend = srv.models["minilm"].workers[0].backend
+        worker = srv.models["minilm"].workers[0]
+        backend = worker.backend
         assert backend.bucket_edges == (8, 16, 32, 64)  # the last bucket is always max_tokens
-        assert backend.calls == 4  # one warm-up batch per bucket, nothing else yet
+        measured = worker.measured_costs  # then each bucket timed at 1, 2, 4... inputs: the cost model's start
+        assert {bucket for bucket, _, _ in measured} == {0, 1, 2, 3} and all(s > 0 for _, _, s in measured)
+        assert [size for bucket, size, _ in measured if bucket == 0][:2] == [1, 2]
+        assert backend.calls == 4 + len(measured)  # one warm-up batch per bucket, the measurements, nothing else yet
         async with http.get(f"{srv.url}/readyz") as resp:
             assert resp.status == 200
         async with http.get(f"{srv.url}/v1/models") as resp:

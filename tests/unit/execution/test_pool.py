@@ -28,10 +28,10 @@ def worker(name: str, *, healthy: bool = True, started_at: float | None = None, 
 
 
 def test_the_first_free_worker_is_the_one_with_the_least_time_left():
-    assert pool_of(worker("a", started_at=10.0), worker("b", started_at=10.04)).first_free_s(10.05, 0.1) == approx(0.05)
-    assert pool_of(worker("a", started_at=10.0), worker("b")).first_free_s(10.05, 0.1) == 0.0  # b is free
-    assert pool_of(worker("a", started_at=9.0)).first_free_s(10.0, 0.1) == 0.0  # overdue: any moment now
-    assert pool_of(worker("a", started_at=10.0), worker("dead", healthy=False)).first_free_s(10.0, 0.1) == approx(0.1)
+    assert pool_of(worker("a", started_at=10.0), worker("b", started_at=10.04)).first_free_s(10.05, lambda batch: 0.1) == approx(0.05)
+    assert pool_of(worker("a", started_at=10.0), worker("b")).first_free_s(10.05, lambda batch: 0.1) == 0.0  # b is free
+    assert pool_of(worker("a", started_at=9.0)).first_free_s(10.0, lambda batch: 0.1) == 0.0  # overdue: any moment now
+    assert pool_of(worker("a", started_at=10.0), worker("dead", healthy=False)).first_free_s(10.0, lambda batch: 0.1) == approx(0.1)
 
 
 def test_the_busy_ratio_is_the_share_of_the_window_spent_in_calls():

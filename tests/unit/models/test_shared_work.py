@@ -18,8 +18,12 @@ from inferd.observability.metrics import RequestMetrics
 
 
 def model(**kw) -> BatchModel:  # type: ignore[no-untyped-def]
+    """A model whose (never started) worker counts as healthy, with 1 ms batches: nothing is refused."""
     config = ModelConfig(name="m", backend="inferd.backends.sim:create", max_wait_ms=0, **kw)
-    return BatchModel(config, asyncio.get_running_loop(), RequestMetrics())
+    served = BatchModel(config, asyncio.get_running_loop(), RequestMetrics())
+    served.pool.healthy = 1
+    served.costs.measured([(0, 1, 0.001)])
+    return served
 
 
 def run_next_batch(served: BatchModel, outputs=None, error=None):  # type: ignore[no-untyped-def]

@@ -9,6 +9,7 @@ import math
 import pytest
 
 from inferd.messages import Batch, PendingRequest, RequestState
+from inferd.scheduling.batch_costs import BatchCosts
 from inferd.scheduling.batcher import Batcher, QueueFull
 
 from ...helpers import FakeClock
@@ -30,10 +31,14 @@ def clock() -> FakeClock:
 
 
 def batcher(clock: FakeClock, *, max_batch_size: int = 4, max_wait_ms: float = 20, max_queue: int = 100,
-            batch_time_s: float = 0.01) -> Batcher:
+            batch_time_s: float = 0.01, costs: BatchCosts | None = None) -> Batcher:
+    """A batcher whose batches cost `batch_time_s` whatever their size (unless `costs` says otherwise)."""
     loop = asyncio.new_event_loop()  # only for the coroutine's wake-up event; nothing runs on it
+    if costs is None:
+        costs = BatchCosts(max_batch_size)
+        costs.measured([(0, 1, batch_time_s)])
     b = Batcher(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, max_queue=max_queue, loop=loop,
-                batch_time_s=lambda: batch_time_s, clock=clock)
+                batch_time_s=lambda: batch_time_s, costs=costs, clock=clock)
     b._test_loop = loop  # type: ignore[attr-defined]
     return b
 
@@ -48,7 +53,7 @@ def _close_loops(request):  # type: ignore[no-untyped-def]
 
 
 def arrive(b: Batcher, clock: FakeClock, name: str, *, bucket: int = 0, timeout_s: float = 10.0) -> PendingRequest:
-    r = PendingRequest(name, name, clock(), clock() + timeout_s, None, bucket=bucket)  # type: ignore[arg-type]
+    r = PendingRequest(name, name, clock(), clock() + timeout_s, None, bucket=bucket, due=clock() + timeout_s)  # type: ignore[arg-type]
     b.submit(r)
     return r
 

@@ -8,18 +8,19 @@ import pytest
 
 from inferd.scheduling.policy import BucketView, Limits, decide
 
-LIMITS = Limits(max_batch_size=32, max_batch_tokens=None, linger_s=0.02, age_gap_s=0.1)
+LIMITS = Limits(max_batch_tokens=None, age_gap_s=0.1)
 NOW = 100.0
 
 
 def bucket(key: int, count: int, *, oldest_at: float = NOW, rank: float = 1, rank_oldest_at: float | None = None,
-           deadline: float = math.inf, tokens: int | None = None) -> BucketView:
+           deadline: float = math.inf, tokens: int | None = None, linger_s: float = 0.02, batch_s: float = 0.05,
+           size_limit: int = 32) -> BucketView:
     return BucketView(key, count, count if tokens is None else tokens, oldest_at, deadline, rank,
-                      oldest_at if rank_oldest_at is None else rank_oldest_at)
+                      oldest_at if rank_oldest_at is None else rank_oldest_at, size_limit, batch_s, linger_s)
 
 
 def go(*views: BucketView, now: float = NOW, rate: float = 1000.0, limits: Limits = LIMITS, **kw):  # type: ignore[no-untyped-def]
-    decision = decide(views, now, limits, batch_time_s=0.05, arrival_rate=rate, **kw)
+    decision = decide(views, now, limits, arrival_rate=rate, **kw)
     return (decision.bucket, decision.trigger) if decision.bucket is not None else (None, decision.due_at)
 
 
@@ -38,16 +39,28 @@ def test_with_arrivals_coming_fast_the_linger_is_worth_it_until_its_tail():
 
 def test_full_by_count_or_by_tokens():
     assert go(bucket(0, 32)) == (0, "full")
-    budget = Limits(32, 1000, 0.02, 0.1)
+    assert go(bucket(0, 12, size_limit=12)) == (0, "full")  # the largest useful batch of a costly bucket
+    budget = Limits(1000, 0.1)
     assert go(bucket(0, 5, tokens=1000), limits=budget) == (0, "full")
     assert go(bucket(0, 5, tokens=999), limits=budget)[0] is None
 
 
 def test_a_deadline_it_would_miss_cuts_the_linger_short_one_it_cannot_meet_does_not():
-    limits = Limits(32, None, 1.0, 0.1)
-    assert go(bucket(0, 1, deadline=NOW + 0.06), limits=limits)[0] is None  # must start by NOW + 0.01
-    assert go(bucket(0, 1, deadline=NOW + 0.06), now=NOW + 0.011, limits=limits) == (0, "deadline")
-    assert go(bucket(0, 1, deadline=NOW + 0.04), now=NOW + 0.011, limits=limits)[0] is None  # lost anyway
+    assert go(bucket(0, 1, deadline=NOW + 0.06, linger_s=1.0))[0] is None  # must start by NOW + 0.01
+    assert go(bucket(0, 1, deadline=NOW + 0.06, linger_s=1.0), now=NOW + 0.011) == (0, "deadline")
+    assert go(bucket(0, 1, deadline=NOW + 0.04, linger_s=1.0), now=NOW + 0.011)[0] is None  # lost anyway
+    # what its batch costs decides when: a 10 ms batch may wait until 50 ms before its due
+    assert go(bucket(0, 1, deadline=NOW + 0.06, linger_s=1.0, batch_s=0.01), now=NOW + 0.011)[0] is None
+
+
+def test_a_bucket_that_can_meet_its_due_only_by_going_first_goes_before_a_full_one():
+    full = bucket(0, 32, oldest_at=NOW - 0.05)
+    long = bucket(1, 3, oldest_at=NOW - 0.06, deadline=NOW + 0.09, batch_s=0.05)  # after the full one: NOW + 0.1
+    assert go(full, long) == (1, "deadline")
+    roomy = bucket(1, 3, oldest_at=NOW - 0.06, deadline=NOW + 0.11, batch_s=0.05)  # it can afford the full batch
+    assert go(full, roomy) == (0, "full")
+    lost = bucket(1, 3, oldest_at=NOW - 0.06, deadline=NOW + 0.04, batch_s=0.05)  # late whatever goes first
+    assert go(full, lost) == (0, "full")
 
 
 def test_a_full_bucket_goes_first_unless_another_has_waited_longer_by_more_than_the_gap():

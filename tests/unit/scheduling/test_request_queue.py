@@ -93,3 +93,30 @@ def test_a_request_waiting_past_its_tiers_promotion_goes_first():
     assert [r.request_id for r in q.take(1, now=0.4)] == ["r1"]  # not yet promoted
     q.append(request(2, tier="enterprise"))
     assert [r.request_id for r in q.take(1, now=0.6)] == ["r0"]  # waited 0.6 s > 0.5 s: before any tier
+
+
+def test_a_batch_stops_growing_before_a_size_that_would_make_a_member_miss_its_due():
+    curve = [0.0] + [0.010 * n for n in range(1, 11)]  # 10 ms a request
+    q = RequestQueue()
+    for i in range(6):  # r2 must be answered by 100.045: a batch of 4 (40 ms) is the largest that does it
+        q.append(request(i, due=100.045 if i == 2 else 200.0))
+    assert [r.request_id for r in q.take(10, now=100.0, curve=curve)] == ["r0", "r1", "r2", "r3"]
+    assert q.live == 2  # the rest wait for the next batch
+    # two tenants taking turns, same rule
+    q = RequestQueue()
+    for i in range(6):
+        q.append(request(i, tenant=f"t{i % 2}", due=100.025 if i == 0 else 200.0))
+    assert len(q.take(10, now=100.0, curve=curve)) == 2
+
+
+def test_a_member_that_would_be_late_anyway_does_not_hold_the_batch_back():
+    curve = [0.0] + [0.010 * n for n in range(1, 11)]
+    q = RequestQueue()
+    q.append(request(0, due=100.005))  # even alone it ends at 100.01: lost, it goes but decides nothing
+    for i in range(1, 8):
+        q.append(request(i, due=200.0))
+    assert len(q.take(10, now=100.0, curve=curve)) == 8
+    q = RequestQueue()
+    for i in range(8):  # no curve (nothing measured yet): only the size limit
+        q.append(request(i, due=100.001))
+    assert len(q.take(5, now=100.0)) == 5

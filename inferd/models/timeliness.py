@@ -1,0 +1,107 @@
+"""Whether a request queued now would be answered in time, and how right that prediction turns out.
+
+The question a batch model asks before it queues a request (`refusal`): its predicted wait (the work
+ahead of it, by length bucket and tier, each batch costed by the cost model: `forecast`) plus its own
+batch, with the cost model's slack, must end by its due: its deadline, or sooner the latency objective
+of its model or tier (`slo_ms`, the tighter of the two). Otherwise it is refused at once with a 503,
+never queued to miss. A tier's `max_predicted_wait_ms` refuses a lower tier while a higher one still
+gets in. Each admitted request carries its predicted wait; delivery reports the actual one, and the
+difference is kept per tier (`wait_error`), so an operator can tell a wrong prediction from a slow model
+from time spent lingering for a batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from .. import errors
+from ..config import ModelConfig, TierConfig
+from ..errors import ServiceOverloaded
+from ..execution.pool import WorkerPool
+from ..messages import Batch, PendingRequest
+from ..observability.histogram import WAIT_ERROR_BUCKETS_S, Histogram
+from ..scheduling.batcher import Batcher
+from .forecast import Forecast
+
+
+class Timeliness:
+    """One batch model version's admission question and its prediction errors."""
+
+    def __init__(self, config: ModelConfig, tiers: Sequence[TierConfig], forecast: Forecast, batcher: Batcher,
+                 pool: WorkerPool) -> None:
+        self.forecast = forecast
+        self.costs = forecast.costs
+        self._batcher = batcher
+        self._pool = pool
+        self._tiered = len(tiers) > 1
+        self._slo_s = {t.name: _tighter(config.slo_ms, t.slo_ms) for t in tiers}
+        self._wait_limit_s = {t.name: t.max_predicted_wait_ms / 1000.0 for t in tiers if t.max_predicted_wait_ms}
+        self._promote_after_s = {t.name: t.promote_after_ms / 1000.0 for t in tiers if t.promote_after_ms}
+        self.wait_error: dict[str, Histogram] = {}  # by tier: actual - predicted wait (seconds)
+
+    def slo_s(self, tier: str) -> float | None:
+        """A request's latency objective (seconds from admission), if its model or tier sets one."""
+        return self._slo_s.get(tier)
+
+    def refusal(self, request: PendingRequest, now: float, bucket: int | None) -> ServiceOverloaded | None:
+        """Why `request` must be refused rather than queued now, if it must (see the module docstring).
+        Notes the predicted wait on it. `bucket` None: not prepared yet, so only what is surely ahead
+        counts and its own batch is left out (a refusal is then certain; the exact check follows once
+        it is prepared)."""
+        tier = request.tier
+        wait, ahead = self.wait_and_ahead(tier, now, request.tenant, bucket)
+        request.predicted_wait = wait
+        own = 0.0
+        if bucket is not None:
+            here = ahead.get(bucket, 0)
+            joining = 0.0  # requests expected to join its batch before it is taken (none: it is full already)
+            if (here + 1) % self.costs.size_limit(bucket) and 0.0 < wait < math.inf:
+                joining = self._batcher.arrival_rate(now) * wait
+            own = self.forecast.own_batch_s(here, bucket, joining)
+        finish = now + (wait + own) * (1.0 + self.costs.slack)
+        if finish <= request.due:
+            limit = self._wait_limit_s.get(tier)
+            if limit is None or wait <= limit:
+                return None
+            return ServiceOverloaded(f"predicted wait {wait * 1000:.0f} ms is over the {tier} tier's {limit * 1000:.0f} ms",
+                                     retry_after_ms=errors.retry_after_ms(wait), reason="tier_predicted_wait")
+        late_for_deadline = finish > request.deadline
+        which = "deadline" if late_for_deadline else "latency objective"
+        budget_ms = ((request.deadline if late_for_deadline else request.due) - now) * 1000
+        return ServiceOverloaded(
+            f"predicted wait {wait * 1000:.0f} ms plus {own * 1000:.0f} ms of compute exceeds this request's "
+            f"{budget_ms:.0f} ms {which}", retry_after_ms=errors.retry_after_ms(wait),
+            reason="deadline_infeasible" if late_for_deadline else "slo_infeasible")
+
+    def wait_and_ahead(self, tier: str | None, now: float, tenant: str | None = None,
+                       bucket: int | None = None) -> tuple[float, dict[int, int]]:
+        """The predicted wait of a request of `tier` (None: behind everything) from `tenant` in `bucket`
+        (None: unknown) queued now, counting the higher tiers' work expected to arrive meanwhile; and
+        what is ahead of it, by bucket."""
+        batcher, forecast, pool = self._batcher, self.forecast, self._pool
+        ahead = batcher.ahead_by_bucket(tier, tenant)
+        healthy, first_free_s = pool.healthy, pool.first_free_s(now, self._running_s)
+        share = forecast.share_above(batcher.tier_rank(tier), healthy, now) if self._tiered and tier is not None else 0.0
+        wait = forecast.wait_s(ahead, bucket, healthy, first_free_s, share)
+        promote_s = self._promote_after_s.get(tier) if tier is not None else None
+        if promote_s is not None:
+            wait = min(wait, promote_s + 2 * forecast.batch_s)  # promoted, it goes next
+        return wait, ahead
+
+    def _running_s(self, batch: Batch) -> float:
+        """How long a batch now running is expected to take in all."""
+        return self.forecast.batch_cost_s(batch.size, batch.requests[0].bucket)
+
+    def observe_wait_error(self, tier: str, error_s: float) -> None:
+        """A request waited `error_s` longer (or shorter: negative) than predicted when it was queued."""
+        histogram = self.wait_error.get(tier)
+        if histogram is None:
+            histogram = self.wait_error[tier] = Histogram(WAIT_ERROR_BUCKETS_S)
+        histogram.observe(error_s)
+
+
+def _tighter(model_slo_ms: float | None, tier_slo_ms: float | None) -> float | None:
+    """The tighter of a model's and a tier's latency objective, in seconds, if either sets one."""
+    objectives = [ms for ms in (model_slo_ms, tier_slo_ms) if ms]
+    return min(objectives) / 1000.0 if objectives else None

@@ -1,0 +1,56 @@
+"""Where a batch stops growing while it is filled from a queue: its size limit, its token budget, and
+what its size costs against its members' dues (see `BatchFilling`). Used by `request_queue.take`,
+under the batcher's lock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from ..messages import PendingRequest
+
+
+def cost(request: PendingRequest) -> int:
+    """A request's share of a token budget: its tokens, or one when nothing counted them."""
+    return request.tokens or 1
+
+
+class BatchFilling:
+    """A batch being filled, and what stops it growing: its size limit, its token budget (the first
+    request always goes), and, when the cost of each size is known (`curve[n] x level` seconds for n
+    requests), its members' dues: a request joins only if the larger batch still ends by the due of
+    every member that the smaller one would have served in time. (A member that would be late even so
+    does not hold the batch back; one whose due is past the largest batch's end never can.)"""
+
+    __slots__ = ("taken", "limit", "tokens_left", "now", "curve", "level", "horizon", "tightest", "stopped")
+
+    def __init__(self, limit: int, token_budget: int | None, now: float, curve: Sequence[float] | None,
+                 level: float) -> None:
+        self.taken: list[PendingRequest] = []
+        self.limit = limit
+        self.tokens_left = math.inf if token_budget is None else token_budget
+        self.now, self.curve, self.level = now, curve, level
+        self.horizon = -math.inf if curve is None else now + curve[limit] * level  # when the largest batch ends
+        self.tightest = math.inf  # the earliest due among members that will meet it
+        self.stopped = False
+
+    @property
+    def open(self) -> bool:
+        return not self.stopped and len(self.taken) < self.limit
+
+    def fits(self, request: PendingRequest) -> bool:
+        """Whether `request` may join; when it may not, the batch is closed."""
+        n = len(self.taken)
+        if n and (cost(request) > self.tokens_left or (
+                self.tightest < math.inf and self.now + self.curve[n + 1] * self.level > self.tightest)):  # type: ignore[index]
+            self.stopped = True
+            return False
+        return True
+
+    def add(self, request: PendingRequest) -> None:
+        self.taken.append(request)
+        self.tokens_left -= cost(request)
+        due = request.due
+        if due < self.horizon and due >= self.now + self.curve[len(self.taken)] * self.level:  # type: ignore[index]
+            self.tightest = min(self.tightest, due)

@@ -1,0 +1,132 @@
+"""A batch model's admission question on a fake clock: a request that would not finish by its deadline
+or its latency objective is refused at once (never a 504 later), and under overload the queue holds
+about one objective's worth of work while every admitted request meets it."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from inferd.backends.sim import SimulatedGPU
+from inferd.config import ModelConfig, TierConfig
+from inferd.errors import ServiceOverloaded
+from inferd.messages import Batch
+from inferd.models import delivery
+from inferd.models.batch_model import BatchModel
+from inferd.observability.metrics import RequestMetrics
+
+from ...helpers import FakeClock
+
+
+class FakeDevice:
+    """One worker as the model sees it: it takes the next batch when free and runs it for as long as
+    the simulated GPU says, on the fake clock. Nothing runs on a thread."""
+
+    def __init__(self, model: BatchModel, clock: FakeClock, gpu: SimulatedGPU) -> None:
+        self.model, self.clock, self.gpu = model, clock, gpu
+        self.worker = SimpleNamespace(healthy=True, current=None)
+        model.pool.workers, model.pool.healthy = [self.worker], 1
+        self.handed: list[Batch | None] = []
+        self.ends_at = 0.0
+        self.finished = 0
+        self.parked = False
+        self.batches: list[Batch] = []
+
+    def step(self) -> None:
+        """Finish the running batch if its time is up, then take the next one if one is due."""
+        now = self.clock()
+        batch = self.worker.current
+        if batch is not None and now >= self.ends_at:
+            batch.finished_at = now
+            batch.outputs = [r.input for r in batch.requests]
+            self.worker.current, self.finished = None, batch.size
+            delivery.batch_done(self.model, batch)
+            self.batches.append(batch)
+        if self.worker.current is None:
+            batch = self.handed.pop() if self.handed else None
+            if batch is None and not self.parked:
+                batch = self.model.batcher.next_batch(self.finished, self.handed.append)
+                self.parked = batch is None
+            if batch is not None:
+                self.parked = False
+                batch.started_at = now
+                self.worker.current = batch
+                self.ends_at = now + self.gpu.call_s([r.input for r in batch.requests])
+
+
+def model(clock: FakeClock, tiers: tuple[TierConfig, ...] = (TierConfig("default"),), **kw) -> BatchModel:  # type: ignore[no-untyped-def]
+    config = ModelConfig(name="m", backend="inferd.backends.sim:create", **{"max_batch_size": 32, "max_queue": 5000, **kw})
+    served = BatchModel(config, asyncio.get_running_loop(), RequestMetrics(), tiers=tiers, clock=clock)
+    served.forecast.observe_batch(0.05)
+    served.costs.measured([(0, 1, 0.05)])  # the warm-up call: 50 ms
+    return served
+
+
+async def test_a_request_that_would_miss_its_deadline_or_objective_is_refused_at_once():
+    clock = FakeClock()
+    served = model(clock, slo_ms=300)
+    FakeDevice(served, clock, SimulatedGPU(latency_ms=50, max_batch_size=32))
+    for i in range(32 * 5):  # the last of these: 4 batches ahead (200 ms), its own 50 ms, 10% slack: 275 ms
+        served.submit(f"r{i}", f"in {i}", 2.0)
+    with pytest.raises(ServiceOverloaded) as refused:
+        served.submit("late", "late", 2.0)  # behind 5 batches: 300 ms, 330 with the slack
+    assert refused.value.reason == "slo_infeasible" and refused.value.retry_after_ms > 0
+    with pytest.raises(ServiceOverloaded) as refused:
+        served.submit("hurried", "hurried", 0.1)  # its own deadline, sooner than the objective
+    assert refused.value.reason == "deadline_infeasible"
+    assert served.batcher.depth == 160  # nothing refused was queued
+
+
+async def test_a_tier_objective_or_wait_limit_refuses_that_tier_while_another_still_gets_in():
+    clock = FakeClock()
+    tiers = (TierConfig("enterprise", priority=2, slo_ms=1000), TierConfig("free", priority=0, slo_ms=150))
+    served = model(clock, tiers=tiers)
+    FakeDevice(served, clock, SimulatedGPU(latency_ms=50, max_batch_size=32))
+    for i in range(64):
+        served.submit(f"f{i}", f"free {i}", 5.0, tier="enterprise")
+    with pytest.raises(ServiceOverloaded) as refused:
+        served.submit("free", "free", 5.0, tier="free")  # 100 ms ahead, 50 of its own, and the slack: > 150
+    assert refused.value.reason == "slo_infeasible"
+    assert served.submit("paying", "paying", 5.0, tier="enterprise").predicted_wait == pytest.approx(0.1)
+    limited = model(clock, tiers=(TierConfig("paid", priority=1), TierConfig("free", max_predicted_wait_ms=60)))
+    FakeDevice(limited, clock, SimulatedGPU(latency_ms=50, max_batch_size=32))
+    for i in range(64):
+        limited.submit(f"p{i}", f"p {i}", 5.0, tier="paid")
+    with pytest.raises(ServiceOverloaded) as refused:
+        limited.submit("free", "free", 5.0, tier="free")
+    assert refused.value.reason == "tier_predicted_wait"
+
+
+@pytest.mark.parametrize("load", [1.2, 2.0])
+async def test_overload_keeps_the_queue_within_the_objective_and_every_admitted_request_meets_it(load):
+    clock = FakeClock()
+    served = model(clock, slo_ms=300, timeout_ms=2000)
+    device = FakeDevice(served, clock, SimulatedGPU(latency_ms=50, max_batch_size=32, jitter=0.02, seed=3))
+    capacity = 32 / 0.05  # 640 requests/s
+    rng = random.Random(7)
+    admitted, refused, next_arrival, i = [], 0, clock(), 0
+    end = clock() + 10.0
+    while clock() < end:
+        while next_arrival <= clock():
+            try:
+                admitted.append(served.submit(f"r{i}", f"input {i}", 2.0))
+            except ServiceOverloaded as error:
+                assert error.reason == "slo_infeasible"
+                refused += 1
+            next_arrival += rng.expovariate(load * capacity)
+            i += 1
+        device.step()
+        # what is queued would be drained within the objective
+        assert served.predicted_wait_s() <= 0.3
+        clock.advance(0.0005)
+    done = [r for r in admitted if r.batch is not None and r.batch.finished_at]
+    latencies = sorted(r.batch.finished_at - r.enqueued_at for r in done)
+    assert latencies[-1] <= 0.3  # every admitted request met its objective (on the fake clock)
+    served_per_s = len(done) / 10.0
+    assert served_per_s >= 0.95 * capacity  # and the device was kept busy with full batches
+    assert refused > 0 and all(r.state.value == "taken" for r in done)
+    errors = served.timeliness.wait_error["default"]
+    assert errors.count == len(done) and abs(errors.mean) < 0.01  # predictions within 10 ms on average
