@@ -58,26 +58,35 @@ class PendingRequest:
 
 @dataclass(slots=True, eq=False)
 class Batch:
-    """Requests a worker runs in one backend call, and how that call went."""
+    """Requests a worker runs in one backend call, and how that call went. Once its answers are
+    delivered it lets go of its requests and outputs (each answered request still points at it, for
+    its timings: the two must not hold each other, or only the cyclic collector would free them)."""
 
     batch_id: int
     requests: list[PendingRequest]
     trigger: str  # full | linger | deadline | sparse | idle_worker
     formed_at: float
+    size: int = 0  # its requests (set from them)
+    bucket: int = 0  # their length bucket (set from them)
     backlog: int = 0  # requests still waiting when it was taken (> 0: its size is what the load allowed)
     worker: str = ""
     started_at: float = 0.0
     finished_at: float = 0.0
     linger_s: float = 0.0  # how long a free worker waited for this batch to fill
+    gap_s: float | None = None  # back to back with its worker's previous call: the time between them
     outputs: list[Any] | None = None
     error: BaseException | None = None  # the batch's call raised (see `failures` for what isolation found)
     failures: dict[int, BaseException] | None = None  # after bisection: the requests that failed on their own
     abandoned: bool = False  # the watchdog gave up on it: its results, if they ever come, are discarded
     span: Any = None  # its trace span's context, when it carried a sampled request
 
-    @property
-    def size(self) -> int:
-        return len(self.requests)
+    def __post_init__(self) -> None:
+        self.size = len(self.requests)
+        self.bucket = self.requests[0].bucket if self.requests else 0
+
+    def delivered(self) -> None:
+        """Its answers went out: let go of its requests and outputs."""
+        self.requests, self.outputs = [], None
 
     def queue_s(self, request: PendingRequest) -> float:
         """How long `request` waited: from entering the queue to the start of this batch (0 for one that

@@ -8,6 +8,9 @@ each request with a 2 s deadline (40 batch times). Reported per class: served, 5
 - tenants: two tenants of one tier (wait limit 150 ms), one sending ten times the other, at 150%;
 - predicted wait: free (limit 150 ms) beside enterprise at 200%: does "refused past 150 ms" hold?
 - one client, closed loop: a lone request should not pay the linger.
+Then the buckets and tiers steps again with a latency objective, `slo_ms = 300`: goodput (answers
+within 300 ms, per second), the server's own time for its refusals (`Server-Timing: total` of each
+503) and how far the predicted queue wait was from the actual one (`Server-Timing`, each answer).
 With --baseline-tree, the same on an earlier checkout in the same run.
 """
 
@@ -31,7 +34,10 @@ SHORT, LONG = "short {i}", "a long input, well over fifty characters, in the sec
 KEYS = {"acme": "key-acme", "free": "key-free", "heavy": "key-heavy", "light": "key-light"}
 
 
-def config(tiers: str = "") -> str:
+SLO_MS = 300
+
+
+def config(tiers: str = "", slo_ms: int | None = None) -> str:
     tenants = "".join(f'\n[[tenants]]\nname = "{n}"\ntier = "{t}"\nkey_sha256 = "{hashlib.sha256(KEYS[n].encode()).hexdigest()}"\n'
                       for n, t in (("acme", "enterprise"), ("free", "free"), ("heavy", "paid"), ("light", "paid")))
     return f"""
@@ -45,6 +51,7 @@ max_batch_size = 32
 max_wait_ms = 5
 max_queue = 2000
 timeout_ms = 2000
+{f"slo_ms = {slo_ms}" if slo_ms else ""}
 [models.options]
 latency_ms = 50
 max_batch_size = 32
@@ -66,8 +73,19 @@ def bearer(name: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {KEYS[name]}"}
 
 
+def timings(header: str) -> dict[str, float]:
+    """Server-Timing's durations by name (ms)."""
+    return {name.strip(): float(dur) for name, _, dur in (p.partition(";dur=") for p in header.split(",")) if dur}
+
+
+def pct(values: list[float], q: float) -> float | None:
+    values = sorted(values)
+    return round(values[min(len(values) - 1, int(q * len(values)))], 1) if values else None
+
+
 async def offered(url: str, classes: dict[str, tuple[float, str, dict[str, str]]], seconds: float) -> dict[str, dict]:
-    stats = {name: {"lat": [], "status": Counter()} for name in classes}
+    stats = {name: {"lat": [], "status": Counter(), "refusal_ms": [], "prediction_error": [], "server_ms": []}
+             for name in classes}
     loop = asyncio.get_running_loop()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                      timeout=aiohttp.ClientTimeout(total=30)) as session:
@@ -75,8 +93,16 @@ async def offered(url: str, classes: dict[str, tuple[float, str, dict[str, str]]
             async def send(i: int, scheduled: float) -> None:
                 try:
                     async with session.post(f"{url}/v1/inference", json={"input": template.format(i=i)}, headers=headers) as resp:
-                        await resp.read()
+                        body = await resp.read()
                         status = resp.status
+                        timing = timings(resp.headers.get("Server-Timing", ""))
+                    if status == 200:
+                        stats[name]["server_ms"].append(json.loads(body)["latency_ms"])
+                    if status == 503 and "total" in timing:
+                        stats[name]["refusal_ms"].append(timing["total"])
+                    if status == 200 and "predicted_queue" in timing and timing["queue"] >= 1.0:
+                        actual = timing["queue"]  # (relative error of waits under a millisecond says nothing)
+                        stats[name]["prediction_error"].append(abs(actual - timing["predicted_queue"]) / actual)
                 except (aiohttp.ClientError, TimeoutError):
                     status = 0
                 stats[name]["status"][status] += 1
@@ -91,8 +117,10 @@ async def offered(url: str, classes: dict[str, tuple[float, str, dict[str, str]]
         lat, st = sorted(s["lat"]), s["status"]
         total = sum(st.values())
         out[name] = {"sent": total, "served": st[200], "503": st[503], "504": st[504], "other": total - st[200] - st[503] - st[504],
-                     "p50_ms": round(lat[len(lat) // 2], 1) if lat else None,
-                     "p99_ms": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 1) if lat else None}
+                     "p50_ms": pct(lat, 0.5), "p99_ms": pct(lat, 0.99), "server_p99_ms": pct(s["server_ms"], 0.99),
+                     "goodput_rps": round(sum(1 for x in lat if x <= SLO_MS) / seconds, 1),
+                     "refusal_server_p99_ms": pct(s["refusal_ms"], 0.99),
+                     "prediction_error_p90": pct(s["prediction_error"], 0.9)}
     return out
 
 
@@ -111,6 +139,22 @@ def one_client(url: str, seconds: float) -> dict:
         i += 1
     latencies.sort()
     return {"requests": len(latencies), "p50_ms": round(latencies[len(latencies) // 2], 1)}
+
+
+def run_with_objective(tree, seconds: float) -> dict:  # type: ignore[no-untyped-def]
+    """The buckets and tiers steps with `slo_ms = 300`."""
+    kw = {"tree": tree} if tree else {}
+    rows: dict = {}
+    with inferd_server(config(slo_ms=SLO_MS), **kw) as url:
+        for load in (0.8, 1.2, 2.0):
+            rows[f"buckets {int(load * 100)}%"] = asyncio.run(offered(
+                url, {"short": (0.9 * load * CAPACITY, SHORT, {}), "long": (0.1 * load * CAPACITY, LONG, {})}, seconds))
+    with inferd_server(config(TIERS.format(free=""), slo_ms=SLO_MS), **kw) as url:
+        for load in (1.2, 2.0):
+            rows[f"tiers {int(load * 100)}%"] = asyncio.run(offered(url, {
+                "enterprise-long": (0.3 * CAPACITY, LONG, bearer("acme")),
+                "free-short": ((load - 0.3) * CAPACITY, SHORT, bearer("free"))}, seconds))
+    return rows
 
 
 def run_all(tree, seconds: float) -> dict:  # type: ignore[no-untyped-def]
@@ -137,22 +181,28 @@ def run_all(tree, seconds: float) -> dict:  # type: ignore[no-untyped-def]
 
 
 def table(label: str, rows: dict) -> str:
-    lines = [f"#### {label}", "", "| step | class | sent | served | 503 | 504 | p50 ms | p99 ms |", "|---|---|---|---|---|---|---|---|"]
+    lines = [f"#### {label}", "", "| step | class | sent | served | 503 | 504 | p50 ms | p99 ms | p99 ms at the server | "
+             "within 300 ms /s | 503 at the server, p99 ms | queue prediction error, p90 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for step, classes in rows.items():
         if step == "one client":
-            lines.append(f"| one client, closed loop | - | {classes['requests']} | {classes['requests']} | 0 | 0 | {classes['p50_ms']} | - |")
+            lines.append(f"| one client, closed loop | - | {classes['requests']} | {classes['requests']} | 0 | 0 | {classes['p50_ms']} | - | | | | |")
             continue
         for name, c in classes.items():
-            lines.append(f"| {step} | {name} | {c['sent']} | {c['served']} | {c['503']} | {c['504']} | {c['p50_ms']} | {c['p99_ms']} |")
+            error = c.get("prediction_error_p90")
+            lines.append(f"| {step} | {name} | {c['sent']} | {c['served']} | {c['503']} | {c['504']} | {c['p50_ms']} | {c['p99_ms']} | "
+                         f"{c.get('server_p99_ms') or ''} | {c.get('goodput_rps', '')} | {c.get('refusal_server_p99_ms') or ''} | "
+                         f"{'' if error is None else f'{100 * error:.0f}%'} |")
     return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
     args = parse_args(__doc__, baseline=True)
     seconds = 3.0 if args.quick else 10.0
-    results = {"inferd": run_all(None, seconds)}
+    results = {"inferd": run_all(None, seconds), f"inferd, slo_ms = {SLO_MS}": run_with_objective(None, seconds)}
     if args.baseline_tree:
         results["unchanged main"] = run_all(args.baseline_tree, seconds)
+        results[f"unchanged main, slo_ms = {SLO_MS}"] = run_with_objective(args.baseline_tree, seconds)
     out = Path(args.out_dir or RESULTS)
     out.mkdir(parents=True, exist_ok=True)
     (out / "S10.json").write_text(json.dumps({"results": results, "note": __doc__}, indent=2) + "\n")

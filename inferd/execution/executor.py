@@ -48,7 +48,8 @@ def check_outputs(outputs: Any, expected: int) -> list[Any]:
 
 class Worker:
     """One executor thread and the model it built. Its own state is written by its own thread, except
-    `abandoned`, which the pool sets when it gives up on it."""
+    `abandoned`, which the pool sets when it gives up on it, and `current`, set by whoever hands it a
+    batch while it is parked."""
 
     def __init__(
         self,
@@ -71,14 +72,13 @@ class Worker:
         self.ready = False
         self.abandoned = False  # the watchdog gave up on it: it must never deliver again
         self.backend: BatchFunction | None = None
-        self.busy_gaps_s: deque[float] = deque(maxlen=2048)  # end of one call to start of the next, back to back
         self.busy_s = 0.0  # total time inside backend calls
         self.warmup_s = 0.0  # how long the last warm-up call took: the first estimate of a batch's time
         self.warmup_report: dict[str, Any] = {}  # what warming up did and took (GET /v1/models)
         self.measured_costs: list[tuple[int, int, float]] = []  # (bucket, size, seconds) measured at warm-up
         self.max_batch_size = max_batch_size
         self.batches = 0
-        self.current: Batch | None = None  # the batch inside the backend now
+        self.current: Batch | None = None  # the batch inside the backend now (or handed to it, not begun)
         self.call_started_at = 0.0  # start of the backend call in progress (the watchdog's clock)
         self.max_isolation_calls = max_isolation_calls
         self._build = build
@@ -106,7 +106,7 @@ class Worker:
     def busy_total_s(self, now: float) -> float:
         """Time spent in backend calls so far, the running one included."""
         running = self.current
-        return self.busy_s + (now - running.started_at if running is not None else 0.0)
+        return self.busy_s + (now - running.started_at if running is not None and running.started_at else 0.0)
 
     # ---- the thread ------------------------------------------------------------------------------
 
@@ -147,7 +147,7 @@ class Worker:
         last_end = 0.0
         finished = 0
         while not self.abandoned:
-            batch = self._next_batch(finished, self._handoff.put)
+            batch = self._next_batch(finished, self._hand_over)
             parked_at = 0.0
             if batch is None:  # nothing due: parked until a batch (or None: stop) is handed over
                 parked_at = time.monotonic()
@@ -159,8 +159,8 @@ class Worker:
             self.current = batch
             if parked_at:  # how long the free worker waited for this batch to fill
                 batch.linger_s = max(0.0, batch.formed_at - max(parked_at, batch.requests[0].enqueued_at))
-            elif last_end:
-                self.busy_gaps_s.append(batch.started_at - last_end)
+            elif last_end:  # back to back: the turnaround since its previous call (read on the loop, with the batch)
+                batch.gap_s = batch.started_at - last_end
             for request in batch.requests:
                 request.attempts += 1
             self._execute(fn, batch)
@@ -173,6 +173,13 @@ class Worker:
                 return  # the watchdog already re-queued this batch: its results are discarded
             if not self._call_loop(self._on_batch_done, batch):
                 return
+
+    def _hand_over(self, batch: Batch | None) -> None:
+        """The taker this worker leaves when it parks (called on another thread): the batch is its
+        current one from now on, so whoever asks how soon a worker is free counts it as running."""
+        if batch is not None:
+            self.current = batch
+        self._handoff.put(batch)
 
     def _call(self, fn: BatchFunction, inputs: list[Any]) -> list[Any]:
         self.call_started_at = time.monotonic()

@@ -111,7 +111,7 @@ class WorkerPool:
 
     def running(self) -> list[Batch]:
         """The batches inside backend calls now."""
-        return [w.current for w in self.workers if w.current is not None]
+        return [batch for w in self.workers if (batch := w.current) is not None]  # (read once: a worker changes it)
 
     # ---- from the workers (on the loop) ----------------------------------------------------------
 
@@ -192,7 +192,7 @@ class WorkerPool:
             running = worker.current
             if running is None:
                 return 0.0
-            left = max(0.0, batch_s(running) - (now - running.started_at))
+            left = max(0.0, batch_s(running) - (now - (running.started_at or running.formed_at)))  # (handed, not begun)
             first = left if first is None else min(first, left)
         return first or 0.0
 
@@ -219,14 +219,9 @@ class WorkerPool:
 
     def snapshot(self, now: float) -> tuple[WorkerSnapshot, ...]:
         return tuple(
-            WorkerSnapshot(w.name, self.busy_ratio(w, now), len(w.current.requests) if w.current is not None else 0)
+            WorkerSnapshot(w.name, self.busy_ratio(w, now), running.size if (running := w.current) is not None else 0)
             for w in self.workers
         )
-
-    def busy_gap_p50_ms(self) -> float | None:
-        """The median gap between back-to-back calls: how long a saturated worker idles between batches."""
-        gaps = sorted(g for w in self.workers for g in w.busy_gaps_s)
-        return round(gaps[len(gaps) // 2] * 1000, 3) if gaps else None
 
 
 def _slot(worker: Worker) -> str:

@@ -76,13 +76,15 @@ class InferenceApi:
                 self.outcomes.record(request_id, model_name, tier, 499, "CLIENT_DISCONNECTED", started, pending, tenant, trace, version)
                 raise
         except InferdError as error:
-            self.outcomes.record_error(request_id, model_name, tier, error, started, pending, tenant, trace, version)
-            return error_response(error, request_id, close=self.lifecycle.draining)
+            now = self.outcomes.record_error(request_id, model_name, tier, error, started, pending, tenant, trace, version)
+            return error_response(error, request_id, close=self.lifecycle.draining, held_s=now - started)
         now = self.outcomes.record(request_id, model_name, tier, 200, "", started, pending, tenant, trace, version)
         batch = pending.batch
         extra: tuple[tuple[str, str], ...] = (("X-Request-ID", request_id), ("X-Model-Version", model.version))
         if batch is not None:
             timing = f"queue;dur={batch.queue_s(pending) * 1000:.3f}, compute;dur={batch.compute_s * 1000:.3f}"
+            if pending.predicted_wait is not None:  # (what admission expected the queue to take)
+                timing += f", predicted_queue;dur={pending.predicted_wait * 1000:.3f}"
             extra += (("Server-Timing", timing + ', shared;desc="collapsed"' if pending.state is _ATTACHED else timing),)
         elif pending.state is _CACHED:
             extra += (("Server-Timing", 'cache;desc="hit"'),)
@@ -125,9 +127,9 @@ class InferenceApi:
                 self.outcomes.record(request_id, model_name, tier, 499, "CLIENT_DISCONNECTED", started, None, tenant, trace, version)
                 raise
         except InferdError as error:
-            self.outcomes.record_error(request_id, model_name, tier, error, started, None, tenant, trace, version,
-                                       items[0].slo_at if items else None)
-            return error_response(error, request_id, close=self.lifecycle.draining, openai=True)
+            now = self.outcomes.record_error(request_id, model_name, tier, error, started, None, tenant, trace, version,
+                                             items[0].slo_at if items else None)
+            return error_response(error, request_id, close=self.lifecycle.draining, openai=True, held_s=now - started)
         finally:
             withdraw_unanswered(model, items)
         self.outcomes.record(request_id, model_name, tier, 200, "", started, None, tenant, trace, version, items[0].slo_at)

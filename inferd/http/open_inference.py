@@ -123,9 +123,9 @@ class OpenInferenceApi:
                 self.outcomes.record(request_id, model.name, tier, 499, "CLIENT_DISCONNECTED", started, None, tenant, trace, version)
                 raise
         except InferdError as error:
-            self.outcomes.record_error(request_id, model.name, tier, error, started, None, tenant, trace, version,
-                                       items[0].slo_at if items else None)
-            return error_v2(error, request_id, close=self.lifecycle.draining)
+            now = self.outcomes.record_error(request_id, model.name, tier, error, started, None, tenant, trace, version,
+                                             items[0].slo_at if items else None)
+            return error_response(error, request_id, close=self.lifecycle.draining, open_inference=True, held_s=now - started)
         finally:
             withdraw_unanswered(model, items)
         self.outcomes.record(request_id, model.name, tier, 200, "", started, None, tenant, trace, version, items[0].slo_at)

@@ -88,13 +88,19 @@ def json_response(payload: Any, request_id: str, status: int = 200, headers: tup
 
 def error_response(
     error: InferdError, request_id: str, *, close: bool = False, openai: bool = False, allow: str | None = None,
-    open_inference: bool = False,
+    open_inference: bool = False, held_s: float | None = None,
 ) -> WholeResponse:
     """inferd's error shape (`{"error": CODE, "message", "request_id"}`, plus `retry_after_ms` and a
     Retry-After header for a 429 or 503), OpenAI's (`{"error": {"message", "type", "code", ...}}`), or
     the Open Inference Protocol's (`{"error": message}`, inferd's `code` beside it).
-    `close`: the connection closes after it (draining); `allow`: the Allow header of a 405."""
+    `close`: the connection closes after it (draining); `allow`: the Allow header of a 405; `held_s`:
+    how long the server held the request (`Server-Timing: total`, e.g. how fast a refusal came)."""
+    # A raised error's traceback holds the handler's frame, and with it the request whose future holds the
+    # error: a cycle only the cyclic collector would free. Answered, the error needs no traceback.
+    error.__traceback__ = None
     headers: tuple[tuple[str, str], ...] = (("X-Request-ID", request_id),)
+    if held_s is not None:
+        headers += (("Server-Timing", f"total;dur={held_s * 1000:.3f}"),)
     if allow is not None:
         headers += (("Allow", allow),)
     if error.status == 401:

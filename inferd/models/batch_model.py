@@ -21,7 +21,7 @@ from functools import partial
 from typing import Any
 
 from .. import errors
-from ..backends import BatchFunction, build_batch_function
+from ..backends import build_batch_function
 from ..config import ModelConfig, TierConfig
 from ..errors import DeadlineExceeded, InferdError, InvalidInput, ServiceOverloaded
 from ..execution.executor import Worker
@@ -77,7 +77,7 @@ class BatchModel:
             linger_s=partial(self.forecast.linger_s, config.max_wait_ms, config.slo_ms), clock=clock,
         )
         self.pool = WorkerPool(
-            name=config.name, devices=config.worker_devices, build=partial(_build_for_device, config),
+            name=config.name, devices=config.worker_devices, build=partial(build_batch_function, config.backend, options=config.options, factory=config.factory),
             warmup_inputs=config.warmup_inputs, next_batch=self.batcher.next_batch, loop=loop,
             latencies=BatchLatencies(config.batch_timeout_ms / 1000.0), on_batch_done=partial(delivery.batch_done, self),
             on_requeue=partial(delivery.requeue, self), on_ready=self._on_worker_ready, max_isolation_calls=config.max_isolation_calls,
@@ -276,6 +276,7 @@ class BatchModel:
             self.deadlines.discard(rider)
             if not rider.future.done():
                 rider.future.set_exception(error)
+        request.riders = None  # (answered: a rider points at its lead, they must not hold each other)
         if request.key is not None:
             self.shared.settle(request)
 
@@ -315,6 +316,3 @@ class BatchModel:
     def describe(self) -> dict[str, Any]:
         return reports.describe(self)
 
-
-def _build_for_device(config: ModelConfig, device: str) -> BatchFunction:
-    return build_batch_function(config.backend, device, config.options, config.factory)

@@ -25,11 +25,16 @@ def batch_done(model: BatchModel, batch: Batch) -> None:
     """Answer a batch's requests (and their riders), and learn from how it went."""
     if batch.abandoned:
         return  # the pool gave up on it and its requests went back to the queue: not delivered
+    _answer(model, batch)
+    batch.delivered()
+
+
+def _answer(model: BatchModel, batch: Batch) -> None:
     compute = batch.compute_s
     by_rank = Counter(model.batcher.tier_rank(r.tier) for r in batch.requests) if model.tiered else None
     # (a failed batch's time holds its bisection's extra calls: it says nothing of what a batch costs)
-    model.forecast.observe_batch(compute, batch.size if batch.error is None else 0, batch.requests[0].bucket,
-                                 batch.backlog, by_rank, batch.finished_at)
+    model.forecast.observe_batch(compute, batch.size if batch.error is None else 0, batch.bucket,
+                                 batch.backlog, by_rank, batch.finished_at, batch.gap_s)
     model.forecast.note_capacity(model.pool.healthy)
     model.pool.latencies.observe(compute)
     model.batches += 1
@@ -88,6 +93,7 @@ def _deliver_shared(model: BatchModel, lead: PendingRequest, batch: Batch, outpu
         if not rider.future.done():
             rider.future.set_result(output)
     shared.remember(lead, output, batch.finished_at)
+    lead.riders = None  # (each rider points at its lead: answered, they must not hold each other)
 
 
 def _open_breaker(model: BatchModel) -> None:

@@ -16,6 +16,7 @@ have been taking, since their requests arriving meanwhile go first.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping
 
 from ..scheduling.arrivals import Rate
@@ -35,16 +36,22 @@ class Forecast:
         self.loaded_batch = float(costs.max_batch_size)  # mean size of batches taken while more waited
         self.peak_capacity_rps = 0.0  # the best capacity noted: what rate limits are scaled against
         self._busy_by_rank: dict[int, Rate] = {}  # seconds of backend calls per second, by the tier served
+        self.gaps_s: deque[float] = deque(maxlen=2048)  # a worker's turnarounds between back-to-back calls
 
     def observe_batch(self, seconds: float, size: int = 0, bucket: int = 0, backlog: int = 0,
-                      by_rank: dict[int, int] | None = None, now: float = 0.0) -> None:
+                      by_rank: dict[int, int] | None = None, now: float = 0.0, gap_s: float | None = None) -> None:
         """A backend call of `size` requests of length bucket `bucket` took `seconds` (the first one, e.g.
         a warm-up call, sets the mean), taken while `backlog` more waited; `by_rank`: its requests per
-        tier, whose shares of the call's time are what each tier took (None: tiers are not tracked)."""
+        tier, whose shares of the call's time are what each tier took (None: tiers are not tracked);
+        `gap_s`: it ran back to back with its worker's previous call, this long after it. The cost model
+        learns the call with that turnaround (a queued batch costs the worker both), so what the loop
+        or a collector pause takes from the workers is in every predicted wait."""
         self.batch_s = seconds if not self.batch_s else self.batch_s + EWMA_ALPHA * (seconds - self.batch_s)
+        if gap_s is not None:
+            self.gaps_s.append(gap_s)
         if not size:
             return
-        self.costs.observe(bucket, size, seconds)
+        self.costs.observe(bucket, size, seconds + (gap_s or 0.0))
         if backlog > 0:
             self.loaded_batch += EWMA_ALPHA * (size - self.loaded_batch)
         for rank, count in (by_rank or {}).items():
@@ -57,6 +64,12 @@ class Forecast:
         """The share of the workers' time that tiers above `rank` have been taking lately."""
         busy = sum(r.per_s(now) for k, r in self._busy_by_rank.items() if k > rank)
         return busy / healthy if healthy else 0.0
+
+    def gap_p50_ms(self) -> float | None:
+        """The median turnaround between back-to-back calls: how long a saturated worker idles between
+        batches (on the loop: the workers hand their figures over with their batches)."""
+        gaps = sorted(self.gaps_s)
+        return round(gaps[len(gaps) // 2] * 1000, 3) if gaps else None
 
     # ---- capacity --------------------------------------------------------------------------------
 
@@ -77,10 +90,11 @@ class Forecast:
     def linger_s(self, max_wait_ms: float, slo_ms: float | None, bucket: int = 0) -> float:
         """How long a partial batch of `bucket` may wait for more: `max_wait_ms`, or with a latency
         objective what it leaves after a batch in progress and the request's own batch (slo - 2 batch
-        times, each that bucket's useful batch as the cost model predicts it)."""
+        times, each that bucket's useful batch as the cost model predicts it, with its slack)."""
         if slo_ms is None:
             return max_wait_ms / 1000.0
-        return max(0.0, slo_ms / 1000.0 - 2 * self.batch_cost_s(self.costs.size_limit(bucket), bucket))
+        batch_s = self.batch_cost_s(self.costs.size_limit(bucket), bucket) * (1.0 + self.costs.slack)
+        return max(0.0, slo_ms / 1000.0 - 2 * batch_s)
 
     def wait_s(self, ahead: Mapping[int, int], bucket: int | None, healthy: int, first_free_s: float,
                share_above: float = 0.0) -> float:

@@ -2,7 +2,7 @@
 
 The question a batch model asks before it queues a request (`refusal`): its predicted wait (the work
 ahead of it, by length bucket and tier, each batch costed by the cost model: `forecast`) plus its own
-batch, with the cost model's slack, must end by its due: its deadline, or sooner the latency objective
+batch, with the cost model's slack and its worst recent stall, must end by its due: its deadline, or sooner the latency objective
 of its model or tier (`slo_ms`, the tighter of the two). Otherwise it is refused at once with a 503,
 never queued to miss. A tier's `max_predicted_wait_ms` refuses a lower tier while a higher one still
 gets in. Each admitted request carries its predicted wait; delivery reports the actual one, and the
@@ -59,7 +59,7 @@ class Timeliness:
             if (here + 1) % self.costs.size_limit(bucket) and 0.0 < wait < math.inf:
                 joining = self._batcher.arrival_rate(now) * wait
             own = self.forecast.own_batch_s(here, bucket, joining)
-        finish = now + (wait + own) * (1.0 + self.costs.slack)
+        finish = now + self.costs.safe_total(wait + own)
         if finish <= request.due:
             limit = self._wait_limit_s.get(tier)
             if limit is None or wait <= limit:
@@ -84,6 +84,12 @@ class Timeliness:
         healthy, first_free_s = pool.healthy, pool.first_free_s(now, self._running_s)
         share = forecast.share_above(batcher.tier_rank(tier), healthy, now) if self._tiered and tier is not None else 0.0
         wait = forecast.wait_s(ahead, bucket, healthy, first_free_s, share)
+        if bucket is not None and 0 < ahead.get(bucket, 0) < self.costs.size_limit(bucket) and len(ahead) > 1:
+            # It joins its bucket's partial batch, which goes when its oldest request's turn comes (work
+            # of other buckets that arrived after that one goes after it): that request's predicted start.
+            start = batcher.next_start(bucket)
+            if start is not None:
+                wait = max(start - now, first_free_s)
         promote_s = self._promote_after_s.get(tier) if tier is not None else None
         if promote_s is not None:
             wait = min(wait, promote_s + 2 * forecast.batch_s)  # promoted, it goes next
@@ -91,7 +97,7 @@ class Timeliness:
 
     def _running_s(self, batch: Batch) -> float:
         """How long a batch now running is expected to take in all."""
-        return self.forecast.batch_cost_s(batch.size, batch.requests[0].bucket)
+        return self.forecast.batch_cost_s(batch.size, batch.bucket)
 
     def observe_wait_error(self, tier: str, error_s: float) -> None:
         """A request waited `error_s` longer (or shorter: negative) than predicted when it was queued."""

@@ -50,8 +50,9 @@ class Outcomes:
         self, request_id: str, model: str, tier: str, error: InferdError, started: float,
         pending: PendingRequest | None = None, tenant: str = "-", trace: RequestTrace | None = None, version: str = "",
         slo_at: float | None = None,
-    ) -> None:
-        """An error answer; refusals (429, 503) are also counted as shed, by reason."""
+    ) -> float:
+        """An error answer; refusals (429, 503) are also counted as shed, by reason. Returns the time it
+        was recorded."""
         if error.status in (429, 503) and self.metrics is not None:
             self.metrics.shed[(model, tier, error.reason)] += 1
-        self.record(request_id, model, tier, error.status, error.code, started, pending, tenant, trace, version, slo_at)
+        return self.record(request_id, model, tier, error.status, error.code, started, pending, tenant, trace, version, slo_at)

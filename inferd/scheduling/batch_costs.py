@@ -15,7 +15,10 @@ then a slow moving one), the level a fast moving mean of how far observations ha
 cells. Sizes never run are interpolated between the measured ones of their bucket (flat below the
 smallest, the last slope above the largest), and never cost less than a smaller size. A bucket never
 run borrows the nearest measured bucket's curve. The spread of observations around their estimates is
-kept too (`slack`): what a prediction adds to stay on the safe side.
+kept too, as what a prediction adds to stay on the safe side: `slack`, a share of the predicted time
+(two standard deviations of the log error), and `stall_s`, the worst recent excess of one batch over its
+estimate, in seconds (decaying by half in about 140 batches): a pause of the process (a collector, a
+busy core) delays every batch queued behind it by its length, whatever their number.
 
 Thread-safety: written on the event loop only; read by the batcher under its lock from worker threads.
 Readers see either a bucket's old curve or its new one (each is replaced whole), never half of one.
@@ -34,6 +37,7 @@ CELL_ALPHA = 0.05  # how fast a cell's shape moves once it has 20 observations (
 SPREAD_ALPHA = 0.05
 SPREAD_SIGMAS = 2.0  # slack: this many standard deviations of the log error...
 MIN_SLACK = 0.1  # ...and never less than 10% (scheduling noise, the response's own time)
+STALL_DECAY = 0.995  # per batch: the worst recent excess fades by half in about 140 batches
 KNEE_LOSS = 0.05  # the useful batch: the smallest with 95% of the best throughput in the objective
 
 
@@ -55,7 +59,8 @@ class BatchCosts:
         self.level = 1.0
         self.batches = 0  # observations since start (warm-up measurements included)
         self._log_spread = 0.0  # moving mean of the squared log error of estimates of measured cells
-        self.slack = MIN_SLACK  # what a prediction adds to stay on the safe side (see `_spread`)
+        self.slack = MIN_SLACK  # what a prediction adds to stay on the safe side (see `_spread`)...
+        self.stall_s = 0.0  # ...and the worst recent excess of a batch over its estimate
         self._cells: dict[int, dict[int, _Cell]] = {}
         self._curves: dict[int, list[float]] = {}  # by bucket: shape by size (index 0: 0.0), at level 1.0
         self._limits: dict[int, int] = {}  # by bucket: the size a batch stops at
@@ -86,7 +91,9 @@ class BatchCosts:
             cells[size] = _Cell(seconds / self.level, 1)
             self._refresh(bucket)
             return
-        error = max(-3.0, min(3.0, math.log(seconds / (cell.shape * self.level))))
+        expected = cell.shape * self.level
+        self.stall_s = max(seconds - expected, self.stall_s * STALL_DECAY)
+        error = max(-3.0, min(3.0, math.log(seconds / expected)))
         self._spread(error)
         self.level *= math.exp(LEVEL_ALPHA * error)
         cell.runs += 1
@@ -150,6 +157,14 @@ class BatchCosts:
             return 0.0
         return curve[size if 0 < size <= self.max_batch_size else max(1, min(size, self.max_batch_size))] * self.level
 
+    def safe_estimate(self, size: int, bucket: int) -> float:
+        """`estimate` with the slack: what a batch may take, for decisions that must not be late."""
+        return self.estimate(size, bucket) * (1.0 + self.slack)
+
+    def safe_total(self, seconds: float) -> float:
+        """What `seconds` of predicted batches may take: with the slack, and the worst recent stall."""
+        return seconds * (1.0 + self.slack) + self.stall_s
+
     def full_batch_s(self, bucket: int) -> float:
         """What a batch of `bucket` at its size limit is expected to take (0.0: nothing measured)."""
         full = self._full.get(bucket)
@@ -169,7 +184,8 @@ class BatchCosts:
         """The curve as `GET /v1/models` shows it: per bucket, the estimate (ms) and runs of every measured
         size, and the size a batch stops at."""
         return {
-            "level": round(self.level, 4), "slack": round(self.slack, 4), "batches": self.batches,
+            "level": round(self.level, 4), "slack": round(self.slack, 4), "stall_ms": round(self.stall_s * 1000, 3),
+            "batches": self.batches,
             "buckets": {
                 str(bucket): {
                     "size_limit": self.size_limit(bucket),

@@ -122,6 +122,16 @@ class Batcher:
             return {key: q.live for key, q in self._queues.items()}
         return {key: q.live_ahead_of(tier, tenant) for key, q in self._queues.items()}
 
+    def next_start(self, bucket: int) -> float | None:
+        """When the next batch of `bucket` was predicted to start: its oldest waiting request's predicted
+        start (None: none waits, or nothing was predicted for it)."""
+        with self._lock:
+            queue = self._queues.get(bucket)
+            head = queue.oldest() if queue is not None and queue.live else None
+        if head is None or head.predicted_wait is None:
+            return None
+        return head.enqueued_at + head.predicted_wait
+
     def arrival_rate(self, now: float) -> float:
         """Requests per second arriving lately (all tiers)."""
         return self._arrivals.per_s(now)
@@ -287,7 +297,7 @@ class Batcher:
         """The scheduling rule's decision now (see `policy`)."""
         costs = self.costs
         limits = Limits(self.max_batch_tokens, max(2 * self._batch_time_s(), self.max_wait_s))
-        views = [q.view(key, now, costs.size_limit(key), partial(costs.estimate, bucket=key), self._linger_s(key))
+        views = [q.view(key, now, costs.size_limit(key), partial(costs.safe_estimate, bucket=key), self._linger_s(key))
                  for key, q in self._queues.items() if q.live]
         return decide(views, now, limits, arrival_rate=self._arrivals.per_s(now), hold_until=self._hold_until,
                       on_linger=on_linger)

@@ -17,10 +17,12 @@ Among due buckets:
    a request waiting past its tier's `promote_after` ranks above every tier), except that while no
    bucket of that tier is full and none has waited `age_gap_s`, a lower tier's full bucket may go:
    the higher tier's batch fills meanwhile, for at most `age_gap_s`;
-2. among the buckets of one rank, a bucket goes first when it can still meet its earliest due only by
-   going before another bucket's batch (the earliest such due first);
-3. otherwise a full bucket goes first (full batches are the cheapest) unless another's oldest request
-   has waited longer than the full one's by more than `age_gap_s`: then the oldest goes.
+2. among the buckets of one rank, the one whose earliest due comes first (then the oldest): with one
+   objective for all, the oldest; a late one too (it is not left to starve); but a full bucket goes before it
+   (full batches are the cheapest) when it can afford that (it still meets its due after the full
+   batch) and its oldest request has not waited longer than the full one's by more than `age_gap_s`.
+   So the order is the order of arrival, as a predicted wait assumes, except where a full batch jumps
+   a partial one that can afford it: a request is never served later than its due because of it.
 The bounds: a higher tier's request is held behind lower tiers' work at most `age_gap_s` (plus the
 batch in progress); under saturation the buckets of one tier are all served, and their oldest
 requests' waits stay within `age_gap_s` (plus a batch time) of each other.
@@ -96,23 +98,15 @@ def decide(
         lower_full = [(v, t) for v, t in due if t == "full"]
         if lower_full:  # the higher tier's batch is still filling: a full one of a lower tier goes meanwhile
             best = [max(lower_full, key=lambda vt: (vt[0].rank, -vt[0].rank_oldest_at))]
-    if len(best) > 1:
-        urgent = [(v, t) for v, t in best if _must_go_first(v, best, now)]
-        if urgent:
-            return Decision(min(urgent, key=lambda vt: vt[0].due)[0].key, "deadline", now)
-    oldest = min(best, key=lambda vt: vt[0].rank_oldest_at)
-    full = [(v, t) for v, t in best if t == "full"]
-    if full:
-        first_full = min(full, key=lambda vt: vt[0].rank_oldest_at)
-        if first_full[0].rank_oldest_at - oldest[0].rank_oldest_at <= limits.age_gap_s:
-            return Decision(first_full[0].key, "full", now)
-    return Decision(oldest[0].key, oldest[1], now)
-
-
-def _must_go_first(view: BucketView, due: list[tuple[BucketView, str]], now: float) -> bool:
-    """`view`'s earliest due can be met if it goes now, but not after another due bucket's batch."""
-    finish = now + view.batch_s
-    return finish <= view.due < finish + max(v.batch_s for v, _ in due if v is not view)
+    first, trigger = min(best, key=lambda vt: (vt[0].due, vt[0].rank_oldest_at))
+    if trigger != "full":
+        full = [v for v, t in best if t == "full"]
+        if full:
+            jumper = min(full, key=lambda v: v.rank_oldest_at)
+            affordable = first.due - now - first.batch_s >= jumper.batch_s
+            if affordable and jumper.rank_oldest_at - first.rank_oldest_at <= limits.age_gap_s:
+                return Decision(jumper.key, "full", now)
+    return Decision(first.key, trigger, now)
 
 
 def _due(

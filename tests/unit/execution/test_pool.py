@@ -21,7 +21,7 @@ def pool_of(*workers: SimpleNamespace) -> WorkerPool:
 
 
 def worker(name: str, *, healthy: bool = True, started_at: float | None = None, busy_s: float = 0.0) -> SimpleNamespace:
-    current = None if started_at is None else SimpleNamespace(started_at=started_at, requests=[1, 2])
+    current = None if started_at is None else SimpleNamespace(started_at=started_at, formed_at=started_at, requests=[1, 2], size=2)
     w = SimpleNamespace(name=name, healthy=healthy, current=current, busy_s=busy_s)
     w.busy_total_s = lambda now: w.busy_s + (now - w.current.started_at if w.current is not None else 0.0)
     return w
@@ -40,6 +40,6 @@ def test_the_busy_ratio_is_the_share_of_the_window_spent_in_calls():
     pool.sample_busy(0.0)
     w.busy_s = 3.0
     assert pool.busy_ratio(w, 10.0) == approx(0.3)
-    w.current = SimpleNamespace(started_at=9.0, requests=[1, 2, 3])
+    w.current = SimpleNamespace(started_at=9.0, requests=[1, 2, 3], size=3)
     assert pool.busy_ratio(w, 10.0) == approx(0.4)  # the running call counts too
     assert [(s.name, s.running_requests) for s in pool.snapshot(10.0)] == [("a", 3)]

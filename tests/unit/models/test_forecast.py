@@ -93,8 +93,8 @@ def test_capacity_counts_batches_as_large_as_the_load_let_them_be():
 def test_the_linger_is_max_wait_or_what_the_objective_leaves_after_two_of_that_buckets_batches():
     f = forecast(b0=0.02, b1=0.04)
     assert f.linger_s(max_wait_ms=5, slo_ms=None) == 0.005
-    assert f.linger_s(max_wait_ms=5, slo_ms=100) == pytest.approx(0.1 - 2 * 0.02)  # 60 ms to fill a batch
-    assert f.linger_s(max_wait_ms=5, slo_ms=100, bucket=1) == pytest.approx(0.1 - 2 * 0.04)  # longer inputs: less
+    assert f.linger_s(max_wait_ms=5, slo_ms=100) == pytest.approx(0.1 - 2 * 0.022)  # 56 ms (10% slack) to fill a batch
+    assert f.linger_s(max_wait_ms=5, slo_ms=100, bucket=1) == pytest.approx(0.1 - 2 * 0.044)  # longer inputs: less
     assert f.linger_s(max_wait_ms=5, slo_ms=30) == 0.0  # the objective leaves none
 
 

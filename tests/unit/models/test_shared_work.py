@@ -26,15 +26,18 @@ def model(**kw) -> BatchModel:  # type: ignore[no-untyped-def]
     return served
 
 
-def run_next_batch(served: BatchModel, outputs=None, error=None):  # type: ignore[no-untyped-def]
-    """Take the next batch as a worker would and finish it with `outputs` (default: each input upper-cased)."""
+def run_next_batch(served: BatchModel, outputs=None, error=None) -> list[str]:  # type: ignore[no-untyped-def]
+    """Take the next batch as a worker would and finish it with `outputs` (default: each input upper-cased);
+    returns the inputs it ran. Delivered, the batch let go of its requests (no request/batch cycle)."""
     batch = served.batcher.next_batch(0, lambda b: None)
     assert batch is not None
+    inputs = [r.input for r in batch.requests]
     batch.started_at = batch.finished_at = time.monotonic()
-    batch.outputs = outputs if outputs is not None else [r.input.upper() for r in batch.requests]
+    batch.outputs = outputs if outputs is not None else [text.upper() for text in inputs]
     batch.error = error
     delivery.batch_done(served, batch)
-    return batch
+    assert batch.requests == [] and batch.outputs is None and batch.size == len(inputs)
+    return inputs
 
 
 def test_identity_is_the_text_itself_or_canonical_json():
@@ -48,8 +51,7 @@ async def test_riders_get_the_leads_output_and_a_batch_holds_one_copy():
     riders = [served.shortcut(f"r{i}", "same", 5.0, "default", "t") for i in (1, 2)]
     other = served.submit("r3", "other", 5.0)
     assert all(r is not None and r.state is RequestState.ATTACHED and r.lead is lead for r in riders)
-    batch = run_next_batch(served)
-    assert [r.input for r in batch.requests] == ["same", "other"]
+    assert run_next_batch(served) == ["same", "other"]
     assert [await r.future for r in (lead, *riders, other)] == ["SAME", "SAME", "SAME", "OTHER"]  # type: ignore[union-attr]
     assert served.shortcut("r4", "same", 5.0, "default", "t") is None  # done: nothing left to ride on
     assert len(served.shared) == 0 and served.shared.collapsed == 2

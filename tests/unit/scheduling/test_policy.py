@@ -53,14 +53,16 @@ def test_a_deadline_it_would_miss_cuts_the_linger_short_one_it_cannot_meet_does_
     assert go(bucket(0, 1, deadline=NOW + 0.06, linger_s=1.0, batch_s=0.01), now=NOW + 0.011)[0] is None
 
 
-def test_a_bucket_that_can_meet_its_due_only_by_going_first_goes_before_a_full_one():
+def test_the_earliest_due_goes_first_and_a_full_bucket_jumps_it_only_where_that_is_affordable():
     full = bucket(0, 32, oldest_at=NOW - 0.05)
     long = bucket(1, 3, oldest_at=NOW - 0.06, deadline=NOW + 0.09, batch_s=0.05)  # after the full one: NOW + 0.1
-    assert go(full, long) == (1, "deadline")
+    assert go(full, long) == (1, "linger")
     roomy = bucket(1, 3, oldest_at=NOW - 0.06, deadline=NOW + 0.11, batch_s=0.05)  # it can afford the full batch
     assert go(full, roomy) == (0, "full")
-    lost = bucket(1, 3, oldest_at=NOW - 0.06, deadline=NOW + 0.04, batch_s=0.05)  # late whatever goes first
-    assert go(full, lost) == (0, "full")
+    late = bucket(1, 3, oldest_at=NOW - 0.06, deadline=NOW + 0.04, batch_s=0.05)  # late whatever goes first
+    assert go(full, late) == (1, "linger")  # the earliest due still goes first: late, not left to starve
+    tight_full = bucket(0, 32, oldest_at=NOW - 0.04, deadline=NOW + 0.06)  # two partial buckets' dues, then a full one's
+    assert go(tight_full, long) == (0, "full")  # its due is the earliest
 
 
 def test_a_full_bucket_goes_first_unless_another_has_waited_longer_by_more_than_the_gap():

@@ -1,0 +1,100 @@
+"""Latency objectives against the real server: a request that would not meet its objective is refused at
+once (503 in a millisecond, never a 504 later), the admitted ones meet it; the cost model shows what a
+batch of each size costs; the prediction and its error are visible."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from .. import helpers
+from ..helpers import infer, running_server, sim_model
+
+
+def timing(headers) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    parts = (p.partition(";dur=") for p in headers.get("Server-Timing", "").split(","))
+    return {name.strip(): float(value) for name, _, value in parts if value}
+
+
+async def test_a_burst_past_the_objective_is_refused_at_once_and_what_is_admitted_meets_it(http):
+    model = sim_model(latency_ms=50, max_batch_size=8, slo_ms=300, timeout_ms=5000, max_queue=1000)
+    async with running_server(model) as srv:
+        results = await asyncio.gather(*(infer(http, srv.url, {"input": f"burst {i}"}) for i in range(120)))
+        async with http.get(f"{srv.url}/metrics") as resp:
+            metrics = await resp.text()
+    served = [(body, headers) for status, body, headers in results if status == 200]
+    refused = [(body, headers) for status, body, headers in results if status == 503]
+    assert len(served) + len(refused) == 120 and served and refused  # nothing else: no 504
+    # 50 ms a batch of 8, 300 ms to answer: at most ~5 batches' worth was taken in
+    assert 8 <= len(served) <= 48, len(served)
+    assert all(body["latency_ms"] <= 300 for body, _ in served)
+    assert {body["error"] for body, _ in refused} == {"SERVICE_OVERLOADED"}
+    assert all("latency objective" in body["message"] and body["retry_after_ms"] > 0 for body, _ in refused)
+    assert max(timing(headers)["total"] for _, headers in refused) < 50  # refused at once, not queued first
+    assert all("predicted_queue" in timing(headers) for _, headers in served)
+    assert 'inferd_shed_total{model="m",reason="slo_infeasible",tier="default"}' in metrics
+    assert f'inferd_objective_requests_total{{model="m",result="met",tier="default",version="1"}} {len(served)}.0' in metrics
+    assert 'inferd_wait_prediction_error_seconds_bucket{le="+Inf",model="m",tier="default",version="1"}' in metrics
+
+
+async def test_the_cost_curve_of_a_variable_cost_model_is_learned_and_shown(http):
+    # 10 ms + 2 ms a request: what the sim's variable cost makes of one input and of eight
+    model = sim_model(latency_ms=10, max_batch_size=8, max_wait_ms=30, options={"per_item_ms": 2.0})
+    async with running_server(model) as srv:
+        for size in (1, 8, 8, 1, 8):
+            await asyncio.gather(*(infer(http, srv.url, {"input": f"{size} {i} {id(srv)}"}) for i in range(size)))
+        async with http.get(f"{srv.url}/v1/models/m") as resp:
+            costs = (await resp.json())["cost_model"]
+        async with http.get(f"{srv.url}/metrics") as resp:
+            metrics = await resp.text()
+    sizes = costs["buckets"]["0"]["sizes"]
+    assert sizes["1"]["ms"] < sizes["8"]["ms"], sizes  # a fuller batch costs more...
+    assert 20 <= sizes["8"]["ms"] <= 45 and sizes["8"]["runs"] >= 2  # ...about 26 ms for 8
+    assert costs["buckets"]["0"]["size_limit"] == 8 and costs["slack"] >= 0.1
+    assert 'inferd_batch_cost_seconds{bucket="0",model="m",size="8",version="1"}' in metrics
+
+
+async def test_answered_requests_are_freed_by_reference_counting_alone(http):
+    """No request, batch or future is left in a reference cycle (the cyclic collector, which pauses the
+    process, would be the only one to free them): answers, refusals, deadlines and shared work."""
+    import gc
+
+    model = sim_model(latency_ms=20, max_batch_size=8, max_wait_ms=1, max_queue=30)
+    async with running_server(model) as srv:
+        await asyncio.gather(*(infer(http, srv.url, {"input": f"warm {i}"}) for i in range(20)))
+        gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            results = await asyncio.gather(*(
+                infer(http, srv.url, {"input": f"x{i % 40}", "timeout_ms": 60 if i % 3 else 5000}) for i in range(200)))
+            await helpers.until(lambda: srv.models["m"].batcher.depth == 0 and not srv.models["m"].pool.running())
+            gc.collect()
+            left = [type(o).__name__ for o in gc.garbage if type(o).__name__ in ("PendingRequest", "Batch", "Future")]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+    assert {status for status, _, _ in results} >= {200, 504}
+    assert left == [], f"{len(left)} objects freed only by the cyclic collector: {sorted(set(left))}"
+
+
+async def test_an_objective_per_tier_holds_the_tighter_of_the_two(http):
+    from inferd.config import AuthConfig, TierConfig
+
+    model = sim_model(latency_ms=50, max_batch_size=4, slo_ms=1000, timeout_ms=5000)
+    tiers = (TierConfig("paid", priority=1), TierConfig("free", priority=0, slo_ms=120))
+    async with running_server(model, auth=AuthConfig(enabled=True, anonymous_tier="free"), tiers=tiers) as srv:
+        results = await asyncio.gather(*(infer(http, srv.url, {"input": f"free {i}"}) for i in range(40)))
+    statuses = [status for status, _, _ in results]
+    assert statuses.count(200) <= 8 and statuses.count(503) >= 32  # 120 ms holds: two batches of 4 at most
+    assert all(body["latency_ms"] <= 120 for status, body, _ in results if status == 200)
+
+
+async def test_without_an_objective_only_the_deadline_refuses(http: aiohttp.ClientSession):
+    model = sim_model(latency_ms=50, max_batch_size=4, timeout_ms=5000)
+    async with running_server(model) as srv:
+        results = await asyncio.gather(*(infer(http, srv.url, {"input": f"q {i}", "timeout_ms": 280}) for i in range(40)))
+    statuses = [status for status, _, _ in results]
+    assert statuses.count(504) == 0 and 8 <= statuses.count(200) <= 24  # 280 ms: about 5 batches of 4
+    assert {body["error"] for status, body, _ in results if status == 503} == {"SERVICE_OVERLOADED"}
+    assert all("deadline" in body["message"] for status, body, _ in results if status == 503)
