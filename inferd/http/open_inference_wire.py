@@ -101,7 +101,7 @@ def _texts(tensor: dict[str, Any], blob: bytes) -> list[str]:
             raise InvalidInput("`binary_data_size` must be the size of the tensor's bytes after the JSON header")
         elements = _unpack_bytes(blob[:size], count)
     else:
-        elements = _flat(tensor.get("data"))
+        elements = _flat(tensor.get("data"), shape)
         if len(elements) != count:
             raise InvalidInput(f"`{INPUT}` has {len(elements)} elements; its shape {shape} says {count}")
     try:
@@ -110,20 +110,33 @@ def _texts(tensor: dict[str, Any], blob: bytes) -> list[str]:
         raise InvalidInput(f"`{INPUT}` holds bytes that are not UTF-8 text") from None
 
 
-def _flat(data: Any) -> list[str | bytes]:
+def _flat(data: Any, shape: list[int]) -> list[str | bytes]:
+    """The elements of JSON `data` in row-major order (the protocol's): a flat list, or rows nested
+    exactly as `shape` says (`[2, 2]`: `[["a", "b"], ["c", "d"]]` is a, b, c, d). Anything between
+    the two is a 400, never a guess at an order."""
     if not isinstance(data, list):
         raise InvalidInput(f"`{INPUT}` needs `data` (a list of strings) or binary data")
-    flat: list[Any] = []
-    stack = [data]
-    while stack:
-        for value in stack.pop():
-            if isinstance(value, list):
-                stack.append(value)  # (nested rows: the protocol's data is row-major)
-            elif isinstance(value, str):
-                flat.append(value)
-            else:
-                raise InvalidInput(f"`{INPUT}` elements must be strings")
+    if not any(isinstance(value, list) for value in data):
+        return [_element(value) for value in data]
+    flat: list[str | bytes] = []
+
+    def walk(node: Any, dims: list[int]) -> None:
+        if not dims:
+            flat.append(_element(node))
+        elif not isinstance(node, list) or len(node) != dims[0]:
+            raise InvalidInput(f"`{INPUT}` data is nested unlike its shape {shape}: give it flat, or as rows of that shape")
+        else:
+            for child in node:
+                walk(child, dims[1:])
+
+    walk(data, shape)
     return flat
+
+
+def _element(value: Any) -> str:
+    if not isinstance(value, str):
+        raise InvalidInput(f"`{INPUT}` elements must be strings")
+    return value
 
 
 def _unpack_bytes(raw: bytes, count: int) -> list[bytes]:

@@ -86,6 +86,16 @@ async def test_the_asyncio_client_gets_errors_in_the_protocols_shape():
             await client.close()
 
 
+async def test_rows_in_json_data_answer_in_their_own_positions(http):
+    async with running_server(sim_model(latency_ms=5)) as srv:
+        for shape, data in (([2, 1], [["first"], ["second"]]), ([2, 2], [["a", "b"], ["c", "d"]])):
+            body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": shape, "data": data}]}
+            async with http.post(f"{srv.url}/v2/models/m/infer", json=body) as resp:
+                output = (await resp.json())["outputs"][0]
+            rows = [text for row in data for text in row]  # row-major
+            assert resp.status == 200 and output["data"] == [expected_output(t) for t in rows], output
+
+
 async def test_bad_tensors_are_400s_and_nothing_is_computed(http):
     async with running_server(sim_model(latency_ms=5)) as srv:
         bad_bodies = [
@@ -95,6 +105,7 @@ async def test_bad_tensors_are_400s_and_nothing_is_computed(http):
             {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["x"]}], "outputs": [{"name": "o"}]},
             {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["x"]}], "parameters": {"timeout": 0}},
             {"inputs": []},
+            {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [3], "data": ["x1", ["x2"], "x3"]}]},
         ]
         for body in bad_bodies:
             async with http.post(f"{srv.url}/v2/models/m/infer", json=body) as resp:
