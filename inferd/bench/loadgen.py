@@ -30,13 +30,27 @@ from typing import Any
 import aiohttp
 import orjson
 
+WORDS_MAX = 48  # {words}: inputs of 1 to this many words, spread over the lengths by the counter
+
+
+def words(i: int) -> str:
+    """Request `i`'s run of words: 1 to WORDS_MAX of them (a real mix of input lengths, so batches meet
+    many shapes), the same for a counter whichever engine sends it."""
+    return "word " * ((i * 7919) % WORDS_MAX) + "end"
+
+
+def fill_body(template: bytes, i: int) -> bytes:
+    """A request's body: `{i}` is its counter, `{words}` its run of words."""
+    body = template.replace(b"{i}", str(i).encode())
+    return body.replace(b"{words}", words(i).encode()) if b"{words}" in body else body
+
 
 @dataclass(frozen=True)
 class LoadSpec:
     """One load step: what to send where, open loop (`rate`) or closed loop (`concurrency`), for how long."""
 
     url: str
-    body: bytes | None = None  # may hold {i}, replaced by a per-request counter
+    body: bytes | None = None  # may hold {i} (a per-request counter) and {words} (1 to 48 words, by the counter)
     method: str = "POST"
     headers: tuple[tuple[str, str], ...] = (("Content-Type", "application/json"),)
     rate: float | None = None  # open loop: requests per second
@@ -141,7 +155,7 @@ async def _python_engine(spec: LoadSpec, index: int, count: int) -> Samples:
 
     async def one(session: aiohttp.ClientSession, started: float) -> None:
         i = next(counter)
-        body = template.replace(b"{i}", str(i).encode()) if template is not None else None
+        body = fill_body(template, i) if template is not None else None
         counted = started >= measured_from
         if counted:
             samples.sent += 1

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from .loadgen import LoadSpec, Samples
+from .loadgen import WORDS_MAX, LoadSpec, Samples
 
 _WRK_SCRIPT = """
 local counter = {start}
@@ -32,7 +32,10 @@ init = function(args) counter = counter + (id or 0) * 1000000000 end
 request = function()
   counter = counter + 1
   local body = nil
-  if template then body = template:gsub("{{i}}", tostring(counter)) end
+  if template then
+    body = template:gsub("{{i}}", tostring(counter))
+    body = body:gsub("{{words}}", string.rep("word ", (counter * 7919) % {words_max}) .. "end")
+  end
   return wrk.format("{method}", "{path}", headers, body)
 end
 response = function(status, hdrs, body)
@@ -73,7 +76,8 @@ def run_wrk(spec: LoadSpec) -> Samples:
     path = parts.path + (f"?{parts.query}" if parts.query else "")
     headers = "{" + ", ".join(f"[{_lua_string(k)}] = {_lua_string(v)}" for k, v in spec.headers) + "}"
     template = _lua_string(spec.body.decode()) if spec.body is not None else "nil"
-    script = _WRK_SCRIPT.format(start=spec.counter_start, template=template, headers=headers, method=spec.method, path=path)
+    script = _WRK_SCRIPT.format(start=spec.counter_start, template=template, headers=headers, method=spec.method, path=path,
+                                words_max=WORDS_MAX)
     threads = max(1, min(spec.concurrency, spec.processes, os.cpu_count() or 1))
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(script)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -28,7 +27,7 @@ from ..execution.executor import Worker
 from ..execution.faults import BatchLatencies, BreakerState, CircuitBreaker, DeadLetters
 from ..execution.pool import WorkerPool
 from ..messages import PendingRequest, RequestState
-from ..observability.histogram import Histogram
+from ..observability.batch_stats import BatchStats
 from ..observability.metrics import RequestMetrics
 from ..observability.snapshots import BatchModelSnapshot
 from ..observability.tracing import Tracing
@@ -91,9 +90,7 @@ class BatchModel:
         self.prepare_one: Any = None  # the backend's `prepare(text) -> (input, bucket)`, run on the loop
         self.preprocessor: Preprocessor | None = None  # runs the backend's `prepare_batch` off the loop
         self.output_kind: str | None = None  # the backend's `output_kind` ("embedding": /v1/embeddings)
-        self.batches = self.requests_computed = 0
-        self.batch_sizes: Counter[int] = Counter()
-        self.queue_wait, self.linger, self.compute = Histogram(), Histogram(), Histogram()
+        self.stats = BatchStats()  # what its batches have been (delivery writes, reports read)
         self._batcher_task: asyncio.Task | None = None
         self._stop_reason: InferdError | None = None
 
@@ -148,6 +145,10 @@ class BatchModel:
         request.state, request.lead = RequestState.ATTACHED, lead
         self.shared.attach(lead, request)
         self.deadlines.add(request)
+        if lead.state is RequestState.PREPARING and self.batcher.tier_rank(tier) > self.batcher.tier_rank(lead.tier):
+            lead.tier = tier  # the computation runs at its best waiter's priority (and is shed as such)
+        elif lead.state is RequestState.QUEUED:
+            self.batcher.promote(lead, tier)
         return request
 
     def submit(

@@ -37,12 +37,8 @@ def _answer(model: BatchModel, batch: Batch) -> None:
                                  batch.backlog, by_rank, batch.finished_at, batch.gap_s)
     model.forecast.note_capacity(model.pool.healthy)
     model.pool.latencies.observe(compute)
-    model.batches += 1
-    model.requests_computed += batch.size
-    model.batch_sizes[batch.size] += 1
-    model.compute.observe(compute)
-    model.linger.observe(batch.linger_s)
-    observe_wait, started, discard = model.queue_wait.observe, batch.started_at, model.deadlines.discard
+    model.stats.record(batch)
+    observe_wait, started, discard = model.stats.queue_wait.observe, batch.started_at, model.deadlines.discard
     for request in batch.requests:
         request.batch = batch
         waited = started - request.enqueued_at

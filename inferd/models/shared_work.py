@@ -4,8 +4,10 @@ Two requests to one model with the same input (as the client sent it, which the 
 turns deterministically into the same prepared input and bucket) are one computation. While one such
 request is preparing, queued or running (the *lead*), later ones attach to it as *riders*: they are
 never queued, so a batch never holds two copies of one input and a rider adds no compute to the queue
-or to the predicted wait. Each rider keeps its own deadline, tier, tenant and request id; who does what
-when one of them leaves is the batch model's (`BatchModel.abandon`, `_expire`).
+or to the predicted wait. Each rider keeps its own deadline, tier, tenant and request id; the
+computation lives until the latest deadline among them, is scheduled for the earliest due, and runs at
+the highest tier among them (so it is shed, if ever, as that tier's); who does what when one of them
+leaves is the batch model's (`BatchModel.abandon`, `_expire`).
 
 Collapsing is on by default (`collapse`), the result cache off (`cache_bytes`). The cache is scoped per
 tenant unless `cache_scope = "shared"`; collapsing spans tenants, since each rider sent the input itself.
@@ -80,7 +82,9 @@ class SharedWork:
         else:
             riders.append(rider)
         if rider.deadline > lead.deadline:
-            lead.deadline = rider.deadline  # the computation lives as long as someone can use it
+            lead.deadline = rider.deadline  # the computation lives as long as someone can use it...
+        if rider.due < lead.due:
+            lead.due = rider.due  # ...and is scheduled for the most pressing of them
         self.collapsed += 1
 
     def settle(self, lead: PendingRequest) -> None:

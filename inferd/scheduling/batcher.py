@@ -17,9 +17,8 @@ The linger is counted from the oldest waiting request, so a request that already
 workers were busy is not made to wait again (unless closed-loop clients echo the batches: `arrivals`).
 
 Requests carry a bucket key (e.g. a token-length bucket, from the backend's `prepare`); each bucket
-has its own queue and a batch never mixes buckets. Which bucket goes, and when, is the scheduling
-rule in `policy` (tiers across buckets, an age bound between buckets, a linger that stops when it
-cannot help). The batcher measures what the rule and the load model need: the arrival rate, per tier.
+has its own queue and a batch never mixes buckets. Which bucket goes, and when, is the scheduling rule
+in `policy`; the batcher measures what the rule and the forecast need (arrival rate, queue per tier).
 
 When the queue is full, room is made before anyone is refused by shedding a waiting request of a lower
 tier or of a clearly heavier tenant (`shedding`): a light tenant is not refused because a heavy one
@@ -110,14 +109,9 @@ class Batcher:
             totals.update(q.live_by_tier())
         return dict(totals)
 
-    def depth_ahead_of(self, tier: str, tenant: str | None = None) -> int:
-        """Requests a new request of `tier` (from `tenant`) would wait behind (see `live_ahead_of`)."""
-        if self._single_tier and (tenant is None or self._one_tenant is not None):
-            return self._depth
-        return sum(q.live_ahead_of(tier, tenant) for q in self._queues.values())
-
     def ahead_by_bucket(self, tier: str | None, tenant: str | None = None) -> dict[int, int]:
-        """`depth_ahead_of`, per length bucket (`tier` None: everything waiting)."""
+        """Requests a new request of `tier` (from `tenant`) would wait behind, per length bucket (see
+        `RequestQueue.live_ahead_of`; `tier` None: everything waiting)."""
         if tier is None or (self._single_tier and (tenant is None or self._one_tenant is not None)):
             return {key: q.live for key, q in self._queues.items()}
         return {key: q.live_ahead_of(tier, tenant) for key, q in self._queues.items()}
@@ -128,9 +122,7 @@ class Batcher:
         with self._lock:
             queue = self._queues.get(bucket)
             head = queue.oldest() if queue is not None and queue.live else None
-        if head is None or head.predicted_wait is None:
-            return None
-        return head.enqueued_at + head.predicted_wait
+        return None if head is None or head.predicted_wait is None else head.enqueued_at + head.predicted_wait
 
     def arrival_rate(self, now: float) -> float:
         """Requests per second arriving lately (all tiers)."""
@@ -202,6 +194,16 @@ class Batcher:
         self._depth -= 1
         self.shed += 1
         return victim
+
+    def promote(self, request: PendingRequest, tier: str) -> None:
+        """Serve a waiting request at `tier` from now on, if that is higher than its own (an identical
+        request of that tier waits on its computation)."""
+        if self.tier_rank(tier) <= self.tier_rank(request.tier):
+            return
+        with self._lock:
+            if request.state is RequestState.QUEUED:
+                self._queues[request.bucket].promote(request, tier)
+        self._wake.set()  # (a bucket may be due sooner at its new rank)
 
     def withdraw(self, request: PendingRequest, new_state: RequestState) -> bool:
         """Remove a request that is still waiting (client gone, deadline passed). False if it left already."""

@@ -145,6 +145,17 @@ class RequestQueue:
             tier.tenants[request.tenant] = deque(r for r in items if r.state is _QUEUED)
         return True
 
+    def promote(self, request: PendingRequest, tier: str) -> None:
+        """Move a waiting request to a higher `tier`'s queue (the end of its tenant's FIFO there): an
+        identical request of that tier now waits on its computation (collapsing)."""
+        old = self._by_name[request.tier]
+        old.tenants[request.tenant].remove(request)  # (linear, and rare: only when a higher tier attaches)
+        self._left(old, request)
+        request.tier = tier
+        new, items = self._tenant_queue(request, front=False)
+        items.append(request)
+        self._joined(new, request)
+
     def newest_of(self, tier: str, tenant: str) -> PendingRequest | None:
         """The tenant's most recent waiting request in `tier` (the first to shed: it has waited least)."""
         items = self._by_name[tier].tenants.get(tenant)

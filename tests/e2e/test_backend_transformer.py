@@ -75,7 +75,7 @@ async def test_server_embeddings_match_the_model_called_alone(http, reference, c
         assert status == 200, body
         vector = np.frombuffer(base64.b64decode(body["output"]), dtype="<f4")
         assert np.max(np.abs(vector - alone(reference, text))) < 1e-4
-    assert max(served.batch_sizes) > 1  # they really were batched
+    assert max(served.stats.batch_sizes) > 1  # they really were batched
     assert served.preprocessor is not None and served.preprocessor.calls < len(inputs) + 6  # tokenised in micro-batches
     # Every batch holds one length bucket, and no more than max_batch_size inputs.
     lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "inferd.access"]

@@ -52,7 +52,7 @@ async def test_the_openai_client_gets_the_models_own_vectors_in_order():
             token_ids = direct.tokenize(inputs[3])[1:-1].tolist()  # without [CLS]/[SEP]: the server adds them
             from_ids = await api.embeddings.create(model="minilm", input=[token_ids, inputs[3]], encoding_format="float")
             listed = await api.models.list()
-        assert srv.models["minilm"].batches > 3  # the items ran in several batches
+        assert srv.models["minilm"].stats.batches > 3  # the items ran in several batches
     assert [d.index for d in floats.data] == list(range(len(inputs)))
     for text, a, b in zip(inputs, floats.data, decoded.data):
         expected = direct([direct.tokenize(text)])[0]

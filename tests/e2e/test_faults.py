@@ -48,11 +48,11 @@ async def test_a_hung_worker_is_replaced_and_its_batch_served_by_the_other(http)
         (hung,) = [w for w in served.workers if w.name.endswith(".1")]  # the replacement stands in its slot
         await until(lambda: served.pool.healthy == 2)  # the replacement builds and warms up
         assert [w.name for w in served.workers].count("m-0") + [w.name for w in served.workers].count("m-1") == 1
-        delivered, answered = served.batches, served.requests_computed
+        delivered, answered = served.stats.batches, served.stats.requests_computed
         gone = [t for t in threading.enumerate() if t.name == f"inferd-{hung.name.split('.')[0]}"]
         await until(lambda: bool(fakes.late_results), timeout_s=5)  # the hung call returns at 1.5 s...
         await until(lambda: not any(t.is_alive() for t in gone))  # ...and its thread ends
-        assert (served.batches, served.requests_computed) == (delivered, answered)  # its late result went nowhere
+        assert (served.stats.batches, served.stats.requests_computed) == (delivered, answered)  # its late result went nowhere
         status, body, _ = await infer(http, srv.url, {"input": "after"})
         assert status == 200 and body["output"] == expected_output("after")
 
@@ -70,7 +70,7 @@ async def test_a_poison_input_fails_alone_in_a_batch_of_100_and_is_dead_lettered
         assert results[-1][1]["error"] == "INFERENCE_FAILED"
         for text, (_status, body, _) in zip(inputs[:99], results[:99]):
             assert body["output"] == expected_output(text)
-        assert srv.models["m"].batch_sizes[100] == 1  # they really were one batch
+        assert srv.models["m"].stats.batch_sizes[100] == 1  # they really were one batch
         async with http.get(f"{srv.url}/v1/dead-letters") as resp:
             assert resp.status == 401
         async with http.get(f"{srv.url}/v1/dead-letters", headers={"Authorization": "Bearer wrong"}) as resp:
@@ -92,7 +92,7 @@ async def test_isolation_stops_at_its_budget_of_extra_calls(http):
         inputs = ["POISON"] + [f"x{i}" for i in range(15)]
         results = await asyncio.gather(*(infer(http, srv.url, {"input": t}) for t in inputs))
         calls = srv.models["m"].workers[0].backend.calls
-        assert srv.models["m"].batch_sizes == {16: 1}  # one batch of the sixteen
+        assert srv.models["m"].stats.batch_sizes == {16: 1}  # one batch of the sixteen
         assert [size for _, _, size in calls[1:]] == [8]  # of the batch and its two halves, only the clean half ran
         statuses = [s for s, _, _ in results]
         assert statuses[:8] == [500] * 8  # the half holding the poison: no budget left to split it

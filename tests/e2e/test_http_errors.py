@@ -145,7 +145,7 @@ async def test_wrong_length_output_fails_the_batch_and_shifts_nothing(http):
     async with running_server(model) as srv:
         inputs = ["a", "b", "SHORT", "c", "d"]
         results = await asyncio.gather(*(infer(http, srv.url, {"input": t}) for t in inputs))
-        assert srv.models["m"].batch_sizes == {5: 1}  # one batch of the five
+        assert srv.models["m"].stats.batch_sizes == {5: 1}  # one batch of the five
         for status, payload, _ in results:
             assert_error(status, payload, 500, "INFERENCE_FAILED")
             assert "4 outputs for 5 inputs" in payload["message"]

@@ -47,7 +47,7 @@ async def test_counters_and_histograms_match_the_traffic_exactly(http):
         assert value(f, "inferd_queue_wait_seconds_count", model="m") == 50
         assert value(f, "inferd_admission_seconds_count", model="m") == 50
         assert value(f, "inferd_response_seconds_count", model="m") == 50
-        batches = srv.models["m"].batches
+        batches = srv.models["m"].stats.batches
         assert value(f, "inferd_compute_seconds_count", model="m") == batches
         assert value(f, "inferd_batch_size_count", model="m") == batches
         assert value(f, "inferd_batch_size_sum", model="m") == 50

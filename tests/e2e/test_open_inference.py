@@ -57,7 +57,7 @@ async def test_the_sync_client_sees_health_metadata_and_answers_in_binary_and_js
         assert seen["embedded"].dtype == np.float32 and seen["embedded"].shape == (2, 4)
         assert seen["embedded"][0].tolist() == [97.0, 98.0, 32.0, 32.0]  # the fake embedder's codes of "ab  "
         served = srv.models["m"]
-        assert served.batch_sizes[4] >= 2  # the ten rows went through the batcher like ten requests
+        assert served.stats.batch_sizes[4] >= 2  # the ten rows went through the batcher like ten requests
         assert backend_of(srv).computed["row 9"] == 1
 
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from inferd.config import ModelConfig
-from inferd.errors import DeadlineExceeded, InferenceFailed
+from inferd.config import ModelConfig, TierConfig
+from inferd.errors import DeadlineExceeded, InferenceFailed, ServiceOverloaded
 from inferd.messages import RequestState
 from inferd.models import delivery
 from inferd.models.batch_model import BatchModel
@@ -17,10 +17,10 @@ from inferd.models.shared_work import identity
 from inferd.observability.metrics import RequestMetrics
 
 
-def model(**kw) -> BatchModel:  # type: ignore[no-untyped-def]
+def model(tiers: tuple[TierConfig, ...] = (TierConfig("default"),), **kw) -> BatchModel:  # type: ignore[no-untyped-def]
     """A model whose (never started) worker counts as healthy, with 1 ms batches: nothing is refused."""
     config = ModelConfig(name="m", backend="inferd.backends.sim:create", max_wait_ms=0, **kw)
-    served = BatchModel(config, asyncio.get_running_loop(), RequestMetrics())
+    served = BatchModel(config, asyncio.get_running_loop(), RequestMetrics(), tiers=tiers)
     served.pool.healthy = 1
     served.costs.measured([(0, 1, 0.001)])
     return served
@@ -79,6 +79,21 @@ async def test_the_last_one_leaving_withdraws_the_computation():
         await rider.future  # type: ignore[union-attr]
     assert lead.state is RequestState.EXPIRED and served.batcher.depth == 0 and len(served.shared) == 0
     assert served.metrics.shed[("m", "default", "deadline_queued")] == 1
+
+
+async def test_a_computation_runs_and_is_shed_at_the_highest_tier_waiting_on_it():
+    served = model(tiers=(TierConfig("enterprise", priority=2), TierConfig("free")), max_queue=2)
+    early = served.submit("f0", "early", 5.0, tier="free")
+    shared = served.submit("f1", "shared", 5.0, tier="free")
+    rider = served.shortcut("e0", "shared", 5.0, "enterprise", "acme")
+    assert rider is not None and shared.tier == "enterprise"  # the free request's computation is enterprise's now
+    late = served.submit("e1", "late", 5.0, tier="enterprise")  # the queue is full: room is made...
+    with pytest.raises(ServiceOverloaded):
+        await early.future  # ...by shedding the free request nobody else waits on, not the shared one
+    assert shared.state is RequestState.QUEUED and served.batcher.depth == 2
+    assert run_next_batch(served) == ["shared", "late"]  # and it goes first, as enterprise work
+    assert await rider.future == await shared.future == "SHARED"
+    assert served.batcher.depth_by_tier() == {"enterprise": 0, "free": 0}
 
 
 async def test_a_failed_input_fails_its_riders_and_only_them():

@@ -1,0 +1,32 @@
+"""What a batch model's batches have been: their number, sizes and stage times. Delivery writes it as
+each batch is answered and reports read it, both on the event loop."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ..messages import Batch
+from .histogram import Histogram
+
+
+@dataclass
+class BatchStats:
+    batches: int = 0
+    requests_computed: int = 0
+    batch_sizes: Counter[int] = field(default_factory=Counter)
+    queue_wait: Histogram = field(default_factory=Histogram)  # per request: from entering the queue to its batch's start
+    linger: Histogram = field(default_factory=Histogram)  # per batch: how long a free worker waited for it to fill
+    compute: Histogram = field(default_factory=Histogram)  # per batch: the backend call
+
+    def record(self, batch: Batch) -> None:
+        """A batch was answered (its requests' waits are observed one by one by delivery)."""
+        self.batches += 1
+        self.requests_computed += batch.size
+        self.batch_sizes[batch.size] += 1
+        self.compute.observe(batch.compute_s)
+        self.linger.observe(batch.linger_s)
+
+    @property
+    def mean_batch_size(self) -> float:
+        return round(self.requests_computed / self.batches, 2) if self.batches else 0.0
