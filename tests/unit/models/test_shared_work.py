@@ -87,7 +87,7 @@ async def test_a_computation_runs_and_is_shed_at_the_highest_tier_waiting_on_it(
     shared = served.submit("f1", "shared", 5.0, tier="free")
     rider = served.shortcut("e0", "shared", 5.0, "enterprise", "acme")
     assert rider is not None and shared.tier == "enterprise"  # the free request's computation is enterprise's now
-    late = served.submit("e1", "late", 5.0, tier="enterprise")  # the queue is full: room is made...
+    served.submit("e1", "late", 5.0, tier="enterprise")  # the queue is full: room is made...
     with pytest.raises(ServiceOverloaded):
         await early.future  # ...by shedding the free request nobody else waits on, not the shared one
     assert shared.state is RequestState.QUEUED and served.batcher.depth == 2
