@@ -8,6 +8,9 @@ request's state decides whether it runs, and a computation runs while anyone sti
 Faults: a hung or dead worker's batch comes back from the pool and runs again (up to
 `max_batch_attempts`); inputs isolated as poison fail alone (with their riders) and go to the
 dead-letter log; a model that fails everything trips its circuit breaker.
+
+Why one module: every path that resolves a request's future (and every state change of a request
+before it is queued) is here, on the loop, where "at most once" can be read in one place.
 """
 
 from __future__ import annotations

@@ -51,6 +51,8 @@ class Timeliness:
         it is prepared)."""
         tier = request.tier
         wait, ahead = self.wait_and_ahead(tier, now, request.tenant, bucket)
+        if wait == 0.0 and bucket is not None:  # a worker is free: its batch goes when the rule says it is due
+            wait = self._batcher.linger_left(request, now)
         request.predicted_wait = wait
         own = 0.0
         if bucket is not None:

@@ -23,6 +23,10 @@ in `policy`; the batcher measures what the rule and the forecast need (arrival r
 When the queue is full, room is made before anyone is refused by shedding a waiting request of a lower
 tier or of a clearly heavier tenant (`shedding`): a light tenant is not refused because a heavy one
 filled the queue.
+
+Why one module: everything here reads or changes the queues under one lock shared by the loop and the
+worker threads; what the lock guards stays in one place (the rule, the filling and the shedding it
+applies are modules of their own).
 """
 
 from __future__ import annotations
@@ -33,12 +37,14 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from functools import partial
 
 from ..messages import Batch, PendingRequest, RequestState
 from .arrivals import Echo, Rate
 from .batch_costs import BatchCosts
-from .policy import Decision, Limits, decide
+from .batch_filling import cost
+from .policy import BucketView, Decision, Limits, decide, due_in
 from .request_queue import RequestQueue
 from .shedding import choose_victim
 
@@ -123,6 +129,17 @@ class Batcher:
             queue = self._queues.get(bucket)
             head = queue.oldest() if queue is not None and queue.live else None
         return None if head is None or head.predicted_wait is None else head.enqueued_at + head.predicted_wait
+
+    def linger_left(self, request: PendingRequest, now: float) -> float:
+        """How long `request`, queued now into its bucket with a worker free, would wait for its batch to
+        be due: the rest of the bucket's linger, cut short as the rule cuts it (full, sparse, deadline)."""
+        bucket = request.bucket
+        with self._lock:
+            view = self._view(bucket, self._queues.get(bucket) or RequestQueue(self._tiers), now)
+            rate, hold_until = self._arrivals.per_s(now), self._hold_until
+        view = replace(view, count=view.count + 1, tokens=view.tokens + cost(request), oldest_at=min(view.oldest_at, now),
+                       due=min(view.due, request.due), batch_s=self.costs.safe_estimate(view.count + 1, bucket))
+        return due_in(view, now, Limits(self.max_batch_tokens, 0.0), arrival_rate=rate, hold_until=hold_until)
 
     def arrival_rate(self, now: float) -> float:
         """Requests per second arriving lately (all tiers)."""
@@ -297,12 +314,14 @@ class Batcher:
 
     def _decision(self, now: float, on_linger: str) -> Decision:
         """The scheduling rule's decision now (see `policy`)."""
-        costs = self.costs
         limits = Limits(self.max_batch_tokens, max(2 * self._batch_time_s(), self.max_wait_s))
-        views = [q.view(key, now, costs.size_limit(key), partial(costs.safe_estimate, bucket=key), self._linger_s(key))
-                 for key, q in self._queues.items() if q.live]
+        views = [self._view(key, q, now) for key, q in self._queues.items() if q.live]
         return decide(views, now, limits, arrival_rate=self._arrivals.per_s(now), hold_until=self._hold_until,
                       on_linger=on_linger)
+
+    def _view(self, key: int, queue: RequestQueue, now: float) -> BucketView:
+        costs = self.costs
+        return queue.view(key, now, costs.size_limit(key), partial(costs.safe_estimate, bucket=key), self._linger_s(key))
 
     def _take(self, trigger: str, now: float, bucket: int | None) -> Batch | None:
         queue = self._queues.get(bucket) if bucket is not None else None

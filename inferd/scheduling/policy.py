@@ -109,6 +109,12 @@ def decide(
     return Decision(first.key, trigger, now)
 
 
+def due_in(view: BucketView, now: float, limits: Limits, *, arrival_rate: float, hold_until: float = 0.0) -> float:
+    """How long until `view`'s batch is due (0.0: it is), were a worker free for it."""
+    trigger, when = _due(view, now, limits, arrival_rate, hold_until, "linger")
+    return 0.0 if trigger else max(0.0, when - now)
+
+
 def _due(
     view: BucketView, now: float, limits: Limits, arrival_rate: float, hold_until: float, on_linger: str,
 ) -> tuple[str, float]:

@@ -165,13 +165,8 @@ class RequestQueue:
 
     def oldest(self) -> PendingRequest | None:
         """The longest-waiting live request (its age drives the linger)."""
-        oldest = None
-        for tier in self._tiers:
-            if tier.live:
-                for head in tier.heads():
-                    if oldest is None or head.enqueued_at < oldest.enqueued_at:
-                        oldest = head
-        return oldest
+        heads = [head for tier in self._tiers if tier.live for head in tier.heads()]
+        return min(heads, key=lambda r: r.enqueued_at) if heads else None
 
     def oldest_age_by_tier(self, now: float) -> dict[str, float]:
         ages = {}

@@ -22,7 +22,8 @@ LAYERS: list[set[str]] = [
     {"errors", "config", "messages", "lifecycle", "__init__"},
     {"typed_tables"},
 ]
-MAX_LINES = 320
+MAX_LINES = 300  # one reading; past it a module's docstring says why it is one module ("Why one module: ...")
+HARD_MAX_LINES = 400
 
 
 def _part(module: str) -> str:
@@ -108,6 +109,8 @@ def test_no_import_circles():
             visit(node)
 
 
-def test_no_module_grows_past_one_reading():
-    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert not long, long
+def test_no_module_grows_past_one_reading_without_saying_why():
+    long = {p: n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    unexplained = {str(p.relative_to(PACKAGE)): n for p, n in long.items()
+                   if n > HARD_MAX_LINES or "Why one module:" not in (ast.get_docstring(ast.parse(p.read_text())) or "")}
+    assert not unexplained, unexplained

@@ -209,3 +209,14 @@ def test_the_arrival_rate_counts_the_last_second_or_so(clock):
     assert b.arrival_rate(clock()) == pytest.approx(200 * (1 - math.exp(-1)), rel=0.05)
     clock.advance(3.0)
     assert b.arrival_rate(clock()) < 10  # quiet since: it fades
+
+
+def test_how_long_a_new_request_would_linger_is_the_rules_own_answer(clock):
+    b = batcher(clock, max_wait_ms=20)
+    newcomer = PendingRequest("n", "n", clock(), clock() + 10, None, due=clock() + 10)  # type: ignore[arg-type]
+    assert b.linger_left(newcomer, clock()) == 0.0  # nothing else coming: it would go at once (sparse)
+    busy(b, clock)
+    assert b.linger_left(newcomer, clock()) == pytest.approx(0.02 - 1 / 2000)  # the linger, less its useless tail
+    for name in "abc":
+        arrive(b, clock, name)
+    assert b.linger_left(newcomer, clock()) == 0.0  # it would fill the batch of 4
