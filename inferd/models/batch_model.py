@@ -71,7 +71,6 @@ class BatchModel:
         self.dead_letters = dead_letters if dead_letters is not None else DeadLetters()
         self.costs = BatchCosts(config.max_batch_size, config.slo_ms / 1000.0 if config.slo_ms else None)
         self.forecast = Forecast(self.costs)
-        self.tiered = len(tiers) > 1  # (then the tier each batch served is tracked for predicted waits)
         self.batcher = Batcher(
             max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms, max_queue=config.max_queue, loop=loop,
             tiers=[(t.name, t.promote_after_ms / 1000.0 if t.promote_after_ms else None) for t in tiers],

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from .. import errors
@@ -31,10 +30,9 @@ def batch_done(model: BatchModel, batch: Batch) -> None:
 
 def _answer(model: BatchModel, batch: Batch) -> None:
     compute = batch.compute_s
-    by_rank = Counter(model.batcher.tier_rank(r.tier) for r in batch.requests) if model.tiered else None
     # (a failed batch's time holds its bisection's extra calls: it says nothing of what a batch costs)
     model.forecast.observe_batch(compute, batch.size if batch.error is None else 0, batch.bucket,
-                                 batch.backlog, by_rank, batch.finished_at, batch.gap_s)
+                                 batch.backlog, batch.gap_s)
     model.forecast.note_capacity(model.pool.healthy)
     model.pool.latencies.observe(compute)
     model.stats.record(batch)

@@ -19,7 +19,6 @@ import math
 from collections import deque
 from collections.abc import Mapping
 
-from ..scheduling.arrivals import Rate
 from ..scheduling.batch_costs import BatchCosts
 
 EWMA_ALPHA = 0.2
@@ -35,15 +34,12 @@ class Forecast:
         self.batch_s = 0.0  # exponentially weighted mean of the backend call time, whatever its shape; 0: none yet
         self.loaded_batch = float(costs.max_batch_size)  # mean size of batches taken while more waited
         self.peak_capacity_rps = 0.0  # the best capacity noted: what rate limits are scaled against
-        self._busy_by_rank: dict[int, Rate] = {}  # seconds of backend calls per second, by the tier served
         self.gaps_s: deque[float] = deque(maxlen=2048)  # a worker's turnarounds between back-to-back calls
 
     def observe_batch(self, seconds: float, size: int = 0, bucket: int = 0, backlog: int = 0,
-                      by_rank: dict[int, int] | None = None, now: float = 0.0, gap_s: float | None = None) -> None:
+                      gap_s: float | None = None) -> None:
         """A backend call of `size` requests of length bucket `bucket` took `seconds` (the first one, e.g.
-        a warm-up call, sets the mean), taken while `backlog` more waited; `by_rank`: its requests per
-        tier, whose shares of the call's time are what each tier took (None: tiers are not tracked);
-        `gap_s`: it ran back to back with its worker's previous call, this long after it. The cost model
+        a warm-up call, sets the mean), taken while `backlog` more waited; `gap_s`: it ran back to back with its worker's previous call, this long after it. The cost model
         learns the call with that turnaround (a queued batch costs the worker both), so what the loop
         or a collector pause takes from the workers is in every predicted wait."""
         self.batch_s = seconds if not self.batch_s else self.batch_s + EWMA_ALPHA * (seconds - self.batch_s)
@@ -54,16 +50,6 @@ class Forecast:
         self.costs.observe(bucket, size, seconds + (gap_s or 0.0))
         if backlog > 0:
             self.loaded_batch += EWMA_ALPHA * (size - self.loaded_batch)
-        for rank, count in (by_rank or {}).items():
-            busy = self._busy_by_rank.get(rank)
-            if busy is None:
-                busy = self._busy_by_rank[rank] = Rate()
-            busy.add(now, seconds * count / size)
-
-    def share_above(self, rank: int, healthy: int, now: float) -> float:
-        """The share of the workers' time that tiers above `rank` have been taking lately."""
-        busy = sum(r.per_s(now) for k, r in self._busy_by_rank.items() if k > rank)
-        return busy / healthy if healthy else 0.0
 
     def gap_p50_ms(self) -> float | None:
         """The median turnaround between back-to-back calls: how long a saturated worker idles between
@@ -97,25 +83,30 @@ class Forecast:
         return max(0.0, slo_ms / 1000.0 - 2 * batch_s)
 
     def wait_s(self, ahead: Mapping[int, int], bucket: int | None, healthy: int, first_free_s: float,
-               share_above: float = 0.0) -> float:
+               share_above: float = 0.0, sigmas: float = 0.0) -> float:
         """How long a request of `bucket` would wait for its batch to start, with `ahead[b]` requests of
         bucket b before it: until a worker is free, then the batches ahead of it, spread over the
         workers. Its own bucket's partial batch is its own (it joins it); another bucket's is a whole
         call (`bucket` None: every partial batch is). `share_above` of the workers' time going to
-        higher tiers leaves 1 - share_above for these."""
+        higher tiers leaves 1 - share_above of each batch for these; `sigmas`: count that many standard
+        deviations more of the higher tiers' arrivals (a Poisson count), for a wait that holds at the
+        tail rather than on average (what a burst of higher-tier work does to a lower tier)."""
         if healthy == 0:
             return math.inf if any(ahead.values()) else 0.0
-        if share_above >= MAX_SHARE:
+        room = 1.0 - share_above  # of each batch, what is left for this work (the rest: higher tiers arriving)
+        if room <= 1.0 - MAX_SHARE:
             return math.inf
-        costs, work = self.costs, 0.0
+        work = 0.0
         for b, count in ahead.items():
             if count:
-                full, rest = divmod(count, costs.size_limit(b))
+                size = self.costs.size_limit(b)
+                slots = size * room
+                full = int(_batches_to_serve(count, slots, size * share_above * sigmas * sigmas))
                 if full:
-                    work += full * (costs.full_batch_s(b) or self.batch_s)
-                if rest and b != bucket:
-                    work += self.batch_cost_s(rest, b)
-        return first_free_s + work / (healthy * (1.0 - share_above))
+                    work += full * (self.costs.full_batch_s(b) or self.batch_s)
+                if count > full * slots and b != bucket:
+                    work += self.batch_cost_s(max(1, round(count - full * slots)), b)
+        return first_free_s + work / healthy
 
     def own_batch_s(self, ahead_in_bucket: int, bucket: int, joining: float = 0.0) -> float:
         """How long the request's own batch takes: it holds what is ahead of it in its bucket's partial
@@ -127,3 +118,13 @@ class Forecast:
     def batch_cost_s(self, size: int, bucket: int) -> float:
         """A batch's time as the cost model has it, or the mean batch time while it has nothing."""
         return self.costs.estimate(size, bucket) or self.batch_s
+
+
+def _batches_to_serve(count: int, slots: float, spread: float) -> float:
+    """How many batches pass before `count` requests are served, `slots` of each batch being theirs on
+    average, when the higher tiers' arrivals over t batches may exceed their mean by sqrt(spread x t)
+    (`spread`: sigmas squared times their mean per batch): t solves slots t - sqrt(spread t) = count."""
+    if not spread:
+        return count / slots
+    root = (math.sqrt(spread) + math.sqrt(spread + 4.0 * slots * count)) / (2.0 * slots)
+    return root * root

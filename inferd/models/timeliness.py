@@ -24,6 +24,9 @@ from ..observability.histogram import WAIT_ERROR_BUCKETS_S, Histogram
 from ..scheduling.batcher import Batcher
 from .forecast import Forecast
 
+TAIL_SIGMAS = 2.3  # a lower tier is admitted on the wait that holds unless the higher ones send a 1-in-100 burst
+EXACT_S = 0.001  # a linger the rule ends just in time for the request's own batch ends at its due exactly
+
 
 class Timeliness:
     """One batch model version's admission question and its prediction errors."""
@@ -51,9 +54,12 @@ class Timeliness:
         it is prepared)."""
         tier = request.tier
         wait, ahead = self.wait_and_ahead(tier, now, request.tenant, bucket)
-        if wait == 0.0 and bucket is not None:  # a worker is free: its batch goes when the rule says it is due
-            wait = self._batcher.linger_left(request, now)
+        lingering = 0.0  # a worker is free: its batch goes when the rule says it is due, never past its due
+        if wait == 0.0 and bucket is not None:
+            wait = lingering = self._batcher.linger_left(request, now)
         request.predicted_wait = wait
+        if self._tiered:  # for the decision, the wait that holds if the higher tiers send a burst meanwhile
+            wait = max(wait, self.wait_and_ahead(tier, now, request.tenant, bucket, TAIL_SIGMAS)[0])
         own = 0.0
         if bucket is not None:
             here = ahead.get(bucket, 0)
@@ -61,14 +67,14 @@ class Timeliness:
             if (here + 1) % self.costs.size_limit(bucket) and 0.0 < wait < math.inf:
                 joining = self._batcher.arrival_rate(now) * wait
             own = self.forecast.own_batch_s(here, bucket, joining)
-        finish = now + self.costs.safe_total(wait + own)
-        if finish <= request.due:
+        finish = now + lingering + self.costs.safe_total(wait - lingering + own)
+        if finish <= request.due + EXACT_S:
             limit = self._wait_limit_s.get(tier)
             if limit is None or wait <= limit:
                 return None
             return ServiceOverloaded(f"predicted wait {wait * 1000:.0f} ms is over the {tier} tier's {limit * 1000:.0f} ms",
                                      retry_after_ms=errors.retry_after_ms(wait), reason="tier_predicted_wait")
-        late_for_deadline = finish > request.deadline
+        late_for_deadline = finish > request.deadline + EXACT_S
         which = "deadline" if late_for_deadline else "latency objective"
         budget_ms = ((request.deadline if late_for_deadline else request.due) - now) * 1000
         return ServiceOverloaded(
@@ -76,16 +82,18 @@ class Timeliness:
             f"{budget_ms:.0f} ms {which}", retry_after_ms=errors.retry_after_ms(wait),
             reason="deadline_infeasible" if late_for_deadline else "slo_infeasible")
 
-    def wait_and_ahead(self, tier: str | None, now: float, tenant: str | None = None,
-                       bucket: int | None = None) -> tuple[float, dict[int, int]]:
+    def wait_and_ahead(self, tier: str | None, now: float, tenant: str | None = None, bucket: int | None = None,
+                       sigmas: float = 0.0) -> tuple[float, dict[int, int]]:
         """The predicted wait of a request of `tier` (None: behind everything) from `tenant` in `bucket`
-        (None: unknown) queued now, counting the higher tiers' work expected to arrive meanwhile; and
-        what is ahead of it, by bucket."""
+        (None: unknown) queued now, counting the higher tiers' work expected to arrive meanwhile (and
+        `sigmas` standard deviations more of it); and what is ahead of it, by bucket."""
         batcher, forecast, pool = self._batcher, self.forecast, self._pool
         ahead = batcher.ahead_by_bucket(tier, tenant)
         healthy, first_free_s = pool.healthy, pool.first_free_s(now, self._running_s)
-        share = forecast.share_above(batcher.tier_rank(tier), healthy, now) if self._tiered and tier is not None else 0.0
-        wait = forecast.wait_s(ahead, bucket, healthy, first_free_s, share)
+        share = 0.0  # of each batch, what the higher tiers' requests arriving meanwhile take
+        if self._tiered and tier is not None and (capacity := forecast.capacity_rps(healthy)):
+            share = batcher.arrival_rate_above(tier, now) / capacity
+        wait = forecast.wait_s(ahead, bucket, healthy, first_free_s, share, sigmas)
         if bucket is not None and 0 < ahead.get(bucket, 0) < self.costs.size_limit(bucket) and len(ahead) > 1:
             # It joins its bucket's partial batch, which goes when its oldest request's turn comes (work
             # of other buckets that arrived after that one goes after it): that request's predicted start.

@@ -1,6 +1,6 @@
 """What the batcher learns from arrivals: how fast requests come, and whether closed-loop clients are
-echoing the batch just finished. (`Rate` also measures, per tier, the workers' time each tier takes:
-see `models.forecast`.)
+echoing the batch just finished (and per tier, how fast each tier's requests come: a lower tier's wait
+is stretched by the higher tiers' arrivals, `models.timeliness`).
 
 The echo: closed-loop clients (each sends again as soon as it is answered) whose number is near the
 batch size can split into two groups whose batches alternate half full, forever, since each group is
@@ -21,18 +21,22 @@ _ECHO_ALPHA = 0.3
 
 
 class Rate:
-    """An event rate (or of an amount: seconds of work per second): a count that decays exponentially
-    with `RATE_WINDOW_S` (a steady rate r holds about r x RATE_WINDOW_S), the decay applied every
-    `RATE_STEP_S` rather than at every event."""
+    """An event rate: a count that decays exponentially with `RATE_WINDOW_S` (a steady rate r holds
+    about r x RATE_WINDOW_S), the decay applied every `RATE_STEP_S` rather than at every event. Until a
+    window has passed since its first event, the count is over the time since then, but at least half
+    a window (a first event or two are not a rate): a rate that starts is known twice as soon."""
 
-    __slots__ = ("score", "at")
+    __slots__ = ("score", "at", "since")
 
     def __init__(self) -> None:
         self.score = 0.0
         self.at = 0.0  # when the decay was last applied
+        self.since = -math.inf  # its first event
 
     def add(self, now: float, amount: float = 1.0) -> None:
         if now - self.at >= RATE_STEP_S:
+            if self.since == -math.inf:
+                self.since = now
             self.decay(now)
         self.score += amount
 
@@ -41,7 +45,8 @@ class Rate:
         self.at = now
 
     def per_s(self, now: float) -> float:
-        return self.score * math.exp(min(0.0, self.at - now) / RATE_WINDOW_S) / RATE_WINDOW_S
+        span = min(RATE_WINDOW_S, max(RATE_WINDOW_S / 2, now - self.since))
+        return self.score * math.exp(min(0.0, self.at - now) / RATE_WINDOW_S) / span
 
 
 class Echo:

@@ -158,8 +158,9 @@ class BatchCosts:
         return curve[size if 0 < size <= self.max_batch_size else max(1, min(size, self.max_batch_size))] * self.level
 
     def safe_estimate(self, size: int, bucket: int) -> float:
-        """`estimate` with the slack: what a batch may take, for decisions that must not be late."""
-        return self.estimate(size, bucket) * (1.0 + self.slack)
+        """What a batch may take, for decisions that must not be late: `estimate` with the slack and the
+        worst recent stall."""
+        return self.safe_total(self.estimate(size, bucket))
 
     def safe_total(self, seconds: float) -> float:
         """What `seconds` of predicted batches may take: with the slack, and the worst recent stall."""

@@ -20,17 +20,18 @@ class BatchFilling:
     """A batch being filled, and what stops it growing: its size limit, its token budget (the first
     request always goes), and, when the cost of each size is known (`curve[n] x level` seconds for n
     requests), its members' dues: a request joins only if the larger batch still ends by the due of
-    every member that the smaller one would have served in time. (A member that would be late even so
-    does not hold the batch back; one whose due is past the largest batch's end never can.)"""
+    every member that the smaller one serves in time with the estimate's margin to spare. (A member
+    that would be late even so, or only just in time, does not hold the batch back: a curve flat but for
+    noise must not cut batches short; one whose due is past the largest batch's end never can.)"""
 
-    __slots__ = ("taken", "limit", "tokens_left", "now", "curve", "level", "horizon", "tightest", "stopped")
+    __slots__ = ("taken", "limit", "tokens_left", "now", "curve", "level", "margin", "horizon", "tightest", "stopped")
 
     def __init__(self, limit: int, token_budget: int | None, now: float, curve: Sequence[float] | None,
-                 level: float) -> None:
+                 level: float, margin: float = 1.0) -> None:
         self.taken: list[PendingRequest] = []
         self.limit = limit
         self.tokens_left = math.inf if token_budget is None else token_budget
-        self.now, self.curve, self.level = now, curve, level
+        self.now, self.curve, self.level, self.margin = now, curve, level, margin
         self.horizon = -math.inf if curve is None else now + curve[limit] * level  # when the largest batch ends
         self.tightest = math.inf  # the earliest due among members that will meet it
         self.stopped = False
@@ -52,5 +53,5 @@ class BatchFilling:
         self.taken.append(request)
         self.tokens_left -= cost(request)
         due = request.due
-        if due < self.horizon and due >= self.now + self.curve[len(self.taken)] * self.level:  # type: ignore[index]
+        if due < self.horizon and due >= self.now + self.curve[len(self.taken)] * self.level * self.margin:  # type: ignore[index]
             self.tightest = min(self.tightest, due)

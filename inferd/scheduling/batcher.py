@@ -93,6 +93,7 @@ class Batcher:
         self._single_tier = len(self._tiers) == 1
         self._one_tenant: str | None = ""  # the only tenant seen so far ("": none yet; None: several)
         self._arrivals = Rate()
+        self._arrivals_by_rank: dict[int, Rate] | None = None if self._single_tier else {}
         self._queues: dict[int, RequestQueue] = {0: RequestQueue(self._tiers)}  # by bucket
         self._depth = 0  # live requests over every bucket
         self._takers: deque[Taker] = deque()  # parked workers, first parked first served
@@ -145,6 +146,11 @@ class Batcher:
         """Requests per second arriving lately (all tiers)."""
         return self._arrivals.per_s(now)
 
+    def arrival_rate_above(self, tier: str, now: float) -> float:
+        """Requests per second arriving lately of the tiers above `tier` (0.0 with one tier)."""
+        rank = self.tier_rank(tier)
+        return sum(r.per_s(now) for k, r in (self._arrivals_by_rank or {}).items() if k > rank)
+
     def tier_rank(self, tier: str) -> int:
         """A tier's place: higher goes first."""
         return self._tier_rank.get(tier, 0)
@@ -177,6 +183,8 @@ class Batcher:
             self._depth += 1
             now = request.enqueued_at
             self._arrivals.add(now)
+            if self._arrivals_by_rank is not None:
+                self._arrivals_by_rank.setdefault(self.tier_rank(request.tier), Rate()).add(now)
             self.echo.arrived(now)
             one = self._one_tenant
             if one is not None and request.tenant != one:  # the first tenant seen, then None for good
@@ -263,22 +271,28 @@ class Batcher:
             self._wake.clear()
             while not self._stopped:
                 now = self._clock()
-                taker = batch = None
-                with self._lock:
-                    if not self._takers or not self._depth:
-                        break
-                    decision = self._decision(now, "linger")
-                    if decision.bucket is not None:
-                        batch = self._take(decision.trigger, now, decision.bucket)
-                        if batch is not None:
-                            taker = self._takers.popleft()
-                    due_at = decision.due_at
-                if decision.bucket is not None:
-                    if taker is not None:
-                        taker(batch)
-                    continue
+                due_at = self.dispatch(now)
+                if due_at is None:
+                    break
                 # A batch that fills up meanwhile is handed over by `submit`, a new bucket wakes this up.
                 await asyncio.sleep(min(1.0, due_at - now))
+
+    def dispatch(self, now: float) -> float | None:
+        """Hand every batch due now to a parked worker; then when the next may be due (None: no worker is
+        parked, or nothing waits)."""
+        while True:
+            taker = batch = None
+            with self._lock:
+                if self._stopped or not self._takers or not self._depth:
+                    return None
+                decision = self._decision(now, "linger")
+                if decision.bucket is None:
+                    return decision.due_at
+                batch = self._take(decision.trigger, now, decision.bucket)
+                if batch is not None:
+                    taker = self._takers.popleft()
+            if taker is not None:
+                taker(batch)
 
     # ---- worker thread side ----------------------------------------------------------------------
 
@@ -329,7 +343,8 @@ class Batcher:
             return None
         costs = self.costs
         live = queue.live
-        requests = queue.take(costs.size_limit(bucket), now, self.max_batch_tokens, costs.curve(bucket), costs.level)  # type: ignore[arg-type]
+        requests = queue.take(costs.size_limit(bucket), now, self.max_batch_tokens, costs.curve(bucket), costs.level,  # type: ignore[arg-type]
+                              1.0 + costs.slack)
         self._depth -= live - queue.live  # taken, and any found expired on the way
         if not requests:
             return None  # everything due had expired

@@ -202,15 +202,16 @@ class RequestQueue:
                           batch_s(min(self.live, size_limit)), linger_s)
 
     def take(self, limit: int, now: float, token_budget: int | None = None, curve: Sequence[float] | None = None,
-             level: float = 1.0) -> list[PendingRequest]:
+             level: float = 1.0, margin: float = 1.0) -> list[PendingRequest]:
         """Pop up to `limit` live requests, within `token_budget` (the first always goes): promoted ones,
         then tier by tier with tenants in turn. With `curve` (`curve[n] x level`: the seconds a batch of
-        n takes), the batch also stops growing before a size that would make one of its members miss
-        its due (deadline or objective) when the smaller batch would not (see `BatchFilling`).
+        n takes; `margin`: the estimate's, 1 + its slack), the batch also stops growing before a size that
+        would make one of its members miss its due (deadline or objective) when the smaller batch would
+        not (see `BatchFilling`).
 
         Requests whose deadline passed are dropped, never run (their deadline timer answers 504).
         """
-        batch = BatchFilling(limit, token_budget, now, curve, level)
+        batch = BatchFilling(limit, token_budget, now, curve, level, margin)
         if self._promoting:
             self._take_promoted(batch, now)
         for tier in self._tiers:

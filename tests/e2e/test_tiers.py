@@ -210,4 +210,7 @@ async def test_a_full_queue_sheds_a_free_request_for_an_enterprise_one_and_count
     # Full again (q0, q1 and enterprise's): nobody below free, and cats holds no more than dogs: refused.
     assert (late_status, late_body["error"]) == (503, "SERVICE_OVERLOADED")
     assert [status for status, _, _ in results] == [200] * 4
-    assert shed == {("m", "free", "queue_full"): 2}  # one per 503 answered, not one more for the shed one
+    # one per 503 answered, not one more for the shed one; the late one may be refused before the queue's
+    # bound is even reached (an enterprise request a second at 300 ms a request: its wait passes its deadline)
+    assert sum(shed.values()) == 2 and shed[("m", "free", "queue_full")] >= 1, shed
+    assert set(shed) <= {("m", "free", "queue_full"), ("m", "free", "deadline_infeasible")}, shed

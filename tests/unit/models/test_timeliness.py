@@ -45,6 +45,8 @@ class FakeDevice:
             self.worker.current, self.finished = None, batch.size
             delivery.batch_done(self.model, batch)
             self.batches.append(batch)
+        if self.parked:
+            self.model.batcher.dispatch(now)  # (what the batcher's coroutine does: lingers that ran out)
         if self.worker.current is None:
             batch = self.handed.pop() if self.handed else None
             if batch is None and not self.parked:
@@ -85,8 +87,9 @@ async def test_a_tier_objective_or_wait_limit_refuses_that_tier_while_another_st
     tiers = (TierConfig("enterprise", priority=2, slo_ms=1000), TierConfig("free", priority=0, slo_ms=150))
     served = model(clock, tiers=tiers)
     FakeDevice(served, clock, SimulatedGPU(latency_ms=50, max_batch_size=32))
-    for i in range(64):
+    for i in range(64):  # enterprise arriving at about 64 a second, a tenth of capacity
         served.submit(f"f{i}", f"free {i}", 5.0, tier="enterprise")
+        clock.advance(0.015)
     with pytest.raises(ServiceOverloaded) as refused:
         served.submit("free", "free", 5.0, tier="free")  # 100 ms ahead, 50 of its own, and the slack: > 150
     assert refused.value.reason == "slo_infeasible"
@@ -95,6 +98,7 @@ async def test_a_tier_objective_or_wait_limit_refuses_that_tier_while_another_st
     FakeDevice(limited, clock, SimulatedGPU(latency_ms=50, max_batch_size=32))
     for i in range(64):
         limited.submit(f"p{i}", f"p {i}", 5.0, tier="paid")
+        clock.advance(0.015)
     with pytest.raises(ServiceOverloaded) as refused:
         limited.submit("free", "free", 5.0, tier="free")
     assert refused.value.reason == "tier_predicted_wait"

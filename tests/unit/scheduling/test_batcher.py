@@ -65,7 +65,7 @@ def names(batch: Batch | None) -> list[str]:
 
 def busy(b: Batcher, clock: FakeClock, per_s: float = 2000.0) -> None:
     """As if requests had been arriving at `per_s` for a while (the rate the rule reads)."""
-    b._arrivals.score, b._arrivals.at = per_s, clock()
+    b._arrivals.score, b._arrivals.at, b._arrivals.since = per_s, clock(), clock() - 10.0
 
 
 def test_a_free_worker_parks_while_arrivals_are_coming_and_gets_the_full_batch_handed_over(clock):
