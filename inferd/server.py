@@ -27,7 +27,6 @@ from .admission.auth import Authenticator
 from .admission.rate_limits import RateLimiter
 from .config import ConfigError, ModelConfig, ServerConfig
 from .errors import Draining, InferdError, describe
-from .execution.faults import DeadLetters
 from .http.agent_check import start_agent_check
 from .http.api import HttpApi
 from .http.connections import ConnectionLimits, GuardedServer
@@ -37,6 +36,7 @@ from .models.batch_model import BatchModel
 from .models.registry import Models
 from .models.rollout import Rollouts
 from .observability.access_log import AccessLog
+from .observability.dead_letters import DeadLetters
 from .observability.metrics import InferdCollector, RequestMetrics, build_registry
 from .observability.outcomes import Outcomes
 from .observability.tracing import Tracing

@@ -3,6 +3,7 @@ small HTTP helpers, and a fake clock for the pure logic."""
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import signal
@@ -34,15 +35,20 @@ def sim_model(name: str = "m", *, latency_ms: float = 20, backend: str = "inferd
 async def running_server(
     *models: ModelConfig, wait_ready: bool = True, ready_timeout_s: float = 60, span_exporter: Any = None, **server: Any
 ) -> AsyncIterator[InferenceServer]:
-    """The real InferenceServer listening on 127.0.0.1 with a free port, stopped (drained) afterwards."""
+    """The real InferenceServer listening on 127.0.0.1 with a free port, stopped (drained) afterwards.
+    Once ready, the heap so far is hidden from the collector, as `inferd serve` does (gc.freeze): else a
+    full collection walks everything the suite's earlier tests imported (vLLM, torch) and stalls the
+    loop that both this server and the test's client run on for most of a second."""
     config = ServerConfig(host="127.0.0.1", port=0, models=models or (sim_model(),), **server)
     srv = InferenceServer(config, span_exporter=span_exporter)
     await srv.start()
     try:
         if wait_ready:
             await srv.wait_ready(ready_timeout_s)
+        gc.freeze()
         yield srv
     finally:
+        gc.unfreeze()
         await srv.drain_and_stop()
 
 
@@ -134,12 +140,14 @@ class FakeClock:
 
 
 async def until(condition, timeout_s: float = 10.0, step_s: float = 0.002) -> None:  # type: ignore[no-untyped-def]
-    """Wait until `condition()` holds (a state the test is waiting for, not a time), or fail."""
+    """Wait until `condition()` holds (a state the test is waiting for, not a time), or fail. An async
+    `condition` (one that asks a server in another process, say) is awaited each time."""
     import asyncio
+    import inspect
 
     loop = asyncio.get_running_loop()
     give_up = loop.time() + timeout_s
-    while not condition():
+    while not (await held if inspect.isawaitable(held := condition()) else held):
         if loop.time() > give_up:
             raise AssertionError(f"condition not met within {timeout_s} s")
         await asyncio.sleep(step_s)

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..config import ModelConfig, TierConfig
-from ..errors import Draining, InvalidInput, ModelUnavailable, NotReady, ServiceOverloaded, retry_after_ms
-from ..execution.faults import BreakerState
+from ..errors import Draining, InvalidInput
 from ..lifecycle import Lifecycle
 from ..messages import PendingRequest
 from ..models.batch_model import BatchModel
@@ -30,7 +29,6 @@ from .rate_limits import Identity, RateLimiter
 if TYPE_CHECKING:
     from ..models.generation import GenerationModel
 
-_CLOSED = BreakerState.CLOSED
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,40 +66,12 @@ class Admission:
                 raise InvalidInput(f"input is {len(value)} characters; model {model.name} accepts at most {config.max_input_chars}")
         self._check_open()
         now = time.monotonic()
-        if model.breaker.state is not _CLOSED:
-            unavailable_s = model.breaker.refusal_s(now)
-            if unavailable_s is not None:
-                raise ModelUnavailable(f"model {model.name} is failing; its circuit breaker is open",
-                                       retry_after_ms=retry_after_ms(unavailable_s), reason="breaker_open")
-        if not model.ready:
-            raise NotReady(f"model {model.name} {'has no healthy worker' if model.pool.warmed else 'is warming up'}",
-                           retry_after_ms=1000)
-        timeout_s = deadline_s(config, timeout_ms)
+        unavailable = model.unavailable(now)
+        if unavailable is not None:
+            raise unavailable
         if who.rate_per_s is not None:  # (measuring capacity costs a little: only for limited callers)
             self.limiter.check(who, model.name, model.capacity_scale(), now, len(values))
-        if len(values) == 1:
-            shortcut = model.shortcut(request_id, values[0], timeout_s, who.tier, who.tenant, use_cache)
-            if shortcut is not None:
-                return [shortcut]
-            return [model.submit(request_id, values[0], timeout_s, who.tier, who.tenant)]
-        ids = [f"{request_id}.{i}" for i in range(len(values))]
-        admitted: list[PendingRequest | None] = [
-            model.shortcut(i, v, timeout_s, who.tier, who.tenant, use_cache) for i, v in zip(ids, values, strict=True)]
-        try:
-            fresh = [i for i, request in enumerate(admitted) if request is None]
-            if fresh:
-                if model.batcher.depth + len(fresh) > config.max_queue:
-                    raise ServiceOverloaded(f"model {model.name} cannot queue {len(fresh)} more inputs",
-                                            retry_after_ms=model.retry_after_ms(who.tier), reason="queue_full")
-            for i in fresh:  # (an input repeated in this call rides on its first copy)
-                admitted[i] = (model.shortcut(ids[i], values[i], timeout_s, who.tier, who.tenant, use_cache)
-                               or model.submit(ids[i], values[i], timeout_s, who.tier, who.tenant))
-        except BaseException:
-            for request in admitted:  # all or none: what was admitted is withdrawn
-                if request is not None:
-                    model.abandon(request)
-            raise
-        return admitted  # type: ignore[return-value]
+        return model.take(request_id, values, deadline_s(config, timeout_ms), who.tier, who.tenant, use_cache)
 
     def admit_generation(self, model: GenerationModel, who: Identity, timeout_ms: int | None, chars: int) -> GenerationTicket:
         """Admit one generation before its prompt (`chars` long) is tokenised: the same length check,

@@ -1,4 +1,5 @@
-"""Backends: the model side, a batch function `fn(inputs: list) -> list` of the same length.
+"""Backends: the model side, a batch function `fn(inputs: list) -> list` of the same length, and what
+it may offer beside (the contract: `contract.py`).
 
 A config names one as "package.module:name". The object found there is either
 - a batch function, called as it is by every worker (the seed's `batchstring` shape), or
@@ -6,27 +7,17 @@ A config names one as "package.module:name". The object found there is either
   thread as `factory(device, options)` so each worker builds its own model on its own GPU.
 
 "package.module" alone means that module's `create` factory.
-
-A batch function may also have:
-- `prepare_batch(items) -> list[Prepared | Exception]`: what each raw input becomes before it is queued
-  (e.g. token ids) and its length bucket (batches never mix buckets); run off the event loop, on the
-  model's preprocessing thread, for micro-batches of arriving requests. An Exception fails that input
-  alone with a 400. Items are strings, or token-id lists where the HTTP API accepts them.
-- `prepare(text) -> (input, bucket[, tokens])`: the same for one input, run on the event loop: only for cheap,
-  pure-Python bucketing (`prepare_batch` wins when both exist).
-- `warmup() -> dict` (e.g. capture CUDA graphs; what it did is shown in `GET /v1/models`) and
-  `warmup_batches() -> list of batches`, run before the worker turns ready.
-- `output_kind`: "embedding" for a model `/v1/embeddings` may serve.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-BatchFunction = Callable[[list[Any]], Sequence[Any]]
-BackendFactory = Callable[[str, Mapping[str, Any]], BatchFunction]
+from .contract import BatchBackend, Capabilities, module_memory_bytes  # noqa: F401 - the contract, re-exported
+
+BackendFactory = Callable[[str, Mapping[str, Any]], BatchBackend]
 
 _FACTORY_MARK = "__inferd_factory__"
 
@@ -67,7 +58,7 @@ def is_factory(obj: Any, configured: bool | None) -> bool:
 
 def build_batch_function(
     spec: str, device: str, options: Mapping[str, Any], factory: bool | None = None
-) -> BatchFunction:
+) -> BatchBackend:
     """What one worker calls: the factory's product for its device, or the plain function itself."""
     obj = resolve_backend(spec)
     if is_factory(obj, factory):

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..backends import BatchFunction
+from ..backends import BatchBackend, Capabilities
 from ..errors import describe
 from ..messages import Batch
 
@@ -56,7 +56,7 @@ class Worker:
         *,
         name: str,
         device: str,
-        build: Callable[[str], BatchFunction],
+        build: Callable[[str], BatchBackend],
         warmup_inputs: Sequence[Any],
         next_batch: NextBatch,
         loop: asyncio.AbstractEventLoop,
@@ -71,7 +71,8 @@ class Worker:
         self.device = device
         self.ready = False
         self.abandoned = False  # the watchdog gave up on it: it must never deliver again
-        self.backend: BatchFunction | None = None
+        self.backend: BatchBackend | None = None  # what its build made (the batch function)...
+        self.capabilities = Capabilities()  # ...and what that offers beside (read once, when built)
         self.busy_s = 0.0  # total time inside backend calls
         self.warmup_s = 0.0  # how long the last warm-up call took: the first estimate of a batch's time
         self.warmup_report: dict[str, Any] = {}  # what warming up did and took (GET /v1/models)
@@ -113,18 +114,18 @@ class Worker:
     def _run(self) -> None:
         try:
             fn = self._build(self.device)
+            offers = Capabilities.of(fn)  # (the contract, checked once: a misspelt hook fails the start)
             started = time.monotonic()
-            warmup = getattr(fn, "warmup", None)
-            if warmup is not None:  # e.g. CUDA graph capture
-                self.warmup_report = dict(warmup() or {})
-            warmups = getattr(fn, "warmup_batches", None)
-            batches = warmups() if warmups is not None else [self._warmup_inputs] if self._warmup_inputs else []
+            if offers.warmup is not None:  # e.g. CUDA graph capture
+                self.warmup_report = dict(offers.warmup() or {})
+            shapes = offers.warmup_batches
+            batches = shapes() if shapes is not None else [self._warmup_inputs] if self._warmup_inputs else []
             for batch in batches:  # e.g. one per length bucket: every shape is compiled before serving
                 call_started = time.monotonic()
                 check_outputs(fn(list(batch)), len(batch))
                 self.warmup_s = time.monotonic() - call_started
-            if warmups is not None:  # the backend's shapes are known: what they cost is the cost model's start
-                self.measured_costs = measure_costs(fn, batches, self.max_batch_size)
+            if shapes is not None or offers.cost is not None:  # what its shapes cost: the cost model's start
+                self.measured_costs = measure_costs(fn, offers.cost, batches, self.max_batch_size)
             elif batches:  # the warm-up inputs, taken as one bucket's: the first figure to learn from
                 self.measured_costs = [(0, len(batches[-1]), self.warmup_s)]
             self.warmup_report["warmup_s"] = round(time.monotonic() - started, 3)
@@ -133,7 +134,7 @@ class Worker:
             log.debug("worker %s start-up failure", self.name, exc_info=True)
             self._call_loop(self._on_failed, self, exc)
             return
-        self.backend = fn
+        self.backend, self.capabilities = fn, offers
         self.ready = True
         self._call_loop(self._on_ready, self)
         try:
@@ -143,7 +144,7 @@ class Worker:
                 log.error("worker %s died: %r", self.name, exc)
                 self._call_loop(self._on_died, self, self.current, exc)
 
-    def _serve(self, fn: BatchFunction) -> None:
+    def _serve(self, fn: BatchBackend) -> None:
         last_end = 0.0
         finished = 0
         while not self.abandoned:
@@ -181,14 +182,14 @@ class Worker:
             self.current = batch
         self._handoff.put(batch)
 
-    def _call(self, fn: BatchFunction, inputs: list[Any]) -> list[Any]:
+    def _call(self, fn: BatchBackend, inputs: list[Any]) -> list[Any]:
         self.call_started_at = time.monotonic()
         try:
             return check_outputs(fn(inputs), len(inputs))
         finally:
             self.call_started_at = 0.0
 
-    def _execute(self, fn: BatchFunction, batch: Batch) -> None:
+    def _execute(self, fn: BatchBackend, batch: Batch) -> None:
         inputs = [r.input for r in batch.requests]
         try:
             batch.outputs = self._call(fn, inputs)
@@ -213,12 +214,12 @@ class Worker:
 PROBE_CALL_LIMIT_S = 0.1  # a bucket's warm-up measurement stops doubling its batch once a call takes half this
 
 
-def measure_costs(fn: BatchFunction, batches: Sequence[Sequence[Any]], max_batch_size: int) -> list[tuple[int, int, float]]:
-    """What batches cost, for the cost model to start from: the backend's own figures (`cost(size,
-    bucket)`, e.g. timed CUDA graphs) when it has them, else each length bucket's warm-up batch (one
-    per bucket, in bucket order) timed at 1, 2, 4... inputs up to `max_batch_size`, until a call takes
-    half of `PROBE_CALL_LIMIT_S` (an expensive bucket is measured small and learned as it runs)."""
-    own = getattr(fn, "cost", None)
+def measure_costs(fn: BatchBackend, own: Callable[[int, int], float | None] | None, batches: Sequence[Sequence[Any]],
+                  max_batch_size: int) -> list[tuple[int, int, float]]:
+    """What batches cost, for the cost model to start from: the backend's own figures (`own`, its
+    `cost(size, bucket)`, e.g. timed CUDA graphs) when it has them, else each length bucket's warm-up
+    batch (one per bucket, in bucket order) timed at 1, 2, 4... inputs up to `max_batch_size`, until a
+    call takes half of `PROBE_CALL_LIMIT_S` (an expensive bucket is measured small, learned as it runs)."""
     if own is not None:
         known = ((b, n, own(n, b)) for b in range(len(batches)) for n in range(1, max_batch_size + 1))
         return [(b, n, float(s)) for b, n, s in known if s]

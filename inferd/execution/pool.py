@@ -17,11 +17,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..backends import BatchFunction
+from ..backends import BatchBackend, Capabilities
 from ..messages import Batch
 from ..observability.snapshots import WorkerSnapshot
 from .executor import NextBatch, Worker
-from .faults import BatchLatencies
+from .hang_limit import BatchLatencies
 
 log = logging.getLogger("inferd.pool")
 
@@ -38,7 +38,7 @@ class WorkerPool:
         *,
         name: str,
         devices: Sequence[str],
-        build: Callable[[str], BatchFunction],
+        build: Callable[[str], BatchBackend],
         warmup_inputs: Sequence[Any],
         next_batch: NextBatch,
         loop: asyncio.AbstractEventLoop,
@@ -104,9 +104,15 @@ class WorkerPool:
             await self.loop.run_in_executor(None, worker.join, max(0.0, deadline - time.monotonic()))
 
     def release(self) -> None:
-        """After `stop`: forget what the workers built (a model's weights), so its memory can go."""
+        """After `stop`: close and forget what the workers built (a model's weights), so its memory can go."""
         for worker in self.workers:
-            worker.backend, worker.ready = None, False
+            close = worker.capabilities.close
+            if close is not None and worker.backend is not None:
+                try:
+                    close()
+                except Exception:  # noqa: BLE001 - its memory goes all the same once it is forgotten
+                    log.exception("model %s: worker %s's backend failed to close", self.name, worker.name)
+            worker.backend, worker.capabilities, worker.ready = None, Capabilities(), False
         self._count_healthy()
 
     def running(self) -> list[Batch]:

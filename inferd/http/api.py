@@ -20,15 +20,16 @@ from .. import __version__
 from ..admission.admission import Admission
 from ..admission.rate_limits import RateLimiter
 from ..errors import InferdError, MethodNotAllowed, ModelNotFound, NotFound, describe
-from ..execution.faults import DeadLetters
 from ..lifecycle import Lifecycle
 from ..models.batch_model import BatchModel
 from ..models.registry import Models
 from ..models.rollout import Rollouts
+from ..observability.dead_letters import DeadLetters
 from ..observability.outcomes import Outcomes
 from ..observability.tracing import Tracing
 from .admin import PREFIX as ADMIN_PREFIX
 from .admin import AdminApi
+from .batch_calls import traced_route
 from .generation import GenerationApi
 from .idempotency import IdempotentReplies
 from .inference import InferenceApi
@@ -68,7 +69,9 @@ class HttpApi:
             generation = GenerationApi(models=models.generation, admission=admission, outcomes=outcomes,
                                        lifecycle=lifecycle, ids=self.ids, body=body)
         inference = InferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle, ids=self.ids,
-                                 body=body, generation=generation, tracing=tracing)
+                                 body=body, generation=generation)
+        call_routes = (inference.inference, inference.embeddings) if tracing is None else (
+            traced_route(tracing, self.ids, inference.inference), traced_route(tracing, self.ids, inference.embeddings))
         self.open_inference = OpenInferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle,
                                                ids=self.ids, body=body, tracing=tracing)
         self.admin = AdminApi(rollouts=rollouts, auth=admission.auth, body=body, ids=self.ids) if rollouts else None
@@ -76,9 +79,9 @@ class HttpApi:
         keyed = self.idempotency.wrap
         # path -> (method, handler, counted as in flight)
         self.routes: dict[str, tuple[str, Handler, bool]] = {
-            "/v1/inference": ("POST", inference.inference, True),
-            "/api/inference": ("POST", inference.inference, True),
-            "/v1/embeddings": ("POST", inference.embeddings, True),
+            "/v1/inference": ("POST", call_routes[0], True),
+            "/api/inference": ("POST", call_routes[0], True),
+            "/v1/embeddings": ("POST", call_routes[1], True),
             "/healthz": ("GET", self.healthz, False),
             "/readyz": ("GET", self.readyz, False),
             "/v1/models": ("GET", self.list_models, False),

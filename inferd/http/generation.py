@@ -14,14 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from ..admission.admission import Admission
 from ..admission.rate_limits import Identity
-from ..backends.vllm import VllmEngine
 from ..errors import DeadlineExceeded, InferdError, InferenceFailed, InvalidInput, ModelNotFound, describe
 from ..lifecycle import Lifecycle
 from ..observability.outcomes import Outcomes
@@ -69,7 +69,7 @@ class GenerationApi:
             return [event]
 
         return await self._serve(request, model, body, who, request_id, started, len(call.input),
-                                 lambda engine: engine.encode(call.input), whole, chunk, openai=False)
+                                 partial(model.prompt_ids, call.input), whole, chunk, openai=False)
 
     async def completions(self, request: web.BaseRequest) -> web.StreamResponse:
         return await self._openai(request, chat=False)
@@ -96,18 +96,15 @@ class GenerationApi:
             self.outcomes.record_error(request_id, "-", tier, error, started, tenant=tenant)
             return error_response(error, request_id, close=self.lifecycle.draining, openai=True)
         answer = TextAnswer(call, model.name, int(time.time()))
-
-        def encode(engine: VllmEngine) -> list[int]:
-            return engine.encode_chat(call.messages) if call.chat else engine.encode(call.prompt)
-
-        return await self._serve(request, model, body, who, request_id, started, call.chars, encode,
+        prompt_ids = partial(model.prompt_ids, messages=call.messages) if call.chat else partial(model.prompt_ids, call.prompt)
+        return await self._serve(request, model, body, who, request_id, started, call.chars, prompt_ids,
                                  lambda text, last: answer.whole(text, last, _usage(last)),
                                  lambda text, last: answer.chunks(text, last, _usage(last)), openai=True)
 
     # ---- one generation, whole or streamed -------------------------------------------------------
 
     async def _serve(self, request: web.BaseRequest, model: GenerationModel, body: dict[str, Any], who: Identity,
-                     request_id: str, started: float, chars: int, encode: Callable[[VllmEngine], list[int]],
+                     request_id: str, started: float, chars: int, prompt_ids: Callable[[], Awaitable[list[int]]],
                      whole: Callable[[str, Any], dict], chunk: Callable[[str, Any], list[dict]], *,
                      openai: bool) -> web.StreamResponse:
         """`openai`: errors in OpenAI's shape, and a stream ends with `data: [DONE]`."""
@@ -115,21 +112,13 @@ class GenerationApi:
         try:
             overrides = sampling_fields(body)
             ticket = self.admission.admit_generation(model, who, timeout_ms(body), chars)  # before any tokenising
-            prompt_ids = await model.tokenize(encode)
-            if not prompt_ids:
-                raise InvalidInput("the prompt is empty")
-            if len(prompt_ids) >= model.engine.max_model_len:
-                raise InvalidInput(f"prompt is {len(prompt_ids)} tokens; model {model.name} takes fewer than "
-                                   f"{model.engine.max_model_len}")
-            try:
-                sampling = model.engine.sampling(overrides)
-            except Exception as exc:  # noqa: BLE001 - vLLM's own checks (its validation error is no ValueError)
-                raise InvalidInput(f"bad sampling parameters: {describe(exc)}") from None
+            ids = await prompt_ids()
+            sampling = model.sampling(overrides)
         except InferdError as error:
             self.outcomes.record_error(request_id, model.name, tier, error, started, tenant=tenant)
             return error_response(error, request_id, close=self.lifecycle.draining, openai=openai)
         timeout_s = ticket.timeout_s
-        deltas = model.stream(prompt_ids, sampling, ticket.priority)
+        deltas = model.stream(ids, sampling, ticket.priority)
         streaming = bool(body.get("stream"))
         response: web.StreamResponse | None = None
         pieces: list[str] = []

@@ -1,26 +1,22 @@
 """The batch models' endpoints: `POST /v1/inference` (one input, one output) and OpenAI's
 `POST /v1/embeddings` (each item batched like a request of its own, answered in order).
 
-A handler reads the body once, identifies the caller, and hands the inputs to admission; it then waits
-on each request's own future, which the model resolves. A client that goes away cancels the handler:
-its inputs still waiting are withdrawn and never computed.
+A handler reads the body once, identifies the caller, and runs the call the one way batch calls run
+(`batch_calls`): admission, then each input's own future, which the model resolves. A client that goes
+away cancels the handler: its inputs still waiting are withdrawn and never computed.
 """
 
 from __future__ import annotations
-
-import asyncio
-import time
-from collections.abc import Awaitable, Mapping
 
 from aiohttp import web
 
 from ..admission.admission import Admission
 from ..errors import InferdError, InvalidInput, ModelNotFound
 from ..lifecycle import Lifecycle
-from ..messages import PendingRequest, RequestState
+from ..messages import RequestState
 from ..models.registry import Models
 from ..observability.outcomes import Outcomes
-from ..observability.tracing import RequestTrace, Tracing
+from .batch_calls import BatchCalls, CallStart, cache_allowed, call_start
 from .embeddings import embeddings_payload, parse_embeddings_body
 from .generation import GenerationApi
 from .protocol import BodyReader, RequestIds, encode_vector, parse_inference_body
@@ -34,7 +30,7 @@ class InferenceApi:
 
     def __init__(
         self, *, models: Models, admission: Admission, outcomes: Outcomes, lifecycle: Lifecycle, ids: RequestIds,
-        body: BodyReader, generation: GenerationApi | None, tracing: Tracing | None = None,
+        body: BodyReader, generation: GenerationApi | None,
     ) -> None:
         self.models = models
         self.admission = admission
@@ -43,17 +39,14 @@ class InferenceApi:
         self.ids = ids
         self.body = body
         self.generation = generation
-        self.tracing = tracing
+        self.calls = BatchCalls(admission, outcomes)
 
-    async def inference(self, request: web.BaseRequest, started: float = 0.0, request_id: str = "",
-                        trace: RequestTrace | None = None) -> web.StreamResponse:
+    async def inference(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
         headers = request.headers
-        if not started:
-            started = time.monotonic()
-            request_id = self.ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key"))
-            if self.tracing is not None and (trace := self.tracing.begin(headers, started, request)) is not None:
-                return await traced(self.tracing, trace, request_id, self.inference(request, started, request_id, trace))
-        model_name, version, tier, tenant, pending = "-", "", "-", "-", None
+        if start is None:
+            start = call_start(self.ids, headers)
+        started, request_id = start.started, start.request_id
+        model_name, version, tier, tenant, items = "-", "", "-", "-", []
         try:
             who = self.admission.identify(headers)
             tier, tenant = who.tier, who.tenant
@@ -66,19 +59,14 @@ class InferenceApi:
                                                            started)
                 raise ModelNotFound(f"no model named {name!r}; see GET /v1/models")
             model_name, version = model.name, model.version
-            pending = self.admission.admit(model, request_id, (call.input,), who, call.timeout_ms, cache_allowed(headers))[0]
-            if trace is not None:
-                trace.admitted([pending], model_name, model.version, tier, tenant)
-            try:
-                output = await pending.future
-            except asyncio.CancelledError:
-                model.abandon(pending)  # client went away: never computed if still queued
-                self.outcomes.record(request_id, model_name, tier, 499, "CLIENT_DISCONNECTED", started, pending, tenant, trace, version)
-                raise
+            items = self.calls.admit(model, start, (call.input,), who, call.timeout_ms, cache_allowed(headers))
+            output = (await self.calls.answers(model, start, items, who))[0]
         except InferdError as error:
-            now = self.outcomes.record_error(request_id, model_name, tier, error, started, pending, tenant, trace, version)
+            now = self.outcomes.record_error(request_id, model_name, tier, error, started, items[0] if items else None,
+                                             tenant, start.trace, version)
             return error_response(error, request_id, close=self.lifecycle.draining, held_s=now - started)
-        now = self.outcomes.record(request_id, model_name, tier, 200, "", started, pending, tenant, trace, version)
+        pending = items[0]
+        now = self.outcomes.record(request_id, model_name, tier, 200, "", started, pending, tenant, start.trace, version)
         batch = pending.batch
         extra: tuple[tuple[str, str], ...] = (("X-Request-ID", request_id), ("X-Model-Version", model.version))
         if batch is not None:
@@ -94,16 +82,13 @@ class InferenceApi:
                    "latency_ms": round((now - started) * 1000, 3)}
         return WholeResponse(200, dumps(payload), extra)
 
-    async def embeddings(self, request: web.BaseRequest, started: float = 0.0, request_id: str = "",
-                         trace: RequestTrace | None = None) -> web.StreamResponse:
+    async def embeddings(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
         """OpenAI's `POST /v1/embeddings`: each item batched like a request of its own, answered in order."""
         headers = request.headers
-        if not started:
-            started = time.monotonic()
-            request_id = self.ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key"))
-            if self.tracing is not None and (trace := self.tracing.begin(headers, started, request)) is not None:
-                return await traced(self.tracing, trace, request_id, self.embeddings(request, started, request_id, trace))
-        model_name, version, tier, tenant, model, items = "-", "", "-", "-", None, []
+        if start is None:
+            start = call_start(self.ids, headers)
+        started, request_id = start.started, start.request_id
+        model_name, version, tier, tenant, items = "-", "", "-", "-", []
         try:
             who = self.admission.identify(headers)
             tier, tenant = who.tier, who.tenant
@@ -118,49 +103,12 @@ class InferenceApi:
             cap = model.config.max_inputs_per_call
             if len(call.items) > cap:
                 raise InvalidInput(f"`input` holds {len(call.items)} items; model {name} takes at most {cap} per call")
-            items = self.admission.admit(model, request_id, call.items, who, call.timeout_ms, cache_allowed(headers))
-            if trace is not None:
-                trace.admitted(items, model_name, model.version, tier, tenant)
-            try:
-                vectors = await asyncio.gather(*(item.future for item in items))
-            except asyncio.CancelledError:
-                self.outcomes.record(request_id, model_name, tier, 499, "CLIENT_DISCONNECTED", started, None, tenant, trace, version)
-                raise
+            items = self.calls.admit(model, start, call.items, who, call.timeout_ms, cache_allowed(headers))
+            vectors = await self.calls.answers(model, start, items, who)
         except InferdError as error:
-            now = self.outcomes.record_error(request_id, model_name, tier, error, started, None, tenant, trace, version,
+            now = self.outcomes.record_error(request_id, model_name, tier, error, started, None, tenant, start.trace, version,
                                              items[0].slo_at if items else None)
             return error_response(error, request_id, close=self.lifecycle.draining, openai=True, held_s=now - started)
-        finally:
-            withdraw_unanswered(model, items)
-        self.outcomes.record(request_id, model_name, tier, 200, "", started, None, tenant, trace, version, items[0].slo_at)
+        self.outcomes.record(request_id, model_name, tier, 200, "", started, None, tenant, start.trace, version, items[0].slo_at)
         payload = embeddings_payload(model_name, vectors, sum(item.tokens for item in items), call.base64)
         return WholeResponse(200, dumps(payload), (("X-Request-ID", request_id), ("X-Model-Version", model.version)))
-
-
-async def traced(tracing: Tracing, trace: RequestTrace, request_id: str,
-                 handling: Awaitable[web.StreamResponse]) -> web.StreamResponse:
-    """Run a handler for a sampled request, then close its span with the status it answered."""
-    status = 499  # (unless it answers: the client went away)
-    try:
-        response = await handling
-        status = response.status
-        return response
-    finally:
-        tracing.end(trace, request_id, status)
-
-
-def cache_allowed(headers: Mapping[str, str]) -> bool:
-    """A client's `Cache-Control: no-cache` (or `no-store`) asks for a fresh computation."""
-    control = headers.get("Cache-Control")
-    if control is None:
-        return True
-    control = control.lower()
-    return "no-cache" not in control and "no-store" not in control
-
-
-def withdraw_unanswered(model, items: list[PendingRequest]) -> None:  # type: ignore[no-untyped-def]
-    """The rest of a call that failed or was given up: never computed if still waiting (a cancelled
-    gather has cancelled their futures already, so a cancelled future counts as unanswered)."""
-    for item in items:
-        if not item.future.done() or item.future.cancelled():
-            model.abandon(item)

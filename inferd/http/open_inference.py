@@ -11,8 +11,8 @@ in the protocol's shape, `{"error": message}`, with inferd's stable `code` besid
 
 from __future__ import annotations
 
-import asyncio
 import time
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -24,8 +24,8 @@ from ..lifecycle import Lifecycle
 from ..models.batch_model import BatchModel
 from ..models.registry import Models
 from ..observability.outcomes import Outcomes
-from ..observability.tracing import RequestTrace, Tracing
-from .inference import cache_allowed, traced, withdraw_unanswered
+from ..observability.tracing import Tracing
+from .batch_calls import BatchCalls, CallStart, cache_allowed, traced
 from .open_inference_wire import HEADER_LENGTH, INPUT, OUTPUT, infer_response, parse_infer
 from .protocol import BodyReader, RequestIds
 from .responses import WholeResponse, dumps, error_response
@@ -43,6 +43,7 @@ class OpenInferenceApi:
         self.ids = ids
         self.body = body
         self.tracing = tracing
+        self.calls = BatchCalls(admission, outcomes)
 
     async def route(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
         request_id = self.ids.pick(request.headers.get("X-Request-ID") or request.headers.get("Idempotency-Key"))
@@ -96,16 +97,14 @@ class OpenInferenceApi:
                              "shape": [-1, -1] if embedding else [-1]}]}
 
     async def infer(self, request: web.BaseRequest, model: BatchModel, request_id: str) -> web.StreamResponse:
-        started = time.monotonic()
-        tracing = self.tracing
-        trace = tracing.begin(request.headers, started, "/v2/models/{model}/infer") if tracing is not None else None
-        if trace is None:
-            return await self._infer(request, model, request_id, started, None)
-        return await traced(tracing, trace, request_id, self._infer(request, model, request_id, started, trace))  # type: ignore[arg-type]
+        start = CallStart(time.monotonic(), request_id)
+        if self.tracing is None:
+            return await self._infer(request, model, start)
+        return await traced(self.tracing, request, start, partial(self._infer, request, model), "/v2/models/{model}/infer")
 
-    async def _infer(self, request: web.BaseRequest, model: BatchModel, request_id: str, started: float,
-                     trace: RequestTrace | None) -> web.StreamResponse:
+    async def _infer(self, request: web.BaseRequest, model: BatchModel, start: CallStart) -> web.StreamResponse:
         headers = request.headers
+        started, request_id = start.started, start.request_id
         tier, tenant, items, version = "-", "-", [], model.version
         try:
             who = self.admission.identify(headers)
@@ -114,22 +113,14 @@ class OpenInferenceApi:
             cap = model.config.max_inputs_per_call
             if len(call.texts) > cap:
                 raise InvalidInput(f"`{INPUT}` holds {len(call.texts)} elements; model {model.name} takes at most {cap}")
-            items = self.admission.admit(model, request_id, call.texts, who, call.timeout_ms, cache_allowed(headers))
-            if trace is not None:
-                trace.admitted(items, model.name, model.version, tier, tenant)
-            try:
-                outputs = await asyncio.gather(*(item.future for item in items))
-            except asyncio.CancelledError:
-                self.outcomes.record(request_id, model.name, tier, 499, "CLIENT_DISCONNECTED", started, None, tenant, trace, version)
-                raise
+            items = self.calls.admit(model, start, call.texts, who, call.timeout_ms, cache_allowed(headers))
+            outputs = await self.calls.answers(model, start, items, who)
         except InferdError as error:
-            now = self.outcomes.record_error(request_id, model.name, tier, error, started, None, tenant, trace, version,
+            now = self.outcomes.record_error(request_id, model.name, tier, error, started, None, tenant, start.trace, version,
                                              items[0].slo_at if items else None)
             return error_response(error, request_id, close=self.lifecycle.draining, open_inference=True, held_s=now - started)
-        finally:
-            withdraw_unanswered(model, items)
-        self.outcomes.record(request_id, model.name, tier, 200, "", started, None, tenant, trace, version, items[0].slo_at)
-        body, header_length = infer_response(model.name, model.version, call.id, list(outputs), call.binary_output)
+        self.outcomes.record(request_id, model.name, tier, 200, "", started, None, tenant, start.trace, version, items[0].slo_at)
+        body, header_length = infer_response(model.name, model.version, call.id, outputs, call.binary_output)
         if header_length is None:
             return WholeResponse(200, body, (("X-Request-ID", request_id),))
         return WholeResponse(200, body, (("X-Request-ID", request_id), (HEADER_LENGTH, str(header_length))),

@@ -18,19 +18,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
 from .. import errors
 from ..backends import build_batch_function
 from ..config import ModelConfig, TierConfig
-from ..errors import DeadlineExceeded, InferdError, InvalidInput, ServiceOverloaded
+from ..errors import DeadlineExceeded, InferdError, InvalidInput, ModelUnavailable, NotReady, ServiceOverloaded
+from ..execution.breaker import BreakerState, CircuitBreaker
 from ..execution.executor import Worker
-from ..execution.faults import BatchLatencies, BreakerState, CircuitBreaker, DeadLetters
+from ..execution.hang_limit import BatchLatencies
 from ..execution.pool import WorkerPool
 from ..messages import PendingRequest, RequestState
 from ..observability.batch_stats import BatchStats
+from ..observability.dead_letters import DeadLetters
 from ..observability.metrics import RequestMetrics
 from ..observability.snapshots import BatchModelSnapshot
 from ..observability.tracing import Tracing
@@ -127,7 +129,46 @@ class BatchModel:
 
     # ---- requests --------------------------------------------------------------------------------
 
-    def shortcut(
+    def unavailable(self, now: float) -> InferdError | None:
+        """Why nothing may be admitted now, if so: its circuit breaker is open, or it is not ready."""
+        if self.breaker.state is not BreakerState.CLOSED:
+            refusal_s = self.breaker.refusal_s(now)
+            if refusal_s is not None:
+                return ModelUnavailable(f"model {self.name} is failing; its circuit breaker is open",
+                                        retry_after_ms=errors.retry_after_ms(refusal_s), reason="breaker_open")
+        if not self.ready:
+            return NotReady(f"model {self.name} {'has no healthy worker' if self.pool.warmed else 'is warming up'}",
+                            retry_after_ms=1000)
+        return None
+
+    def take(self, request_id: str, values: Sequence[Any], timeout_s: float, tier: str, tenant: str,
+             use_cache: bool = True) -> list[PendingRequest]:
+        """Take the inputs of one call, all or none: one for /v1/inference, several for /v1/embeddings or
+        a v2 tensor (each a request of its own, `request_id.i`). An input cached or already in flight is
+        answered without entering the queue (an input repeated in the call rides on its first copy), so
+        only the others count against the queue's room. Raises what refused it; the caller awaits each
+        request's `.future`."""
+        if len(values) == 1:
+            return [self.from_shared_work(request_id, values[0], timeout_s, tier, tenant, use_cache)
+                    or self.submit(request_id, values[0], timeout_s, tier, tenant)]
+        ids = [f"{request_id}.{i}" for i in range(len(values))]
+        taken = [self.from_shared_work(i, v, timeout_s, tier, tenant, use_cache) for i, v in zip(ids, values, strict=True)]
+        try:
+            fresh = [i for i, request in enumerate(taken) if request is None]
+            if fresh and self.batcher.depth + len(fresh) > self.config.max_queue:
+                raise ServiceOverloaded(f"model {self.name} cannot queue {len(fresh)} more inputs",
+                                        retry_after_ms=self.retry_after_ms(tier), reason="queue_full")
+            for i in fresh:
+                taken[i] = (self.from_shared_work(ids[i], values[i], timeout_s, tier, tenant, use_cache)
+                            or self.submit(ids[i], values[i], timeout_s, tier, tenant))
+        except BaseException:
+            for request in taken:  # all or none: what was taken is withdrawn
+                if request is not None:
+                    self.abandon(request)
+            raise
+        return taken  # type: ignore[return-value]
+
+    def from_shared_work(
         self, request_id: str, raw: Any, timeout_s: float, tier: str, tenant: str, use_cache: bool = True
     ) -> PendingRequest | None:
         """An input computed already (answered from the cache) or being computed now (attached to that
@@ -291,13 +332,12 @@ class BatchModel:
         self.costs.measured(worker.measured_costs)
         self.forecast.note_capacity(self.pool.healthy)
         if self.preprocessor is None and self.prepare_one is None:  # the same for every worker's backend
-            backend = worker.backend
-            prepare_batch = getattr(backend, "prepare_batch", None)
-            if prepare_batch is not None:
-                self.preprocessor = Preprocessor(prepare_batch, self.loop, self._on_prepared, self.name)
+            offers = worker.capabilities
+            if offers.prepare_batch is not None:
+                self.preprocessor = Preprocessor(offers.prepare_batch, self.loop, self._on_prepared, self.name)
             else:
-                self.prepare_one = getattr(backend, "prepare", None)
-            self.output_kind = getattr(backend, "output_kind", None)
+                self.prepare_one = offers.prepare
+            self.output_kind = offers.output_kind
 
     # ---- what it knows about itself --------------------------------------------------------------
 

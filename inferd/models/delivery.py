@@ -7,17 +7,43 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .. import errors
-from ..errors import DeadlineExceeded, InferenceFailed, ModelUnavailable
+from ..config import ModelConfig
+from ..errors import DeadlineExceeded, InferdError, InferenceFailed, ModelUnavailable
+from ..execution.breaker import CircuitBreaker
+from ..execution.pool import WorkerPool
 from ..messages import Batch, PendingRequest
-from .shared_work import waited_for
-
-if TYPE_CHECKING:
-    from .batch_model import BatchModel
+from ..observability.batch_stats import BatchStats
+from ..observability.dead_letters import DeadLetters
+from ..observability.tracing import Tracing
+from ..scheduling.batcher import Batcher
+from ..scheduling.deadlines import DeadlineWheel
+from .forecast import Forecast
+from .shared_work import SharedWork, waited_for
+from .timeliness import Timeliness
 
 log = logging.getLogger("inferd.model")
+
+
+class BatchModel(Protocol):
+    """What delivery reads and calls of the batch model it answers for (`batch_model.BatchModel`)."""
+
+    name: str
+    config: ModelConfig
+    shared: SharedWork
+    tracing: Tracing | None
+    stats: BatchStats
+    pool: WorkerPool
+    forecast: Forecast
+    deadlines: DeadlineWheel
+    breaker: CircuitBreaker
+    batcher: Batcher
+    timeliness: Timeliness
+    dead_letters: DeadLetters
+
+    def fail(self, request: PendingRequest, error: InferdError) -> None: ...
 
 
 def batch_done(model: BatchModel, batch: Batch) -> None:

@@ -12,8 +12,9 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from ..backends.vllm import Delta, EngineStats, VllmEngine
@@ -118,11 +119,26 @@ class GenerationModel:
     def waiting_tokens(self) -> int:
         return self._waiting_tokens
 
-    async def tokenize(self, encode: Callable[[VllmEngine], list[int]]) -> list[int]:
-        """A prompt's token ids, from the tokenizing thread: a long prompt never stalls the loop."""
+    async def prompt_ids(self, text: str | None = None, messages: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+        """A prompt's token ids (a chat's, through its template), from the tokenizing thread: a long prompt
+        never stalls the loop. InvalidInput when it is empty or too long for the model."""
         engine = self.engine
         assert engine is not None
-        return await self.loop.run_in_executor(self._tokenizing, encode, engine)
+        encode = partial(engine.encode_chat, messages) if messages is not None else partial(engine.encode, text or "")
+        ids = await self.loop.run_in_executor(self._tokenizing, encode)
+        if not ids:
+            raise InvalidInput("the prompt is empty")
+        if len(ids) >= engine.max_model_len:
+            raise InvalidInput(f"prompt is {len(ids)} tokens; model {self.name} takes fewer than {engine.max_model_len}")
+        return ids
+
+    def sampling(self, overrides: Mapping[str, Any]) -> Any:
+        """The engine's sampling parameters for a request's own fields; InvalidInput when it refuses them."""
+        assert self.engine is not None
+        try:
+            return self.engine.sampling(overrides)
+        except Exception as exc:  # noqa: BLE001 - vLLM's own checks (its validation error is no ValueError)
+            raise InvalidInput(f"bad sampling parameters: {describe(exc)}") from None
 
     def retry_after_ms(self) -> int:
         """About the time the waiting requests take to reach their first token, from recent TTFTs."""

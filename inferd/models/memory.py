@@ -10,18 +10,16 @@ the version is checked again once built: one that left less than the headroom fr
 
 from __future__ import annotations
 
-import importlib
 import sys
 
+from ..backends import module_memory_bytes
 from ..config import ModelConfig
 from ..errors import InsufficientMemory
 
 
 def needed_bytes(config: ModelConfig) -> int:
     """One worker's need, as the backend estimates it (0 when it has no estimate)."""
-    module = importlib.import_module(config.backend.partition(":")[0])
-    estimate = getattr(module, "memory_bytes", None)
-    return int(estimate(config.options)) if estimate is not None else 0
+    return module_memory_bytes(config.backend, config.options)
 
 
 def check_fits(config: ModelConfig, headroom_bytes: int) -> None:

@@ -3,13 +3,47 @@ description (settings and live statistics) for GET /v1/models and /v1/stats."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from ..config import ModelConfig
+from ..execution.breaker import CircuitBreaker
+from ..execution.pool import WorkerPool
+from ..observability.batch_stats import BatchStats
+from ..observability.metrics import RequestMetrics
 from ..observability.snapshots import BatchModelSnapshot, CacheSnapshot
+from ..scheduling.batch_costs import BatchCosts
+from ..scheduling.batcher import Batcher
+from ..scheduling.preprocess import Preprocessor
+from .forecast import Forecast
 from .result_cache import ResultCache
+from .shared_work import SharedWork
+from .timeliness import Timeliness
 
-if TYPE_CHECKING:
-    from .batch_model import BatchModel
+
+class BatchModel(Protocol):
+    """What a report reads of the batch model it describes (`batch_model.BatchModel`)."""
+
+    name: str
+    version: str
+    takes_traffic: bool
+    config: ModelConfig
+    metrics: RequestMetrics
+    stats: BatchStats
+    batcher: Batcher
+    shared: SharedWork
+    pool: WorkerPool
+    forecast: Forecast
+    costs: BatchCosts
+    timeliness: Timeliness
+    breaker: CircuitBreaker
+    preprocessor: Preprocessor | None
+    prepare_one: Any
+    output_kind: str | None
+
+    @property
+    def ready(self) -> bool: ...
+
+    def predicted_wait_s(self, tier: str | None = None, now: float | None = None, tenant: str | None = None) -> float: ...
 
 
 def snapshot(model: BatchModel, now: float) -> BatchModelSnapshot:
@@ -36,14 +70,14 @@ def describe(model: BatchModel) -> dict[str, Any]:
     settings = ("backend", "max_batch_size", "max_wait_ms", "slo_ms", "max_batch_tokens", "max_queue", "timeout_ms",
                 "max_timeout_ms", "collapse")
     cache = _cache_snapshot(model.shared.cache)
-    backend = next((w.backend for w in pool.workers if w.ready), None)
+    offers = next((w.capabilities for w in pool.workers if w.ready), None)
     return {
         "name": c.name, "version": c.version, **{key: getattr(c, key) for key in settings}, "workers": len(pool.workers),
         # What keeps two requests out of one batch: another model or version (each has its own queue and
         # workers), another length bucket, and whatever the backend declares changes its computation.
         "batch_key": {"model": c.name, "version": c.version, "bucket": "per input, from the backend's prepare"
                       if model.preprocessor is not None or model.prepare_one is not None else "one",
-                      **getattr(backend, "compatibility", {})},
+                      **(offers.compatibility if offers is not None else {})},
         "devices": list(c.worker_devices), "ready": model.ready, "ready_workers": pool.healthy,
         "breaker": model.breaker.state.value, "workers_replaced": pool.replacements,
         "worker_build_failures": pool.build_failures, "batch_timeout_ms": round(pool.latencies.limit_s * 1000, 1),

@@ -7,7 +7,7 @@ import time
 
 import orjson
 
-from ..helpers import infer, running_server, sim_model
+from ..helpers import infer, running_server, sim_model, until
 
 FAST = dict(header_timeout_s=0.3, body_timeout_s=0.3, keepalive_timeout_s=0.6)
 
@@ -74,22 +74,21 @@ async def test_past_the_cap_new_connections_get_health_checks_only_then_nothing(
     limits = dict(max_connections=8, connection_reserve=3, header_timeout_s=30)
     async with running_server(sim_model(latency_ms=5), **limits) as srv:
         held = [await connect(srv.url) for _ in range(5)]  # silent clients holding every ordinary slot
-        await asyncio.sleep(0.05)
-        assert srv.connections.open == 5
+        await until(lambda: srv.connections.open == 5)
         status, body, headers = await infer(http, srv.url, {"input": "in the reserve"})
         assert (status, body["error"]) == (503, "SERVICE_OVERLOADED") and body["retry_after_ms"] > 0
         assert headers["Connection"].lower() == "close"
         async with http.get(f"{srv.url}/readyz") as resp:
             assert resp.status == 200  # a load balancer still sees the host
         held += [await connect(srv.url) for _ in range(3)]  # now every descriptor allowed is taken
-        await asyncio.sleep(0.05)
+        await until(lambda: srv.connections.open == 8)
         reader, writer = await connect(srv.url)
         assert await answer(reader) == (None, None)  # closed at once
         writer.close()
         assert srv.connections.stats()["refused"] >= 1
         for _, w in held:
             w.close()
-        await asyncio.sleep(0.1)
+        await until(lambda: srv.connections.open < 5)  # (ordinary slots free again)
         assert (await infer(http, srv.url, {"input": "room again"}))[0] == 200
 
 

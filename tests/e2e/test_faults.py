@@ -113,12 +113,13 @@ async def test_breaker_opens_on_a_failing_model_and_closes_after_recovery(http):
         assert time.monotonic() - started < 0.1  # refused at once, not queued
         async with http.get(f"{srv.url}/readyz") as resp:
             assert resp.status == 503 and (await resp.json())["models"]["m"]["breaker"] == "open"
-        await asyncio.sleep(0.45)
+        breaker = srv.models["m"].breaker
+        await until(lambda: breaker.refusal_s(time.monotonic()) is None)  # its cool-down is over
         status, _, _ = await infer(http, srv.url, {"input": "probe-fails"})  # half-open probe: still broken
         assert status == 500
         assert (await infer(http, srv.url, {"input": "refused-again"}))[0] == 503
         fakes.failing.clear()
-        await asyncio.sleep(0.45)
+        await until(lambda: breaker.refusal_s(time.monotonic()) is None)
         status, body, _ = await infer(http, srv.url, {"input": "probe-ok"})
         assert status == 200 and body["output"] == expected_output("probe-ok")
         assert srv.models["m"].breaker.state.value == "closed"

@@ -10,7 +10,7 @@ import pytest
 
 from inferd.backends.sim import expected_output
 
-from ..helpers import PYTHON, REPO, ServerProcess, infer, write_config
+from ..helpers import PYTHON, REPO, ServerProcess, infer, until, write_config
 
 SLOW_MODEL = """
 [server]
@@ -65,26 +65,20 @@ async def test_the_readme_run_command_serves_the_default_config(http):
 
 
 async def _wait_for(http, url: str, condition, timeout_s: float = 30) -> None:  # type: ignore[no-untyped-def]
-    """Poll a JSON endpoint of a server in another process until `condition(body)` holds."""
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + timeout_s
-    while loop.time() < give_up:
+    """Until a JSON endpoint of a server in another process shows `condition(body)`."""
+    async def shows() -> bool:
         async with http.get(url) as resp:
-            if condition(await resp.json()):
-                return
-        await asyncio.sleep(0.005)
-    raise TimeoutError(f"{url} never showed the state waited for")
+            return condition(await resp.json())
+
+    await until(shows, timeout_s, step_s=0.005)
 
 
-async def _wait_ready(http, url: str, timeout_s: float = 120) -> None:
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + timeout_s
-    while loop.time() < give_up:
+async def _wait_ready(http, url: str, timeout_s: float = 120) -> None:  # type: ignore[no-untyped-def]
+    async def ready() -> bool:
         async with http.get(f"{url}/readyz") as resp:
-            if resp.status == 200:
-                return
-        await asyncio.sleep(0.05)
-    raise TimeoutError("server never became ready")
+            return resp.status == 200
+
+    await until(ready, timeout_s, step_s=0.05)
 
 
 BROKEN_MODELS = {
@@ -134,7 +128,7 @@ async def test_sighup_with_an_unchanged_config_changes_nothing_and_ready_is_said
         url = await asyncio.to_thread(server.wait_listening)
         await _wait_ready(http, url)
         server.signal(signal.SIGHUP)
-        await asyncio.sleep(0.3)
+        await until(lambda: any("config reload: no change" in line for line in server.lines))
         assert (await infer(http, url, {"input": "still here"}))[0] == 200
     finally:
         code = server.stop()

@@ -77,7 +77,6 @@ async def test_pod_totals_are_served_at_once_while_a_worker_is_stuck_in_a_long_c
             assert value(f, "inferd_requests_running") == 8
             assert value(f, "inferd_requests_waiting") == 3
             assert value(f, "inferd_predicted_wait_max_seconds") > 0.5  # the running call has ~1 s left
-            await asyncio.sleep(0.05)
         assert all(status == 200 for status, _, _ in await running + await queued)
 
 
@@ -176,25 +175,22 @@ async def test_a_real_prometheus_scrapes_and_computes_the_request_rate(http, tmp
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         try:
-            loop = asyncio.get_running_loop()
-            give_up = loop.time() + 40
-            rate = 0.0
-            i = 0
-            while loop.time() < give_up and rate <= 0:
+            sent = iter(range(10**6))
+
+            async def prometheus_sees_a_rate() -> bool:
+                i = next(sent)
                 await asyncio.gather(*(infer(http, srv.url, {"input": f"r{i}-{j}"}) for j in range(20)))
-                i += 1
                 try:
                     async with http.get(
                         f"http://127.0.0.1:{port}/api/v1/query",
                         params={"query": 'sum(rate(inferd_requests_total{code="200"}[10s]))'},
                     ) as resp:
-                        data = await resp.json()
-                    result = data["data"]["result"]
-                    rate = float(result[0]["value"][1]) if result else 0.0
+                        result = (await resp.json())["data"]["result"]
+                    return bool(result) and float(result[0]["value"][1]) > 0
                 except Exception:  # noqa: BLE001 - prometheus still starting
-                    rate = 0.0
-                await asyncio.sleep(0.5)
-            assert rate > 0, "Prometheus never computed a request rate"
+                    return False
+
+            await until(prometheus_sees_a_rate, timeout_s=40, step_s=0.5)  # (Prometheus computes a request rate)
         finally:
             prom.terminate()
             prom.wait(10)

@@ -12,7 +12,7 @@ import pytest
 
 from inferd.http.openapi import PARAMETRISED, PATHS, openapi_document
 
-from ..helpers import PYTHON, ServerProcess, running_server, sim_model, write_config
+from ..helpers import PYTHON, ServerProcess, running_server, sim_model, until, write_config
 
 FUZZED_SERVER = """
 [server]
@@ -78,12 +78,11 @@ async def _ready(url: str) -> None:
     import aiohttp
 
     async with aiohttp.ClientSession() as session:
-        for _ in range(600):
+        async def ready() -> bool:
             async with session.get(f"{url}/readyz") as resp:
-                if resp.status == 200:
-                    return
-            await asyncio.sleep(0.05)
-    raise TimeoutError("the fuzzed server never became ready")
+                return resp.status == 200
+
+        await until(ready, timeout_s=30, step_s=0.05)
 
 
 def test_schemathesis_finds_no_500_and_no_answer_outside_the_document(live_url, tmp_path):

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from pytest import approx
 
-from inferd.execution.faults import BatchLatencies
+from inferd.execution.hang_limit import BatchLatencies
 from inferd.execution.pool import WorkerPool
 
 

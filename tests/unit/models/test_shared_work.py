@@ -48,19 +48,19 @@ def test_identity_is_the_text_itself_or_canonical_json():
 async def test_riders_get_the_leads_output_and_a_batch_holds_one_copy():
     served = model()
     lead = served.submit("r0", "same", 5.0)
-    riders = [served.shortcut(f"r{i}", "same", 5.0, "default", "t") for i in (1, 2)]
+    riders = [served.from_shared_work(f"r{i}", "same", 5.0, "default", "t") for i in (1, 2)]
     other = served.submit("r3", "other", 5.0)
     assert all(r is not None and r.state is RequestState.ATTACHED and r.lead is lead for r in riders)
     assert run_next_batch(served) == ["same", "other"]
     assert [await r.future for r in (lead, *riders, other)] == ["SAME", "SAME", "SAME", "OTHER"]  # type: ignore[union-attr]
-    assert served.shortcut("r4", "same", 5.0, "default", "t") is None  # done: nothing left to ride on
+    assert served.from_shared_work("r4", "same", 5.0, "default", "t") is None  # done: nothing left to ride on
     assert len(served.shared) == 0 and served.shared.collapsed == 2
 
 
 async def test_a_lead_past_its_deadline_answers_504_while_its_computation_waits_for_the_rider():
     served = model()
     lead = served.submit("r0", "same", 0.02)
-    rider = served.shortcut("r1", "same", 5.0, "default", "t")
+    rider = served.from_shared_work("r1", "same", 5.0, "default", "t")
     assert rider is not None and lead.deadline == rider.deadline  # the computation lives as long as its riders
     with pytest.raises(DeadlineExceeded):
         await lead.future
@@ -72,7 +72,7 @@ async def test_a_lead_past_its_deadline_answers_504_while_its_computation_waits_
 async def test_the_last_one_leaving_withdraws_the_computation():
     served = model()
     lead = served.submit("r0", "same", 5.0)
-    rider = served.shortcut("r1", "same", 0.02, "default", "t")
+    rider = served.from_shared_work("r1", "same", 0.02, "default", "t")
     served.abandon(lead)
     assert lead.state is RequestState.QUEUED  # the rider still waits
     with pytest.raises(DeadlineExceeded):
@@ -85,7 +85,7 @@ async def test_a_computation_runs_and_is_shed_at_the_highest_tier_waiting_on_it(
     served = model(tiers=(TierConfig("enterprise", priority=2), TierConfig("free")), max_queue=2)
     early = served.submit("f0", "early", 5.0, tier="free")
     shared = served.submit("f1", "shared", 5.0, tier="free")
-    rider = served.shortcut("e0", "shared", 5.0, "enterprise", "acme")
+    rider = served.from_shared_work("e0", "shared", 5.0, "enterprise", "acme")
     assert rider is not None and shared.tier == "enterprise"  # the free request's computation is enterprise's now
     served.submit("e1", "late", 5.0, tier="enterprise")  # the queue is full: room is made...
     with pytest.raises(ServiceOverloaded):
@@ -99,7 +99,7 @@ async def test_a_computation_runs_and_is_shed_at_the_highest_tier_waiting_on_it(
 async def test_a_failed_input_fails_its_riders_and_only_them():
     served = model()
     lead = served.submit("r0", "poison", 5.0)
-    rider = served.shortcut("r1", "poison", 5.0, "default", "t")
+    rider = served.from_shared_work("r1", "poison", 5.0, "default", "t")
     fine = served.submit("r2", "fine", 5.0)
     batch = served.batcher.next_batch(0, lambda b: None)
     batch.started_at = batch.finished_at = time.monotonic()  # type: ignore[union-attr]
@@ -114,4 +114,4 @@ async def test_a_failed_input_fails_its_riders_and_only_them():
 async def test_with_collapsing_off_identical_inputs_are_computed_apart():
     served = model(collapse=False)
     served.submit("r0", "same", 5.0)
-    assert served.shortcut("r1", "same", 5.0, "default", "t") is None
+    assert served.from_shared_work("r1", "same", 5.0, "default", "t") is None

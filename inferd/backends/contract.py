@@ -1,0 +1,81 @@
+"""The backend contract: the one surface code outside inferd implements, read once when a worker builds
+a backend, never probed again on the request path.
+
+A backend is a batch function: called with a list of inputs, it returns one output per input, in order
+(`BatchBackend`). Everything else is optional, and what a backend offers is checked when it is built
+(`Capabilities.of`): a hook that is not callable fails the model's start with a message naming it,
+instead of being silently skipped.
+
+| optional | what inferd does with it |
+|---|---|
+| `prepare_batch(items) -> [Prepared or Exception]` | runs it off the event loop, on the model's preprocessing thread, for micro-batches of arriving inputs: each becomes (input, length bucket, tokens); an Exception answers that input alone with a 400 |
+| `prepare(text) -> (input, bucket[, tokens])` | the same for one input, on the event loop: cheap pure-Python bucketing only (`prepare_batch` wins when both exist) |
+| `warmup() -> dict` | runs it before the worker is ready (e.g. CUDA graph capture); the dict is shown in `GET /v1/models` |
+| `warmup_batches() -> [batch per length bucket]` | runs each before the worker is ready, then times each bucket's at 1, 2, 4... inputs: the cost model's first figures |
+| `cost(batch_size, bucket) -> seconds or None` | the cost model's first figures instead of timing them (e.g. timed CUDA graphs) |
+| `close()` | called when the worker lets go of the backend (a version unloaded), to free what it holds |
+| `output_kind` | `"embedding"`: `/v1/embeddings` may serve the model |
+| `compatibility` | a dict of what changes the computation besides the model and version (shown as the batch key) |
+
+Beside the factory, a backend module may define `memory_bytes(options) -> int`: one worker's need, for
+the memory check before a version is loaded (`module_memory_bytes`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class BatchBackend(Protocol):
+    """The one thing a backend must be: a batch function, one output per input, in order."""
+
+    def __call__(self, inputs: list[Any], /) -> Sequence[Any]: ...
+
+
+_HOOKS = ("prepare_batch", "prepare", "warmup", "warmup_batches", "cost", "close")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a built backend offers beyond being called: each hook bound, or None where it has none."""
+
+    prepare_batch: Callable[[Sequence[Any]], list[Any]] | None = None
+    prepare: Callable[[str], tuple[Any, ...]] | None = None
+    warmup: Callable[[], Mapping[str, Any] | None] | None = None
+    warmup_batches: Callable[[], list[list[Any]]] | None = None
+    cost: Callable[[int, int], float | None] | None = None
+    close: Callable[[], None] | None = None
+    output_kind: str | None = None
+    compatibility: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, backend: Any) -> Capabilities:
+        """Read what `backend` offers, once; raise TypeError, naming the attribute, for anything that does
+        not keep the contract."""
+        if not callable(backend):
+            raise TypeError(f"a backend must be callable (a batch function), not {type(backend).__name__}")
+        hooks = {}
+        for name in _HOOKS:
+            hook = getattr(backend, name, None)
+            if hook is not None and not callable(hook):
+                raise TypeError(f"backend {type(backend).__name__}: `{name}` must be a method, not {type(hook).__name__}")
+            hooks[name] = hook
+        kind = getattr(backend, "output_kind", None)
+        if kind is not None and not isinstance(kind, str):
+            raise TypeError(f"backend {type(backend).__name__}: `output_kind` must be a string")
+        compatibility = getattr(backend, "compatibility", None) or {}
+        if not isinstance(compatibility, Mapping):
+            raise TypeError(f"backend {type(backend).__name__}: `compatibility` must be a dict")
+        return cls(**hooks, output_kind=kind, compatibility=dict(compatibility))
+
+
+def module_memory_bytes(spec: str, options: Mapping[str, Any]) -> int:
+    """One worker's memory need, as the backend module named by `spec` estimates it (0: no estimate).
+    Imports the module: call it off the event loop."""
+    module = importlib.import_module(spec.partition(":")[0])
+    estimate = getattr(module, "memory_bytes", None)
+    return int(estimate(options)) if estimate is not None else 0

@@ -1,0 +1,68 @@
+"""The backend contract: what a built backend offers is read once, and a hook that breaks the contract
+fails the build with its name instead of being skipped."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferd.backends import Prepared
+from inferd.backends.contract import BatchBackend, Capabilities, module_memory_bytes
+from inferd.backends.sim import create as create_sim
+
+
+def shout(inputs: list[str]) -> list[str]:
+    return [text.upper() for text in inputs]
+
+
+class Tokenised:
+    output_kind = "embedding"
+    compatibility = {"dtype": "float32"}
+
+    def __call__(self, batch: list[list[int]]) -> list[list[float]]:
+        return [[float(len(ids))] for ids in batch]
+
+    def prepare_batch(self, texts: list[str]) -> list[Prepared]:
+        return [Prepared(text.split(), 0, len(text.split())) for text in texts]
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_plain_function_is_a_backend_that_offers_nothing_more():
+    offers = Capabilities.of(shout)
+    assert isinstance(shout, BatchBackend)
+    assert offers == Capabilities()  # no hook, no kind, an empty batch key
+
+
+def test_a_class_offers_its_hooks_bound_and_its_kind():
+    backend = Tokenised()
+    offers = Capabilities.of(backend)
+    assert offers.prepare_batch is not None and offers.prepare_batch(["a b"])[0].tokens == 2
+    assert offers.close is not None and offers.prepare is None and offers.cost is None
+    assert (offers.output_kind, dict(offers.compatibility)) == ("embedding", {"dtype": "float32"})
+
+
+@pytest.mark.parametrize(("attribute", "value", "named"), [
+    ("prepare_batch", "not a method", "`prepare_batch` must be a method"),
+    ("warmup", 3, "`warmup` must be a method"),
+    ("output_kind", 1, "`output_kind` must be a string"),
+    ("compatibility", ["dtype"], "`compatibility` must be a dict"),
+])
+def test_a_hook_that_breaks_the_contract_is_refused_by_name(attribute, value, named):
+    backend = Tokenised()
+    setattr(backend, attribute, value)
+    with pytest.raises(TypeError, match=named):
+        Capabilities.of(backend)
+
+
+def test_something_that_cannot_be_called_is_not_a_backend():
+    with pytest.raises(TypeError, match="must be callable"):
+        Capabilities.of(object())
+
+
+def test_the_bucketed_sim_offers_prepare_and_its_module_estimates_its_memory():
+    offers = Capabilities.of(create_sim("cpu", {"latency_ms": 1, "bucket_chars": [50]}))
+    assert offers.prepare is not None and offers.prepare("x" * 60)[1] == 1  # bound: the second bucket
+    assert offers.prepare_batch is None
+    assert module_memory_bytes("inferd.backends.sim:create", {"memory_mb": 3}) == 3 << 20
+    assert module_memory_bytes("tests.unit.backends.test_contract:shout", {}) == 0  # no estimate: 0
