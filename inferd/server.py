@@ -97,6 +97,7 @@ class InferenceServer:
             registry=registry,
             body=BodyReader(config.max_body_bytes, config.body_timeout_s, self.lifecycle),
             idempotency_window_s=config.idempotency_window_s, idempotency_max_keys=config.idempotency_max_keys,
+            idempotency_max_bytes=config.idempotency_max_bytes,
             connections=lambda: self.connections.stats(), tracing=self.tracing, rollouts=self.rollouts,
         )
         # The API reads bodies itself, with its own limits (413, 408): no client_max_size here.

@@ -35,6 +35,9 @@ def load_config(path: str | Path) -> ServerConfig:
 
 def parse_config(raw: Mapping[str, Any]) -> ServerConfig:
     reject_unknown(raw, {"server", "models", "auth", "tiers", "tenants", "tracing"}, "top level")
+    for table in ("server", "auth", "tiers", "tracing"):
+        if not isinstance(raw.get(table, {}), dict):
+            raise ConfigError(f"[{table}] must be a table, not {type(raw[table]).__name__}")
     server = dict(raw.get("server", {}))
     reject_unknown(server, field_names(ServerConfig) - {"models", "auth", "tiers", "tenants", "tracing"}, "[server]")
     check_types(server, ServerConfig, "[server]")
@@ -196,8 +199,8 @@ def _check_server(c: ServerConfig) -> None:
     for key in ("max_body_bytes", "header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
         if getattr(c, key) <= 0:
             raise ConfigError(f"[server] `{key}` must be positive")
-    if c.idempotency_window_s < 0 or c.idempotency_max_keys <= 0:
-        raise ConfigError("[server] idempotency_window_s must be >= 0 and idempotency_max_keys positive")
+    if c.idempotency_window_s < 0 or c.idempotency_max_keys <= 0 or c.idempotency_max_bytes <= 0:
+        raise ConfigError("[server] idempotency_window_s must be >= 0, idempotency_max_keys and _max_bytes positive")
     if c.grace_period_s < 0 or c.lame_duck_s < 0 or c.max_connections < 0 or c.connection_reserve < 0:
         raise ConfigError("[server] grace_period_s, lame_duck_s, max_connections, connection_reserve must be >= 0")
     if c.max_connections and c.connection_reserve >= c.max_connections:

@@ -110,7 +110,8 @@ class ServerConfig:
     connection_reserve: int = 32  # the last of max_connections: /healthz and /readyz only
     answer_half_closed: bool = False  # true: a client that shuts its side after sending still gets the answer
     idempotency_window_s: float = 300.0  # a repeated Idempotency-Key gets the stored answer this long (0: off)
-    idempotency_max_keys: int = 100_000  # answers kept for repeats, at most (the oldest go first)
+    idempotency_max_keys: int = 100_000  # answers kept for repeats, at most (the heaviest tenant's oldest go first)
+    idempotency_max_bytes: int = 64 << 20  # and at most this many bytes of them
     grace_period_s: float = 30.0  # how long admitted requests get to finish after SIGTERM
     lame_duck_s: float = 0.0  # after SIGTERM, keep serving this long while health checks notice /readyz 503
     agent_port: int | None = None  # HAProxy agent-check port (weight from predicted wait); None: off

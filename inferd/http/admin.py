@@ -2,24 +2,56 @@
 unload one. The steps themselves, and what they guarantee, are `models.rollout`'s.
 
     GET    /v1/admin/models                           every model's versions, states and split
-    POST   /v1/admin/models                           load a version: a [[models]] table as JSON (202)
+    POST   /v1/admin/models                           load a version: a [[models]] table as JSON (202); what
+                                                       it leaves out is its model's serving version's
+                                                       (listed as `inherited`)
     PUT    /v1/admin/models/{name}/traffic            the split, e.g. {"1": 90, "2": 10}
-    DELETE /v1/admin/models/{name}/versions/{version} drain and unload a version (202)
+    DELETE /v1/admin/models/{name}/versions/{version} drain and unload a version (202; the model's last
+                                                       one only with ?last=true, else 409)
 """
 
 from __future__ import annotations
+
+import asyncio
+import importlib
+from dataclasses import fields
+from typing import Any
 
 from aiohttp import web
 
 from ..admission.auth import Authenticator
 from ..config import ConfigError, parse_model
-from ..errors import InferdError, InvalidInput, MethodNotAllowed, NotFound
+from ..errors import InferdError, InvalidInput, MethodNotAllowed, NotFound, describe
 from ..models.rollout import Rollouts
 from ..models.versions import Version
 from .protocol import BodyReader, RequestIds, json_object
 from .responses import error_response, json_response
 
 PREFIX = "/v1/admin/models"
+_OWN = frozenset(("name", "version", "traffic"))  # never inherited
+
+
+def inherit(table: dict[str, Any], rollouts: Rollouts) -> dict[str, Any]:
+    """What a new version of a served model takes from its serving (default) version: every setting the
+    table leaves out but its own name, version and traffic. Nothing for a new model's first version."""
+    served = rollouts.models.served.get(table.get("name")) if isinstance(table.get("name"), str) else None
+    default = served.default if served is not None else None
+    if default is None:
+        return {}
+    current = served.versions[default].model.config  # type: ignore[union-attr]
+    given = {f.name: getattr(current, f.name) for f in fields(current) if f.name not in _OWN}
+    given = {k: list(v) if isinstance(v, tuple) else dict(v) if k == "options" else v for k, v in given.items()}
+    return {k: v for k, v in given.items() if k not in table and v is not None}
+
+
+async def importable(backend: str) -> None:
+    """Import a backend's module on a thread of its own, once; a module that does not import is the
+    request's fault: a 400 naming it."""
+    module = backend.partition(":")[0]
+    try:
+        await asyncio.get_running_loop().run_in_executor(None, importlib.import_module, module)
+    except Exception as exc:  # noqa: BLE001 - ImportError, or whatever the module raised while importing
+        raise InvalidInput(f"backend module {module!r} does not import: {describe(exc)}") from None
 
 
 class AdminApi:
@@ -44,16 +76,21 @@ class AdminApi:
             if not parts and request.method == "GET":
                 return json_response({"models": rollouts.describe()}, request_id)
             if not parts:
+                table = json_object(await self.body.read(request))
+                inherited = inherit(table, rollouts)
                 try:
-                    config = parse_model(json_object(await self.body.read(request)))
+                    config = parse_model({**inherited, **table})
                 except ConfigError as exc:
                     raise InvalidInput(str(exc)) from None
-                return json_response(_state(config.name, rollouts.load(config)), request_id, status=202)
+                await importable(config.backend)  # (off the loop: importing torch takes seconds)
+                state = _state(config.name, rollouts.load(config))
+                return json_response({**state, "inherited": sorted(inherited)}, request_id, status=202)
             if parts[1] == "traffic":
                 weights = json_object(await self.body.read(request))
                 rollouts.set_traffic(parts[0], weights)
                 return json_response({"name": parts[0], "traffic": rollouts.models.served[parts[0]].traffic}, request_id)
-            return json_response(_state(parts[0], rollouts.unload(parts[0], parts[2])), request_id, status=202)
+            last_too = request.rel_url.query.get("last") == "true"  # (explicitly: the model goes with it)
+            return json_response(_state(parts[0], rollouts.unload(parts[0], parts[2], last_too)), request_id, status=202)
         except InferdError as error:
             return error_response(error, request_id)
 

@@ -53,7 +53,8 @@ class HttpApi:
         self, *, models: Models, admission: Admission, lifecycle: Lifecycle, outcomes: Outcomes, limiter: RateLimiter,
         dead_letters: DeadLetters, registry: CollectorRegistry | None, body: BodyReader,
         connections: Callable[[], dict[str, int]] | None = None, idempotency_window_s: float = 0.0,
-        idempotency_max_keys: int = 1, tracing: Tracing | None = None, rollouts: Rollouts | None = None,
+        idempotency_max_keys: int = 1, idempotency_max_bytes: int = 64 << 20, tracing: Tracing | None = None,
+        rollouts: Rollouts | None = None,
     ) -> None:
         self.models = models
         self.admission = admission
@@ -75,7 +76,8 @@ class HttpApi:
         self.open_inference = OpenInferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle,
                                                ids=self.ids, body=body, tracing=tracing)
         self.admin = AdminApi(rollouts=rollouts, auth=admission.auth, body=body, ids=self.ids) if rollouts else None
-        self.idempotency = IdempotentReplies(admission.auth, body, self.ids, idempotency_window_s, idempotency_max_keys)
+        self.idempotency = IdempotentReplies(admission.auth, body, self.ids, idempotency_window_s, idempotency_max_keys,
+                                             idempotency_max_bytes)
         keyed = self.idempotency.wrap
         # path -> (method, handler, counted as in flight)
         self.routes: dict[str, tuple[str, Handler, bool]] = {

@@ -7,6 +7,11 @@ again, marked `Idempotent-Replayed: true`; a repeat with a different body (or pa
 IDEMPOTENCY_KEY_REUSED. Only definite answers are kept: a result, or a refusal of the request itself
 (400, 404, 413, 422); an answer a retry may change (401, 408, 429, 5xx, a client gone) is forgotten, so
 the retry runs. Without the header nothing here runs.
+
+What is kept is exactly the answer's bytes (status, headers, body: not the response object, nor an
+encoder's larger buffer), counted against `idempotency_max_bytes` as well as `idempotency_max_keys`.
+Room is made from the tenant holding the most bytes (its oldest answer first): one tenant's stream of
+unique keys cannot push another's answers out inside their window.
 """
 
 from __future__ import annotations
@@ -24,31 +29,38 @@ from aiohttp import web
 from ..admission.auth import Authenticator
 from ..errors import IdempotencyKeyInUse, IdempotencyKeyReused, InferdError, InvalidInput
 from .protocol import BodyReader, RequestIds
-from .responses import WholeResponse, error_response
+from .responses import KeptAnswer, WholeResponse, error_response
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 KEPT_STATUSES = frozenset((200, 400, 404, 413, 422))
 MAX_KEY_CHARS = 255
+ENTRY_BYTES = 400  # what an entry holds besides its answer (the key, the fingerprint, the records), near enough
 
 
 @dataclass(slots=True, eq=False)
 class _Entry:
     fingerprint: bytes  # of the path and body
-    answered: asyncio.Future[WholeResponse | None]  # the answer to replay, or None: run again
+    answered: asyncio.Future[KeptAnswer | None]  # the answer to replay, or None: run again
     kept_until: float = float("inf")  # while running: kept
+    size: int = ENTRY_BYTES  # what it holds, once answered
 
 
 @dataclass
 class IdempotentReplies:
-    """Answers by (tenant, key), for `window_s` after they were given; at most `max_keys` of them."""
+    """Answers by (tenant, key), for `window_s` after they were given; at most `max_keys` of them and
+    `max_bytes` of what they hold."""
 
     auth: Authenticator
     body: BodyReader
     ids: RequestIds
     window_s: float
     max_keys: int
+    max_bytes: int = 64 << 20
     replays: int = 0
-    _entries: OrderedDict[tuple[str, str], _Entry] = field(default_factory=OrderedDict)
+    keys: int = 0
+    bytes: int = 0
+    _tenants: dict[str, OrderedDict[str, _Entry]] = field(default_factory=dict)  # each in order of expiry
+    _tenant_bytes: dict[str, int] = field(default_factory=dict)
 
     def wrap(self, handler: Handler, *, join: bool, openai: bool = False) -> Handler:
         """`handler` with keyed requests answered once. `join`: a repeat waits for a running first one."""
@@ -101,33 +113,70 @@ class IdempotentReplies:
         self, request: web.BaseRequest, handler: Handler, scoped: tuple[str, str], fingerprint: bytes
     ) -> web.StreamResponse:
         entry = _Entry(fingerprint, asyncio.get_running_loop().create_future())
-        self._entries[scoped] = entry
-        while len(self._entries) > self.max_keys:
-            self._entries.popitem(last=False)
+        self._add(scoped, entry)
         kept = None
         try:
             response = await handler(request)
             if isinstance(response, WholeResponse) and response.status in KEPT_STATUSES:
-                kept = response
+                kept = response.kept()
             return response
         finally:
             entry.answered.set_result(kept)
-            mine = self._entries.get(scoped) is entry  # (not when it was evicted for room meanwhile)
+            tenant, key = scoped
+            mine = self._tenants.get(tenant, {}).get(key) is entry  # (not when it was evicted for room meanwhile)
             if kept is not None and mine:
                 entry.kept_until = time.monotonic() + self.window_s
-                self._entries.move_to_end(scoped)  # (in order of expiry, for `_current`)
+                self._tenants[tenant].move_to_end(key)  # (in order of expiry, for `_current`)
+                self._resize(tenant, entry, ENTRY_BYTES + kept.size)
+                self._make_room()
             elif mine:
-                del self._entries[scoped]
+                self._remove(tenant, key)
 
     def _current(self, scoped: tuple[str, str], now: float) -> _Entry | None:
-        entries = self._entries
+        tenant, key = scoped
+        entries = self._tenants.get(tenant)
+        if entries is None:
+            return None
         for old_key in [k for k, old in islice(entries.items(), 8) if old.kept_until <= now]:
-            del entries[old_key]  # (a few of the oldest answers past the window, each time)
-        entry = entries.get(scoped)
+            self._remove(tenant, old_key)  # (a few of the oldest answers past the window, each time)
+        entry = entries.get(key)
         if entry is not None and entry.kept_until <= now:
-            del entries[scoped]
+            self._remove(tenant, key)
             return None
         return entry
+
+    def _add(self, scoped: tuple[str, str], entry: _Entry) -> None:
+        tenant, key = scoped
+        entries = self._tenants.setdefault(tenant, OrderedDict())
+        if key in entries:
+            self._remove(tenant, key)
+        entries[key] = entry
+        self.keys += 1
+        self._tenant_bytes[tenant] = self._tenant_bytes.get(tenant, 0) + entry.size
+        self.bytes += entry.size
+        self._make_room()
+
+    def _resize(self, tenant: str, entry: _Entry, size: int) -> None:
+        self._tenant_bytes[tenant] += size - entry.size
+        self.bytes += size - entry.size
+        entry.size = size
+
+    def _remove(self, tenant: str, key: str) -> None:
+        entries = self._tenants[tenant]
+        entry = entries.pop(key)
+        self.keys -= 1
+        self.bytes -= entry.size
+        held = self._tenant_bytes[tenant] - entry.size
+        if entries:
+            self._tenant_bytes[tenant] = held
+        else:
+            del self._tenants[tenant], self._tenant_bytes[tenant]
+
+    def _make_room(self) -> None:
+        """Past either bound, the oldest answer of the tenant holding the most bytes goes first."""
+        while self.keys > self.max_keys or self.bytes > self.max_bytes:
+            heaviest = max(self._tenant_bytes, key=self._tenant_bytes.__getitem__)
+            self._remove(heaviest, next(iter(self._tenants[heaviest])))
 
 
 def _fingerprint(path: str, body: bytes) -> bytes:

@@ -59,9 +59,12 @@ class OpenInferenceApi:
                 return _json({parts[1]: ok}, request_id, 200 if ok else 503)
             if parts[0] != "models" or len(parts) < 2:
                 raise NotFound(f"no route for {request.method} {path}")
-            model, rest = self._model(parts[1:])
-            if rest != ["infer"] and self.admission.auth.config.operations != "open":
+            # The caller first: an unauthenticated one learns nothing of which models and versions exist.
+            if parts[-1] == "infer":
+                self.admission.identify(request.headers)
+            elif self.admission.auth.config.operations != "open":
                 self.admission.auth.require_operations(request.headers)  # (as GET /v1/models)
+            model, rest = self._model(parts[1:])
             if not rest:
                 return _json(self._metadata(model), request_id)
             if rest == ["ready"]:

@@ -70,7 +70,10 @@ def _flag(table: dict[str, Any], key: str, default: bool) -> bool:
 def _split(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     if header_length is None:
         return body, b""
-    if not header_length.isdigit() or int(header_length) > len(body):
+    # ASCII digits only, and no more of them than the body's own length has: "²" is a digit to
+    # str.isdigit() but not to int(), and a 5,000-digit number is not worth converting.
+    if not (header_length.isascii() and header_length.isdigit()) or len(header_length) > len(str(len(body))) \
+            or int(header_length) > len(body):
         raise InvalidInput(f"{HEADER_LENGTH} must be the length of the JSON part of the body")
     n = int(header_length)
     return body[:n], body[n:]

@@ -41,7 +41,8 @@ def parse_text_call(body: dict[str, Any], chat: bool) -> TextCall:
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
     if chat:
         messages = [_message(m, i) for i, m in enumerate(_non_empty_list(body.get("messages")))]
-        return TextCall(True, messages=messages, chars=sum(len(m["content"]) for m in messages),
+        # every string that reaches the chat template counts against `max_input_chars`, roles too
+        return TextCall(True, messages=messages, chars=sum(len(m["role"]) + len(m["content"]) for m in messages),
                         include_usage=include_usage)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
@@ -41,6 +42,27 @@ def dumps(payload: Any) -> bytes:
     return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
+@dataclass(frozen=True, slots=True)
+class KeptAnswer:
+    """An answer's bytes and headers, without a response object (nor an encoder's larger buffer: the
+    body is copied to its own length)."""
+
+    status: int
+    body: bytes
+    headers: tuple[tuple[str, str], ...]
+    close: bool
+    content_type: bytes
+
+    @property
+    def size(self) -> int:
+        return len(self.body) + sum(len(name) + len(value) for name, value in self.headers)
+
+    def replayed(self) -> WholeResponse:
+        """The same answer again, for a repeat of its request, marked as such."""
+        return WholeResponse(self.status, self.body, (*self.headers, ("Idempotent-Replayed", "true")), close=self.close,
+                             content_type=self.content_type)
+
+
 class WholeResponse(web.StreamResponse):
     """A complete JSON response; `headers` are extra (name, value) pairs besides the usual ones."""
 
@@ -53,10 +75,9 @@ class WholeResponse(web.StreamResponse):
         self._close = close or drop_body
         self._drop_body = drop_body  # close at once, without reading what is left of the request body
 
-    def replayed(self) -> WholeResponse:
-        """The same answer again, for a repeat of its request (`Idempotency-Key`), marked as such."""
-        return WholeResponse(self.status, self._whole_body, (*self._extra, ("Idempotent-Replayed", "true")),
-                             close=self._close, content_type=self._content_type)
+    def kept(self) -> KeptAnswer:
+        """What it says, kept to be said again (`Idempotency-Key`): exactly its bytes."""
+        return KeptAnswer(self.status, bytes(memoryview(self._whole_body)), self._extra, self._close, self._content_type)
 
     async def prepare(self, request: web.BaseRequest) -> None:  # type: ignore[override]
         if self._eof_sent:
@@ -72,7 +93,8 @@ class WholeResponse(web.StreamResponse):
         if not keep_alive:
             head.append(b"Connection: close\r\n")
         head.append(b"Date: %s\r\nServer: inferd\r\n\r\n" % _date())
-        head.append(body)
+        if request.method != "HEAD":  # (a HEAD's answer says how long the body is, and sends none)
+            head.append(body)
         await request.writer.write(b"".join(head))
         if self._drop_body:
             request.protocol.force_close()  # (the transport sends what was written, then closes)

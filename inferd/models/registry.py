@@ -66,7 +66,9 @@ class Models:
 
     @property
     def ready(self) -> bool:
-        return all(s.ready for s in self.served.values() if s.traffic) and all(g.ready for g in self.generation.values())
+        """Every model can serve (what /readyz says); a host serving no model at all is not ready."""
+        return bool(self.served or self.generation) and all(s.ready for s in self.served.values()) and all(
+            g.ready for g in self.generation.values())
 
     def failed(self) -> list[BatchModel | GenerationModel]:
         """Models that never came up (versions marked failed included)."""

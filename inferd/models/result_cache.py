@@ -77,9 +77,13 @@ class ResultCache:
 
 
 def _owned(output: Any) -> Any:
-    """An array that views a whole batch's array would keep all of it alive: store a copy of the row."""
+    """An array that views a whole batch's array would keep all of it alive: store a copy of the row
+    (also inside a tuple, as shared work stores (output, bucket, tokens)), so the bytes counted are the
+    bytes held."""
     if isinstance(output, np.ndarray) and output.base is not None:
         return output.copy()
+    if isinstance(output, tuple):
+        return tuple(_owned(item) for item in output)
     return output
 
 

@@ -102,6 +102,7 @@ class Rollouts:
             reason = None
         if reason is not None:
             version.enter(VersionState.FAILED, reason)
+            served.set_traffic({v: w for v, w in served.traffic.items() if v != model.version})  # (it takes none)
             log.error("model %s version %s failed to load: %s", served.name, model.version, reason)
             await model.stop(Draining("this model version failed to load"))
             model.pool.release()
@@ -111,6 +112,8 @@ class Rollouts:
         log.info("model %s version %s ready", served.name, model.version)
         if traffic:
             self.set_traffic(served.name, traffic)
+        elif not served.traffic:  # nothing else takes its model's traffic (the others failed): it takes it all
+            self.set_traffic(served.name, {model.version: 1.0})
 
     # ---- traffic ---------------------------------------------------------------------------------
 
@@ -131,16 +134,24 @@ class Rollouts:
 
     # ---- unload ----------------------------------------------------------------------------------
 
-    def unload(self, name: str, version: str) -> Version:
-        """Take a version out of the split now and unload it once what it admitted is answered."""
+    def unload(self, name: str, version: str, last_too: bool = False) -> Version:
+        """Take a version out of the split now and unload it once what it admitted is answered. The
+        model's last serving version only when `last_too` says so (the name goes with it, and requests for
+        it get 404): otherwise VersionConflict."""
         served = self._served(name)
         found = served.versions.get(version)
+        if found is not None and found.state is VersionState.FAILED:
+            served.retire(version)  # (it never served and holds nothing: deleting it is forgetting it)
+            return found
         if found is None or found.state in _GONE:
             raise ModelNotFound(f"model {name} has no version {version!r} loaded")
         if found.state is VersionState.DRAINING:
             return found
         rest = {v: w for v, w in served.traffic.items() if v != version}
         others = [v for v, f in served.versions.items() if v != version and f.state is VersionState.READY]
+        if not last_too and not any(v != version and f.state not in _GONE for v, f in served.versions.items()):
+            raise VersionConflict(f"version {version} is model {name}'s last: unloading it removes the model "
+                                  "(say so with ?last=true)")
         if version in served.traffic and not rest and others:
             raise VersionConflict(f"version {version} takes all of model {name}'s traffic: give it to {others} first")
         found.enter(VersionState.DRAINING)
@@ -161,6 +172,7 @@ class Rollouts:
         model.pool.release()
         model.shared.cache = None  # (what it computed goes too)
         version.enter(VersionState.UNLOADED)
+        served.retire(model.version)  # (its model, scheduler, workers and timers go with it)
         if all(v.state in _GONE for v in served.versions.values()):
             self.models.served.pop(served.name, None)  # the name is gone with its last version
         _release_memory()
@@ -203,7 +215,7 @@ class Rollouts:
                 log.error("config reload: model %s keeps its traffic: %s", name, exc.message)
         for name, version in gone:
             try:
-                self.unload(name, version)
+                self.unload(name, version, last_too=True)  # (the file says so: it no longer lists it)
             except (VersionConflict, ModelNotFound) as exc:
                 log.error("config reload: %s@%s stays: %s", name, version, exc.message)
 
@@ -229,7 +241,9 @@ class Rollouts:
         return {name: {"default": served.default, "traffic": served.traffic, "versions": {
             version: {"state": v.state.value, "since": round(v.since, 3), "reason": v.reason, "ready": v.model.ready,
                       "ready_workers": v.model.pool.healthy, "backend": v.model.config.backend}
-            for version, v in served.versions.items()}} for name, served in self.models.served.items()}
+            for version, v in served.versions.items()}, "retired": [
+            {"version": r.version, "state": r.state.value, "since": round(r.since, 3), "reason": r.reason, "backend": r.backend}
+            for r in served.retired]} for name, served in self.models.served.items()}
 
 
 def _idle(model: BatchModel) -> bool:

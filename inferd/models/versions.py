@@ -5,13 +5,16 @@ A request names `model` alone (the split: a weighted draw among the versions tha
 have a healthy worker; with one such version, no draw at all), or pins one (`model@version`, or the
 `version` field). A version is loading (its workers build and warm beside the others; pinned requests
 get 503 NOT_READY, the split never picks it), ready, draining (being unloaded: pinned requests get
-404, admitted ones finish), unloaded, or failed (with the reason; it never served).
+404, admitted ones finish), unloaded, or failed (with the reason; it never served). An unloaded version
+(and a failed one, once deleted) lets go of its model, scheduler, workers and timers: what is kept of it
+is a line in a short history (`retired`).
 """
 
 from __future__ import annotations
 
 import random
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -41,12 +44,27 @@ class Version:
         self.state, self.reason, self.since = state, reason, time.time()
 
 
+@dataclass(frozen=True)
+class RetiredVersion:
+    """What is kept of a version that is gone: a line for the admin view, nothing it held."""
+
+    version: str
+    state: VersionState
+    reason: str | None
+    since: float
+    backend: str
+
+
+RETIRED_KEPT = 16  # the history's length, per model name
+
+
 class ServedModel:
     """A model name's versions and its traffic split."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.versions: dict[str, Version] = {}
+        self.retired: deque[RetiredVersion] = deque(maxlen=RETIRED_KEPT)
         self.traffic: dict[str, float] = {}  # version -> weight, for requests that name no version
         self._only: BatchModel | None = None  # the one version taking traffic, when there is one
         self._draw = random.random
@@ -55,6 +73,11 @@ class ServedModel:
         version = self.versions[model.version] = Version(model, state)
         model.takes_traffic = model.version in self.traffic
         return version
+
+    def retire(self, version: str) -> None:
+        """Forget a version that is gone (unloaded, or failed and deleted): keep a line of history."""
+        found = self.versions.pop(version)
+        self.retired.append(RetiredVersion(version, found.state, found.reason, found.since, found.model.config.backend))
 
     def set_traffic(self, weights: dict[str, float]) -> None:
         """The split (weights, not necessarily summing to 1); versions with weight 0 take none."""
@@ -70,9 +93,12 @@ class ServedModel:
 
     @property
     def ready(self) -> bool:
-        """Its default version can serve (what /readyz asks of every model)."""
+        """Its default version can serve (what /readyz asks of every model); a model still loading its first
+        version is not held against the host, one whose versions all failed is."""
         default = self.default
-        return default is not None and self.versions[default].model.ready
+        if default is None:
+            return any(v.state is VersionState.LOADING for v in self.versions.values())
+        return self.versions[default].model.ready
 
     def pick(self, version: str | None = None) -> BatchModel:
         """The version a request goes to (see the module's docstring)."""

@@ -60,6 +60,14 @@ async def test_wrong_paths_and_methods_get_json(http):
         async with http.get(f"{srv.url}/v1/inference") as resp:
             assert_error(resp.status, await resp.json(), 405, "METHOD_NOT_ALLOWED")
             assert resp.headers["Allow"] == "POST"
+        # HEAD: the same head, no body (the next answer on the connection is read right)
+        host, port = srv.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"HEAD /v1/inference HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 405") and b"Content-Length: " in head
+        assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)).startswith(b"HTTP/1.1 200")
+        writer.close()
 
 
 async def test_body_over_the_limit_gets_413(http):

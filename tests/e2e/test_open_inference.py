@@ -68,6 +68,10 @@ async def test_the_asyncio_client_gets_errors_in_the_protocols_shape():
             with pytest.raises(InferenceServerException) as refused:
                 await client.infer("m", [text_tensor(["x"])])  # no key: 401
             assert refused.value.status() == "401"
+            for model, version in (("nope", ""), ("m", "2")):  # nor does it learn which models exist
+                with pytest.raises(InferenceServerException) as refused:
+                    await client.infer(model, [text_tensor(["x"])], model_version=version)
+                assert refused.value.status() == "401"
             key = {"Authorization": f"Bearer {KEY}"}
             with pytest.raises(InferenceServerException) as missing:
                 await client.infer("nope", [text_tensor(["x"])], headers=key)

@@ -4,10 +4,13 @@ answers, and its repeat then runs afresh."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from types import SimpleNamespace
 
-from inferd.http.idempotency import IdempotentReplies
-from inferd.http.responses import WholeResponse
+import orjson
+
+from inferd.http.idempotency import ENTRY_BYTES, IdempotentReplies, _Entry
+from inferd.http.responses import KeptAnswer, WholeResponse
 
 
 async def test_an_entry_evicted_while_its_request_runs_does_not_break_the_answer():
@@ -24,4 +27,34 @@ async def test_an_entry_evicted_while_its_request_runs_does_not_break_the_answer
     await asyncio.sleep(0)  # the second key evicts the first (max_keys = 1)
     gate.set()
     assert (await first).status == 200 and (await second).status == 200
-    assert list(replies._entries) == [("t", "b")]
+    assert list(replies._tenants["t"]) == ["b"] and replies.keys == 1
+
+
+def kept(replies: IdempotentReplies, tenant: str, key: str, body: bytes) -> None:
+    """An answer of `body` kept for (tenant, key), as `_first` leaves it."""
+    replies._add((tenant, key), entry := _Entry(b"f", asyncio.get_running_loop().create_future()))
+    answer = WholeResponse(200, body).kept()
+    entry.answered.set_result(answer)
+    entry.kept_until = 1e18
+    replies._resize(tenant, entry, ENTRY_BYTES + answer.size)
+    replies._make_room()
+
+
+async def test_what_is_kept_is_the_answers_bytes_and_their_bound_is_in_bytes():
+    replies = IdempotentReplies(auth=None, body=None, ids=None, window_s=60.0, max_keys=1000, max_bytes=20_000)  # type: ignore[arg-type]
+    body = orjson.dumps({"output": "x" * 120, "request_id": "req_1"})  # orjson's buffer is larger than this
+    kept(replies, "t", "a", body)
+    answer = replies._tenants["t"]["a"].answered.result()
+    assert isinstance(answer, KeptAnswer) and answer.body == body and sys.getsizeof(answer.body) < len(body) + 64
+    assert replies.bytes == ENTRY_BYTES + len(body)
+    for i in range(100):  # ~5 kB each: the byte bound holds, whatever the key bound says
+        kept(replies, "t", f"k{i}", b"y" * 5_000)
+    assert replies.bytes <= 20_000 and replies.keys < 10
+
+
+async def test_a_tenant_sending_many_keys_evicts_its_own_answers_not_anothers():
+    replies = IdempotentReplies(auth=None, body=None, ids=None, window_s=60.0, max_keys=10)  # type: ignore[arg-type]
+    kept(replies, "light", "mine", b"{}")
+    for i in range(50):
+        kept(replies, "heavy", f"k{i}", b"{}")
+    assert "mine" in replies._tenants["light"] and replies.keys == 10  # the heavy tenant's oldest went instead

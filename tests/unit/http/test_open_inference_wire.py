@@ -34,3 +34,9 @@ def test_rows_are_read_in_row_major_order(shape, data, expected):
 def test_data_nested_unlike_its_shape_is_a_400(shape, data):
     with pytest.raises(InvalidInput):
         texts(shape, data)
+
+
+@pytest.mark.parametrize("length", ["²", "1" * 5000, "-1", " 2", "99"])
+def test_a_header_length_that_is_not_the_json_parts_is_a_400_naming_the_header(length):
+    with pytest.raises(InvalidInput, match="Inference-Header-Content-Length"):
+        parse_infer(b'{"inputs": []}', length)

@@ -32,14 +32,14 @@ class Writer:
 async def test_a_whole_response_is_one_write_with_its_length_and_keep_alive_decided_by_the_request():
     writer = Writer()
     response = WholeResponse(201, b'{"a":1}', (("X-Request-ID", "r"),))
-    await response.prepare(SimpleNamespace(keep_alive=True, writer=writer))  # type: ignore[arg-type]
+    await response.prepare(SimpleNamespace(method="POST", keep_alive=True, writer=writer))  # type: ignore[arg-type]
     head, body = writer.data.split(b"\r\n\r\n")
     lines = head.split(b"\r\n")
     assert lines[0] == b"HTTP/1.1 201 Created" and body == b'{"a":1}'
     assert b"Content-Length: 7" in lines and b"X-Request-ID: r" in lines and b"Connection: close" not in lines
     assert response.keep_alive
     closing, writer = WholeResponse(503, b"{}", close=True), Writer()
-    await closing.prepare(SimpleNamespace(keep_alive=True, writer=writer))  # type: ignore[arg-type]
+    await closing.prepare(SimpleNamespace(method="POST", keep_alive=True, writer=writer))  # type: ignore[arg-type]
     assert b"Connection: close\r\n" in writer.data and not closing.keep_alive
-    await closing.prepare(SimpleNamespace(keep_alive=True, writer=writer))  # a second prepare writes nothing
+    await closing.prepare(SimpleNamespace(method="POST", keep_alive=True, writer=writer))  # a second prepare writes nothing
     assert writer.data.count(b"HTTP/1.1") == 1

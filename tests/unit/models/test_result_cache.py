@@ -34,6 +34,17 @@ def test_a_row_of_a_batch_array_is_stored_as_its_own_copy():
     assert cache.bytes < 2_000
 
 
+def test_the_transformers_row_in_shared_works_entry_is_copied_too():
+    """Shared work stores (output, bucket, tokens); the transformer backend answers rows of one batch
+    array (`list(array)`): the cached row must not keep the whole batch's array alive."""
+    rows = list(np.ones((64, 384), dtype=np.float32))  # as the transformer backend returns them
+    cache = ResultCache(max_bytes=10_000, ttl_s=60.0)
+    cache.put("text", (rows[3], 1, 12), now=0.0)
+    output, bucket, tokens = cache.get("text", now=0.0)
+    assert output.base is None and (bucket, tokens) == (1, 12)  # its own 1.5 kB, not a view into 98 kB
+    assert cache.bytes < 2_000
+
+
 def test_a_replaced_entry_keeps_its_own_expiry():
     cache = ResultCache(max_bytes=10_000, ttl_s=1.0)
     cache.put("a", "old", now=0.0)

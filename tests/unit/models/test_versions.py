@@ -53,3 +53,15 @@ def test_the_configured_split_is_the_versions_traffic_or_all_to_the_first():
     first, second = ModelConfig("m", "x"), ModelConfig("m", "x", version="2")
     assert configured_traffic([first, second]) == {"1": 1.0}
     assert configured_traffic([first, ModelConfig("m", "x", version="2", traffic=0.25)]) == {"1": 0.0, "2": 0.25}
+
+
+def test_two_hundred_rollouts_keep_a_short_history_not_two_hundred_models():
+    model = served("0")
+    for i in range(1, 201):  # v(i) loads, takes the traffic, v(i-1) is unloaded
+        model.add(SimpleNamespace(version=str(i), ready=True, config=SimpleNamespace(backend="b")), VersionState.READY)  # type: ignore[arg-type]
+        model.set_traffic({str(i): 1})
+        model.versions[str(i - 1)].model.config = SimpleNamespace(backend="b")  # type: ignore[attr-defined]
+        model.versions[str(i - 1)].enter(VersionState.UNLOADED)
+        model.retire(str(i - 1))
+    assert list(model.versions) == ["200"]  # the others' models are let go of
+    assert len(model.retired) == 16 and model.retired[-1].version == "199" and model.retired[-1].state is VersionState.UNLOADED
