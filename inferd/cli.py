@@ -58,10 +58,28 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _check_config(path: str) -> int:
+    """Every mistake of the file at once, and what `serve` would refuse short of loading weights: each
+    backend imported, its factory or function found, its options checked by the backend itself."""
+    from .backends import module_check_options, resolve_backend
+    from .errors import describe
+
     try:
         config = load_config(path)
     except ConfigError as exc:
-        print(f"inferd: {exc}", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"inferd: {problem}", file=sys.stderr)
+        return 2
+    problems = []
+    for m in config.models:
+        try:
+            if m.kind == "batch":
+                resolve_backend(m.backend)
+            module_check_options(m.backend, m.options)
+        except Exception as exc:  # noqa: BLE001 - whatever importing or checking raised is the file's problem
+            problems.append(f"[[models]] {m.name!r} version {m.version}: backend {m.backend!r}: {describe(exc)}")
+    for problem in problems:
+        print(f"inferd: {problem}", file=sys.stderr)
+    if problems:
         return 2
     models = ", ".join(f"{m.name} ({m.kind}, {m.backend})" for m in config.models)
     print(f"{path}: valid; listens on {config.host}:{config.port}; models: {models}")
@@ -76,7 +94,8 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config) if args.config else default_config()
     except ConfigError as exc:
-        print(f"inferd: {exc}", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"inferd: {problem}", file=sys.stderr)
         return 2
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     reread = (lambda: dataclasses.replace(load_config(args.config), **overrides)) if args.config else None

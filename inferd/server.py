@@ -33,6 +33,7 @@ from .http.connections import ConnectionLimits, GuardedServer
 from .http.protocol import BodyReader
 from .lifecycle import Lifecycle, Phase
 from .models.batch_model import BatchModel
+from .models.config_reload import ConfigReload
 from .models.registry import Models
 from .models.rollout import Rollouts
 from .observability.access_log import AccessLog
@@ -55,6 +56,7 @@ class InferenceServer:
         self.config = config
         self.tracing: Tracing | None = None
         self.rollouts: Rollouts | None = None
+        self.config_reload: ConfigReload | None = None
         self._span_exporter = span_exporter
         self.lifecycle = Lifecycle()
         self.models = Models({}, {}, config.default_model if config.models else "")
@@ -81,6 +83,7 @@ class InferenceServer:
             headroom_bytes=config.memory_headroom_mb << 20, grace_s=config.grace_period_s,
         )
         self.rollouts.add_configured([m for m in config.models if m.kind == "batch"])
+        self.config_reload = ConfigReload(self.rollouts, [m for m in config.models if m.kind == "batch"])
         limiter = RateLimiter(config)
         outcomes = Outcomes(request_metrics if config.metrics else None, AccessLog(config.access_log, config.access_log_sample_rate))
         registry = None
@@ -149,10 +152,11 @@ class InferenceServer:
                 raise TimeoutError("models did not become ready in time")
             await asyncio.sleep(0.02)
 
-    def reload(self, config: ServerConfig) -> list[str]:
-        """Apply an edited config file's batch models (SIGHUP): what changes, one line each."""
-        assert self.rollouts is not None
-        changes = self.rollouts.apply(config)
+    async def reload(self, config: ServerConfig) -> list[str]:
+        """Apply what changed in an edited config file's batch models (SIGHUP): what changes, one line
+        each (ConfigError, nothing applied, when any of it cannot be)."""
+        assert self.config_reload is not None
+        changes = await self.config_reload.apply(config)
         if replace(config, models=(), host=self.config.host, port=self.config.port) != replace(self.config, models=()):
             changes.append("settings other than [[models]] are not reloaded: restart (SIGTERM drains) to apply them")
         for line in changes or ["no change"]:
@@ -208,7 +212,8 @@ async def serve(config: ServerConfig, reread: Callable[[], ServerConfig] | None 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     # SIGHUP: the config file again, its batch models applied (without a file there is nothing to re-read).
-    loop.add_signal_handler(signal.SIGHUP, _reload, server, reread)
+    reloads: set[asyncio.Task] = set()
+    loop.add_signal_handler(signal.SIGHUP, _reload, server, reread, reloads)
     try:
         await server.start()
     except OSError as exc:
@@ -234,14 +239,23 @@ async def serve(config: ServerConfig, reread: Callable[[], ServerConfig] | None 
     return 0
 
 
-def _reload(server: InferenceServer, reread: Callable[[], ServerConfig] | None) -> None:
+def _reload(server: InferenceServer, reread: Callable[[], ServerConfig] | None, running: set[asyncio.Task]) -> None:
+    """SIGHUP's handler: the reload runs as a task (its checks import modules off the loop)."""
     if reread is None or server.rollouts is None:
         log.warning("SIGHUP: no config file to re-read (started on the embedded default)")
         return
-    try:
-        server.reload(reread())
-    except (ConfigError, InferdError) as exc:
-        log.error("config reload refused, nothing changed: %s", exc)
+
+    async def reload() -> None:
+        try:
+            await server.reload(reread())
+        except (ConfigError, InferdError, OSError) as exc:
+            log.error("config reload refused, nothing changed: %s", exc)
+        except Exception:  # a bug of ours, not the file's: said with its traceback, once
+            log.exception("config reload failed")
+
+    task = asyncio.get_running_loop().create_task(reload(), name="config-reload")
+    running.add(task)
+    task.add_done_callback(running.discard)
 
 
 def _fatal(message: str) -> None:

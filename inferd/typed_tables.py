@@ -15,7 +15,12 @@ from typing import Any
 
 
 class ConfigError(ValueError):
-    """The configuration file is missing, malformed or inconsistent."""
+    """The configuration file is missing, malformed or inconsistent: every problem found (`problems`),
+    said in one line."""
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
 
 
 def first_mistyped(table: Mapping[str, Any], cls: type) -> tuple[str, str] | None:

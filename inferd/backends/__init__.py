@@ -15,7 +15,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from .contract import BatchBackend, Capabilities, module_memory_bytes  # noqa: F401 - the contract, re-exported
+from .contract import BatchBackend, Capabilities, module_check_options, module_memory_bytes  # noqa: F401 - the contract, re-exported
 
 BackendFactory = Callable[[str, Mapping[str, Any]], BatchBackend]
 

@@ -18,7 +18,9 @@ instead of being silently skipped.
 | `compatibility` | a dict of what changes the computation besides the model and version (shown as the batch key) |
 
 Beside the factory, a backend module may define `memory_bytes(options) -> int`: one worker's need, for
-the memory check before a version is loaded (`module_memory_bytes`).
+the memory check before a version is loaded (`module_memory_bytes`); and `check_options(options)`,
+raising ValueError for options it would refuse, so `inferd check-config`, an admin load and a reload
+find a misspelt option or a missing model folder without building anything (`module_check_options`).
 """
 
 from __future__ import annotations
@@ -79,3 +81,12 @@ def module_memory_bytes(spec: str, options: Mapping[str, Any]) -> int:
     module = importlib.import_module(spec.partition(":")[0])
     estimate = getattr(module, "memory_bytes", None)
     return int(estimate(options)) if estimate is not None else 0
+
+
+def module_check_options(spec: str, options: Mapping[str, Any]) -> None:
+    """Raise ValueError for options the backend module named by `spec` would refuse (nothing when it has
+    no `check_options`). Imports the module: call it off the event loop."""
+    module = importlib.import_module(spec.partition(":")[0])
+    check = getattr(module, "check_options", None)
+    if check is not None:
+        check(options)

@@ -76,6 +76,10 @@ def _holds(inputs: list[str], marker: str | None) -> bool:
     return marker is not None and any(marker in text for text in inputs)
 
 
+def check_options(options: Mapping[str, Any]) -> None:
+    sim_options(options, "inferd.backends.faulty", extra=_FAULT_OPTIONS)
+
+
 @backend_factory
 def create(device: str, options: Mapping[str, Any]) -> FaultyGPU:
     sim = sim_options(options, "inferd.backends.faulty", extra=_FAULT_OPTIONS)

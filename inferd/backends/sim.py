@@ -127,6 +127,10 @@ def create(device: str, options: Mapping[str, Any]) -> SimulatedGPU:
     return SimulatedGPU(name=device, **sim) if bucket_chars is None else BucketedGPU(list(bucket_chars), name=device, **sim)
 
 
+def check_options(options: Mapping[str, Any]) -> None:
+    sim_options({k: v for k, v in options.items() if k != "bucket_chars"}, "inferd.backends.sim")
+
+
 def memory_bytes(options: Mapping[str, Any]) -> int:
     """What one simulated device claims to need (`memory_mb`, default 0): for the memory check's tests."""
     return int(options.get("memory_mb", 0)) << 20

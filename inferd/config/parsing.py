@@ -6,10 +6,11 @@ mistake an operator only finds under load.
 
 from __future__ import annotations
 
+import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..typed_tables import ConfigError, check_types, field_names, reject_unknown
 from .settings import (
@@ -22,6 +23,8 @@ from .settings import (
     TracingConfig,
 )
 
+T = TypeVar("T")
+
 
 def load_config(path: str | Path) -> ServerConfig:
     try:
@@ -33,30 +36,53 @@ def load_config(path: str | Path) -> ServerConfig:
     return parse_config(raw)
 
 
+class _Problems:
+    """Every table is read even after a mistake in another, so one ConfigError says all of them."""
+
+    def __init__(self) -> None:
+        self.found: list[str] = []
+
+    def attempt(self, read: Callable[[], T], fallback: T) -> T:
+        try:
+            return read()
+        except ConfigError as exc:
+            self.found.extend(exc.problems)
+            return fallback
+
+
 def parse_config(raw: Mapping[str, Any]) -> ServerConfig:
-    reject_unknown(raw, {"server", "models", "auth", "tiers", "tenants", "tracing"}, "top level")
+    problems = _Problems()
+    problems.attempt(lambda: reject_unknown(raw, {"server", "models", "auth", "tiers", "tenants", "tracing"}, "top level"), None)
+    tables = {}
     for table in ("server", "auth", "tiers", "tracing"):
+        tables[table] = raw.get(table)
         if not isinstance(raw.get(table, {}), dict):
-            raise ConfigError(f"[{table}] must be a table, not {type(raw[table]).__name__}")
-    server = dict(raw.get("server", {}))
-    reject_unknown(server, field_names(ServerConfig) - {"models", "auth", "tiers", "tenants", "tracing"}, "[server]")
-    check_types(server, ServerConfig, "[server]")
+            problems.found.append(f"[{table}] must be a table, not {type(raw[table]).__name__}")
+            tables[table] = None
+    server = problems.attempt(lambda: _read_server(dict(tables["server"] or {})), {})
     models_raw = raw.get("models", [])
     if not isinstance(models_raw, list) or not models_raw:
-        raise ConfigError("at least one [[models]] table is required")
-    models = tuple(parse_model(m) for m in models_raw)
-    check_versions(models)
-    tiers = _parse_tiers(raw.get("tiers"))
-    config = ServerConfig(
-        **server,
-        models=models,
-        auth=_parse_auth(raw.get("auth")),
-        tiers=tiers,
-        tenants=_parse_tenants(raw.get("tenants", []), {t.name for t in tiers}),
-        tracing=_parse_tracing(raw.get("tracing")),
-    )
+        problems.found.append("at least one [[models]] table is required")
+        models_raw = []
+    read = [problems.attempt(lambda m=m: parse_model(m), None) for m in models_raw]
+    models = tuple(m for m in read if m is not None)
+    if len(models) == len(read):
+        problems.attempt(lambda: check_versions(models), None)
+    tiers = problems.attempt(lambda: _parse_tiers(tables["tiers"]), (TierConfig("default"),))
+    auth = problems.attempt(lambda: _parse_auth(tables["auth"]), AuthConfig())
+    tenants = problems.attempt(lambda: _parse_tenants(raw.get("tenants", []), {t.name for t in tiers}), ())
+    tracing = problems.attempt(lambda: _parse_tracing(tables["tracing"]), TracingConfig())
+    if problems.found:  # (the checks across tables below would only repeat these in other words)
+        raise ConfigError(*problems.found)
+    config = ServerConfig(**server, models=models, auth=auth, tiers=tiers, tenants=tenants, tracing=tracing)
     _check_server(config)
     return config
+
+
+def _read_server(table: dict[str, Any]) -> dict[str, Any]:
+    reject_unknown(table, field_names(ServerConfig) - {"models", "auth", "tiers", "tenants", "tracing"}, "[server]")
+    check_types(table, ServerConfig, "[server]")
+    return table
 
 
 def check_versions(models: tuple[ModelConfig, ...]) -> None:
@@ -140,6 +166,8 @@ def _parse_tracing(raw: Any) -> TracingConfig:
     tracing = TracingConfig(**{**raw, "enabled": True})
     if not 0.0 <= tracing.sample_rate <= 1.0 or tracing.exporter not in ("otlp", "console", "file"):
         raise ConfigError("[tracing] sample_rate must be between 0 and 1, exporter otlp, console or file")
+    if tracing.max_client_traced_per_s < 0 or tracing.flush_timeout_s <= 0:
+        raise ConfigError("[tracing] max_client_traced_per_s must be 0 or more, flush_timeout_s more than 0")
     return tracing
 
 
@@ -168,6 +196,9 @@ def parse_model(raw: Any) -> ModelConfig:
     return model
 
 
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+
 def _check_model(m: ModelConfig, where: str) -> None:
     positive_ints = ("max_batch_size", "workers", "max_queue", "timeout_ms", "max_timeout_ms", "max_input_chars",
                      "max_inputs_per_call", "batch_timeout_ms", "max_batch_attempts", "breaker_failures",
@@ -184,10 +215,19 @@ def _check_model(m: ModelConfig, where: str) -> None:
         raise ConfigError(f"{where}: `workers` ({m.workers}) disagrees with the `devices` list ({len(m.devices)})")
     if m.timeout_ms > m.max_timeout_ms:
         raise ConfigError(f"{where}: `timeout_ms` exceeds `max_timeout_ms`")
-    if (m.traffic is not None and m.traffic < 0) or not m.version or "@" in m.version + m.name or "/" in m.version:
-        raise ConfigError(f"{where}: `traffic` must be >= 0; `name` without @; `version` non-empty, without @ or /")
+    if m.traffic is not None and m.traffic < 0:
+        raise ConfigError(f"{where}: `traffic` must be >= 0")
+    for key in ("name", "version"):  # (both are path segments of the admin API, and go into log lines)
+        if not _NAME.fullmatch(getattr(m, key)):
+            raise ConfigError(f"{where}: `{key}` must be 1-128 letters, digits, '.', '_', '-' or ':' "
+                              f"(starting with a letter or digit), got {getattr(m, key)!r}")
     if m.cache_bytes < 0 or m.cache_ttl_s <= 0 or m.cache_scope not in ("tenant", "shared"):
         raise ConfigError(f"{where}: `cache_bytes` must be >= 0, `cache_ttl_s` positive, `cache_scope` tenant or shared")
+    if m.collapse_scope not in ("tenant", "shared"):
+        raise ConfigError(f"{where}: `collapse_scope` must be tenant or shared")
+    if m.collapse_scope == "tenant" and m.cache_bytes and m.cache_scope == "shared":
+        raise ConfigError(f"{where}: `collapse_scope = \"tenant\"` with a shared cache: the cache would answer across "
+                          "tenants what collapsing no longer does; set `cache_scope = \"tenant\"`")
     if not m.warmup_inputs:
         raise ConfigError(f"{where}: `warmup_inputs` must hold at least one input")
 
@@ -196,6 +236,8 @@ def _check_server(c: ServerConfig) -> None:
     # (types were checked against the fields: see check_types)
     if not 0 <= c.port < 65536 or (c.agent_port is not None and not 0 <= c.agent_port < 65536):
         raise ConfigError(f"[server] port or agent_port out of range: {c.port!r}, {c.agent_port!r}")
+    if c.agent_port == c.port and c.port:
+        raise ConfigError(f"[server] agent_port and port are both {c.port}: the agent check needs a port of its own")
     for key in ("max_body_bytes", "header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
         if getattr(c, key) <= 0:
             raise ConfigError(f"[server] `{key}` must be positive")

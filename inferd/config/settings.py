@@ -37,6 +37,7 @@ class ModelConfig:
     max_waiting_requests: int = 256  # generation: requests without a first token yet, before 503
     max_waiting_prompt_tokens: int = 65_536  # generation: their prompt tokens, before 503
     collapse: bool = True  # batch: identical inputs in flight share one computation
+    collapse_scope: str = "shared"  # "tenant": only within a tenant (no tenant learns what another is asking)
     cache_bytes: int = 0  # batch: the result cache's size (0: no cache)
     cache_ttl_s: float = 300.0  # how long a cached output is served
     cache_scope: str = "tenant"  # "tenant": each tenant its own entries; "shared": one for all
@@ -90,7 +91,9 @@ class TracingConfig:
 
     enabled: bool = False
     sample_rate: float = 0.01  # share of requests without a client's traceparent that are traced
-    exporter: str = "otlp"  # "otlp" (protobuf over HTTP to `endpoint`), "console" (stdout), "file" (`path`)
+    max_client_traced_per_s: float = 10.0  # a client's "sampled" traceparent is honoured this often at most
+    flush_timeout_s: float = 2.0  # at shutdown, spans still queued are sent for this long at most, then dropped
+    exporter: str = "otlp"  # "otlp" (protobuf over HTTP to `endpoint`), "console" (stderr), "file" (`path`)
     endpoint: str = "http://127.0.0.1:4318/v1/traces"
     path: str = "inferd-spans.jsonl"  # one JSON span per line
     service_name: str = "inferd"

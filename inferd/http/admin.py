@@ -12,8 +12,6 @@ unload one. The steps themselves, and what they guarantee, are `models.rollout`'
 
 from __future__ import annotations
 
-import asyncio
-import importlib
 from dataclasses import fields
 from typing import Any
 
@@ -21,7 +19,7 @@ from aiohttp import web
 
 from ..admission.auth import Authenticator
 from ..config import ConfigError, parse_model
-from ..errors import InferdError, InvalidInput, MethodNotAllowed, NotFound, describe
+from ..errors import InferdError, InvalidInput, MethodNotAllowed, NotFound
 from ..models.rollout import Rollouts
 from ..models.versions import Version
 from .protocol import BodyReader, RequestIds, json_object
@@ -42,16 +40,6 @@ def inherit(table: dict[str, Any], rollouts: Rollouts) -> dict[str, Any]:
     given = {f.name: getattr(current, f.name) for f in fields(current) if f.name not in _OWN}
     given = {k: list(v) if isinstance(v, tuple) else dict(v) if k == "options" else v for k, v in given.items()}
     return {k: v for k, v in given.items() if k not in table and v is not None}
-
-
-async def importable(backend: str) -> None:
-    """Import a backend's module on a thread of its own, once; a module that does not import is the
-    request's fault: a 400 naming it."""
-    module = backend.partition(":")[0]
-    try:
-        await asyncio.get_running_loop().run_in_executor(None, importlib.import_module, module)
-    except Exception as exc:  # noqa: BLE001 - ImportError, or whatever the module raised while importing
-        raise InvalidInput(f"backend module {module!r} does not import: {describe(exc)}") from None
 
 
 class AdminApi:
@@ -82,7 +70,7 @@ class AdminApi:
                     config = parse_model({**inherited, **table})
                 except ConfigError as exc:
                     raise InvalidInput(str(exc)) from None
-                await importable(config.backend)  # (off the loop: importing torch takes seconds)
+                await rollouts.check(config)  # (its module imported off the loop: torch takes seconds)
                 state = _state(config.name, rollouts.load(config))
                 return json_response({**state, "inherited": sorted(inherited)}, request_id, status=202)
             if parts[1] == "traffic":

@@ -101,6 +101,18 @@ class BatchCalls:
             withdraw_unanswered(model, items)
 
 
+def call_timing(items: Sequence[PendingRequest], held_s: float) -> str:
+    """A multi-input call's `Server-Timing`: how long the server held it, and its slowest input's queue
+    and compute (an input answered from the cache or another's computation has neither)."""
+    computed = [item for item in items if item.batch is not None]
+    timing = f"total;dur={held_s * 1000:.3f}"
+    if computed:
+        queue = max(item.batch.queue_s(item) for item in computed)  # type: ignore[union-attr]
+        compute = max(item.batch.compute_s for item in computed)  # type: ignore[union-attr]
+        timing += f", queue;dur={queue * 1000:.3f}, compute;dur={compute * 1000:.3f}"
+    return timing
+
+
 def cache_allowed(headers: Mapping[str, str]) -> bool:
     """A client's `Cache-Control: no-cache` (or `no-store`) asks for a fresh computation."""
     control = headers.get("Cache-Control")

@@ -112,7 +112,7 @@ class GenerationApi:
         try:
             overrides = sampling_fields(body)
             ticket = self.admission.admit_generation(model, who, timeout_ms(body), chars)  # before any tokenising
-            ids = await prompt_ids()
+            ids = await prompt_ids()  # gives back the place admission reserved; no await from here to the engine
             sampling = model.sampling(overrides)
         except InferdError as error:
             self.outcomes.record_error(request_id, model.name, tier, error, started, tenant=tenant)

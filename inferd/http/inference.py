@@ -16,7 +16,7 @@ from ..lifecycle import Lifecycle
 from ..messages import RequestState
 from ..models.registry import Models
 from ..observability.outcomes import Outcomes
-from .batch_calls import BatchCalls, CallStart, cache_allowed, call_start
+from .batch_calls import BatchCalls, CallStart, cache_allowed, call_start, call_timing
 from .embeddings import embeddings_payload, parse_embeddings_body
 from .generation import GenerationApi
 from .protocol import BodyReader, RequestIds, encode_vector, parse_inference_body
@@ -109,6 +109,8 @@ class InferenceApi:
             now = self.outcomes.record_error(request_id, model_name, tier, error, started, None, tenant, start.trace, version,
                                              items[0].slo_at if items else None)
             return error_response(error, request_id, close=self.lifecycle.draining, openai=True, held_s=now - started)
-        self.outcomes.record(request_id, model_name, tier, 200, "", started, None, tenant, start.trace, version, items[0].slo_at)
+        now = self.outcomes.record(request_id, model_name, tier, 200, "", started, None, tenant, start.trace, version,
+                                   items[0].slo_at)
         payload = embeddings_payload(model_name, vectors, sum(item.tokens for item in items), call.base64)
-        return WholeResponse(200, dumps(payload), (("X-Request-ID", request_id), ("X-Model-Version", model.version)))
+        return WholeResponse(200, dumps(payload), (("X-Request-ID", request_id), ("X-Model-Version", model.version),
+                                                   ("Server-Timing", call_timing(items, now - started))))

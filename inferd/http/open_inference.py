@@ -6,7 +6,9 @@ An infer call goes the way of `/v1/embeddings`: each element of its input tensor
 batched like a request of its own (so one client's tensor may span server batches), with the same
 admission, tiers, deadlines (the `timeout` parameter), shared work and disconnect handling. Errors are
 in the protocol's shape, `{"error": message}`, with inferd's stable `code` beside it. A path without
-`/versions/{v}` gets the model's split, as `/v1/inference` does.
+`/versions/{v}` gets the model's split, as `/v1/inference` does. Beside the protocol, two of Triton's
+own routes that `tritonclient` calls: a model's configuration (`GET .../config`) and the repository
+index (`POST /v2/repository/index`).
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ from ..models.batch_model import BatchModel
 from ..models.registry import Models
 from ..observability.outcomes import Outcomes
 from ..observability.tracing import Tracing
-from .batch_calls import BatchCalls, CallStart, cache_allowed, traced
+from .batch_calls import BatchCalls, CallStart, cache_allowed, call_timing, traced
 from .open_inference_wire import HEADER_LENGTH, INPUT, OUTPUT, infer_response, parse_infer
-from .protocol import BodyReader, RequestIds
+from .protocol import BodyReader, RequestIds, json_object
 from .responses import WholeResponse, dumps, error_response
 
 
@@ -48,7 +50,7 @@ class OpenInferenceApi:
     async def route(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
         request_id = self.ids.pick(request.headers.get("X-Request-ID") or request.headers.get("Idempotency-Key"))
         parts = path.rstrip("/").split("/")[2:]  # (after "", "v2")
-        method = "POST" if parts[-1:] == ["infer"] else "GET"
+        method = "POST" if parts[-1:] == ["infer"] or parts == ["repository", "index"] else "GET"
         if request.method != method:
             return error_v2(MethodNotAllowed(f"{path} accepts {method} only"), request_id, allow=method)
         try:
@@ -57,6 +59,11 @@ class OpenInferenceApi:
             if parts[0] == "health" and len(parts) == 2 and parts[1] in ("live", "ready"):
                 ok = True if parts[1] == "live" else self.lifecycle.serving and self.models.ready
                 return _json({parts[1]: ok}, request_id, 200 if ok else 503)
+            if parts == ["repository", "index"]:
+                if self.admission.auth.config.operations != "open":
+                    self.admission.auth.require_operations(request.headers)
+                ready_only = (json_object(await self.body.read(request)) if request.can_read_body else {}).get("ready")
+                return WholeResponse(200, dumps(self._index(ready_only is True)), (("X-Request-ID", request_id),))
             if parts[0] != "models" or len(parts) < 2:
                 raise NotFound(f"no route for {request.method} {path}")
             # The caller first: an unauthenticated one learns nothing of which models and versions exist.
@@ -69,6 +76,8 @@ class OpenInferenceApi:
                 return _json(self._metadata(model), request_id)
             if rest == ["ready"]:
                 return _json({"name": model.name, "ready": model.ready}, request_id, 200 if model.ready else 503)
+            if rest == ["config"]:
+                return _json(_triton_config(model), request_id)
             if rest == ["infer"]:
                 self.lifecycle.enter()
                 try:
@@ -99,6 +108,14 @@ class OpenInferenceApi:
                 "outputs": [{"name": OUTPUT, "datatype": "FP32" if embedding else "BYTES",
                              "shape": [-1, -1] if embedding else [-1]}]}
 
+    def _index(self, ready_only: bool) -> list[dict[str, str]]:
+        """Triton's repository index: every batch model version and its state (a generation model is
+        not served over this protocol)."""
+        rows = [{"name": name, "version": version, "state": "READY" if found.model.ready else "UNAVAILABLE",
+                 "reason": found.reason or ""}
+                for name, served in self.models.served.items() for version, found in served.versions.items()]
+        return [row for row in rows if row["state"] == "READY"] if ready_only else rows
+
     async def infer(self, request: web.BaseRequest, model: BatchModel, request_id: str) -> web.StreamResponse:
         start = CallStart(time.monotonic(), request_id)
         if self.tracing is None:
@@ -122,12 +139,28 @@ class OpenInferenceApi:
             now = self.outcomes.record_error(request_id, model.name, tier, error, started, None, tenant, start.trace, version,
                                              items[0].slo_at if items else None)
             return error_response(error, request_id, close=self.lifecycle.draining, open_inference=True, held_s=now - started)
-        self.outcomes.record(request_id, model.name, tier, 200, "", started, None, tenant, start.trace, version, items[0].slo_at)
+        now = self.outcomes.record(request_id, model.name, tier, 200, "", started, None, tenant, start.trace, version,
+                                   items[0].slo_at)
         body, header_length = infer_response(model.name, model.version, call.id, outputs, call.binary_output)
+        headers = (("X-Request-ID", request_id), ("Server-Timing", call_timing(items, now - started)))
         if header_length is None:
-            return WholeResponse(200, body, (("X-Request-ID", request_id),))
-        return WholeResponse(200, body, (("X-Request-ID", request_id), (HEADER_LENGTH, str(header_length))),
-                             content_type=b"application/octet-stream")
+            return WholeResponse(200, body, headers)
+        return WholeResponse(200, body, (*headers, (HEADER_LENGTH, str(header_length))), content_type=b"application/octet-stream")
+
+
+def _triton_config(model: BatchModel) -> dict[str, Any]:
+    """A model's settings in the shape of Triton's model configuration, as far as they mean the same."""
+    config = model.config
+    embedding = model.output_kind == "embedding"
+    return {"name": model.name, "platform": "inferd", "backend": config.backend, "version_policy": {"specific": {
+            "versions": [int(model.version)] if model.version.isdigit() else []}},
+            "max_batch_size": config.max_batch_size,
+            "input": [{"name": INPUT, "data_type": "TYPE_STRING", "dims": [1]}],
+            "output": [{"name": OUTPUT, "data_type": "TYPE_FP32" if embedding else "TYPE_STRING", "dims": [-1 if embedding else 1]}],
+            "dynamic_batching": {"max_queue_delay_microseconds": int(config.max_wait_ms * 1000),
+                                 "default_queue_policy": {"default_timeout_microseconds": config.timeout_ms * 1000}},
+            "instance_group": [{"count": config.workers, "kind": "KIND_GPU" if any(d.startswith("cuda") for d in config.worker_devices)
+                                else "KIND_MODEL"}]}
 
 
 def error_v2(error: InferdError, request_id: str, *, close: bool = False, allow: str | None = None) -> WholeResponse:

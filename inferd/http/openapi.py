@@ -47,6 +47,11 @@ _GENERATION_FIELDS: dict[str, Any] = {key: _or_null(schema) for key, schema in {
     "stop": {"oneOf": [{"type": "string", "minLength": 1},
                        {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4}]},
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "repetition_penalty": {"type": "number", "exclusiveMinimum": 0, "maximum": 2},
+    "top_k": {"type": "integer", "minimum": -1}, "min_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "user": {"type": "string"},
 }.items()}
 _TIMEOUT = _or_null({"type": "integer", "minimum": 1, "description": "this request's deadline, capped at max_timeout_ms"})
 _MODEL = _or_null({"type": "string", "description": "default: the first configured model"})

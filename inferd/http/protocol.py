@@ -140,6 +140,9 @@ def sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
         if not fits(value):
             raise InvalidInput(f"`{key}` must be {what}, got {str(value)[:40]}")
         overrides[key] = value
+    for key, (fits, what) in _LABELS.items():
+        if body.get(key) is not None and not fits(body[key]):
+            raise InvalidInput(f"`{key}` must be {what}, got {str(body[key])[:40]}")
     if not isinstance(body.get("stream", False), bool):
         raise InvalidInput("`stream` must be true or false")
     options = body.get("stream_options")
@@ -165,7 +168,13 @@ _SAMPLING_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
         isinstance(v, list) and len(v) <= 4 and all(isinstance(s, str) and s for s in v)),
              "a non-empty string or a list of at most 4 of them"),
     "ignore_eos": (lambda v: isinstance(v, bool), "true or false"),
+    "frequency_penalty": (lambda v: _number(v) and -2 <= v <= 2, "a number from -2 to 2"),
+    "presence_penalty": (lambda v: _number(v) and -2 <= v <= 2, "a number from -2 to 2"),
+    "repetition_penalty": (lambda v: _number(v) and 0 < v <= 2, "a number above 0, at most 2"),
+    "top_k": (lambda v: _integer(v) and (v == -1 or v >= 0), "an integer >= 0 (0 or -1: off)"),
+    "min_p": (lambda v: _number(v) and 0 <= v <= 1, "a number from 0 to 1"),
 }
+_LABELS = {"user": (lambda v: isinstance(v, str), "a string")}  # OpenAI's, accepted and not used: checked all the same
 
 
 def timeout_ms(data: dict[str, Any]) -> int | None:

@@ -42,7 +42,7 @@ from ..scheduling.deadlines import DeadlineWheel
 from ..scheduling.preprocess import Preprocessor
 from . import delivery, reports
 from .forecast import Forecast
-from .shared_work import SharedWork, identity, waited_for
+from .shared_work import SharedWork, waited_for
 from .timeliness import Timeliness
 
 log = logging.getLogger("inferd.model")
@@ -158,8 +158,8 @@ class BatchModel:
             if fresh and self.batcher.depth + len(fresh) > self.config.max_queue:
                 raise ServiceOverloaded(f"model {self.name} cannot queue {len(fresh)} more inputs",
                                         retry_after_ms=self.retry_after_ms(tier), reason="queue_full")
-            for i in fresh:
-                taken[i] = (self.from_shared_work(ids[i], values[i], timeout_s, tier, tenant, use_cache)
+            for i in fresh:  # (the cache was asked above: now only an earlier input of this call can lead)
+                taken[i] = (self.from_shared_work(ids[i], values[i], timeout_s, tier, tenant, use_cache=False)
                             or self.submit(ids[i], values[i], timeout_s, tier, tenant))
         except BaseException:
             for request in taken:  # all or none: what was taken is withdrawn
@@ -204,7 +204,7 @@ class BatchModel:
         now = self._clock()
         request = self._new_request(request_id, raw, now, timeout_s, tier, tenant)
         if self.shared.enabled:
-            request.key = raw if type(raw) is str else identity(raw)
+            request.key = self.shared.key_of(raw, tenant)
         if self.preprocessor is not None:
             refusal = self.timeliness.refusal(request, now, bucket=None)  # (before the work of preparing it)
             if refusal is not None:

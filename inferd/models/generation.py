@@ -2,8 +2,11 @@
 
 The engine batches per token step by itself; what inferd adds is the same admission rules as for
 batch models (auth, tiers as engine priorities, rate limits) plus bounds of its own on what waits for
-the engine: requests that have not produced a first token yet, and their prompt tokens. Those bounds
-are checked before any tokenising, so an overloaded server refuses cheaply (503 with retry_after_ms).
+the engine: requests that have not produced a first token yet, and their prompt tokens. The count is
+checked before any tokenising, so an overloaded server refuses cheaply (503 with retry_after_ms), and
+the check reserves the request's place: a burst cannot all pass the check while the first ones are
+still being tokenised (which also bounds the tokeniser's queue). The prompt tokens are checked once
+they are known, before the request is handed to the engine.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ class GenerationModel:
         except ValueError as exc:  # a configuration mistake: this model's start-up failure, said once
             self.start_error = exc
         self.waiting: dict[str, int] = {}  # engine request id -> prompt tokens, until its first token
+        self.preparing = 0  # admitted, being tokenised: places reserved among the waiting
         self.running = 0
         self._waiting_tokens = 0
         self._engine_ids = itertools.count(1)
@@ -103,17 +107,22 @@ class GenerationModel:
                                f"{self.config.max_input_chars}")
 
     def check_capacity(self) -> None:
-        """Before tokenising: refuse when too much already waits for the engine."""
+        """Before tokenising: refuse when too much already waits for the engine; otherwise reserve the
+        request's place, which `prompt_ids` (the next step, always) gives back."""
         if not self.ready:
             raise NotReady(f"model {self.name} is starting", retry_after_ms=1000)
         c = self.config
-        if len(self.waiting) >= c.max_waiting_requests or self._waiting_tokens >= c.max_waiting_prompt_tokens:
-            raise ServiceOverloaded(
-                f"model {self.name} has {len(self.waiting)} requests ({self._waiting_tokens} prompt tokens) "
-                "waiting for the engine",
-                retry_after_ms=self.retry_after_ms(),
-                reason="queue_full",
-            )
+        waiting = len(self.waiting) + self.preparing
+        if waiting >= c.max_waiting_requests or self._waiting_tokens >= c.max_waiting_prompt_tokens:
+            raise self._overloaded(waiting)
+        self.preparing += 1
+
+    def _overloaded(self, waiting: int) -> ServiceOverloaded:
+        return ServiceOverloaded(
+            f"model {self.name} has {waiting} requests ({self._waiting_tokens} prompt tokens) waiting for the engine",
+            retry_after_ms=self.retry_after_ms(),
+            reason="queue_full",
+        )
 
     @property
     def waiting_tokens(self) -> int:
@@ -121,11 +130,19 @@ class GenerationModel:
 
     async def prompt_ids(self, text: str | None = None, messages: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         """A prompt's token ids (a chat's, through its template), from the tokenizing thread: a long prompt
-        never stalls the loop. InvalidInput when it is empty or too long for the model."""
+        never stalls the loop. Gives back the place `check_capacity` reserved: the caller hands the ids
+        to `stream` with no await between, so the request is counted as waiting throughout.
+        InvalidInput when it is empty or too long for the model; ServiceOverloaded when its tokens would
+        take the waiting prompt tokens past their bound (unless nothing else waits)."""
         engine = self.engine
         assert engine is not None
         encode = partial(engine.encode_chat, messages) if messages is not None else partial(engine.encode, text or "")
-        ids = await self.loop.run_in_executor(self._tokenizing, encode)
+        try:
+            ids = await self.loop.run_in_executor(self._tokenizing, encode)
+        finally:
+            self.preparing -= 1
+        if self._waiting_tokens and self._waiting_tokens + len(ids) > self.config.max_waiting_prompt_tokens:
+            raise self._overloaded(len(self.waiting) + self.preparing)
         if not ids:
             raise InvalidInput("the prompt is empty")
         if len(ids) >= engine.max_model_len:

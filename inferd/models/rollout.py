@@ -1,5 +1,5 @@
 """Model versions changed while the server serves: load one beside the running ones, move traffic, drain
-and unload one, or apply an edited config file (SIGHUP) with the same steps.
+and unload one (the admin API's steps, and an edited config file's: `config_reload`).
 
 - *Load*: checked against free memory first (`memory`), then the version's own workers build and warm
   up in their threads while the others serve; it takes traffic only once ready (a new model name then
@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib
 import logging
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
-from ..config import ModelConfig, ServerConfig
-from ..errors import Draining, InferdError, InvalidInput, ModelNotFound, VersionConflict, describe
+from ..backends import module_check_options
+from ..config import ModelConfig
+from ..errors import Draining, InvalidInput, ModelNotFound, VersionConflict, describe
 from .batch_model import BatchModel
 from .memory import check_fits, cuda_free_after_build
 from .registry import Models
@@ -63,13 +64,9 @@ class Rollouts:
     def load(self, config: ModelConfig, traffic_when_ready: dict[str, float] | None = None) -> Version:
         """Start loading a version (see the module's docstring); `traffic_when_ready`: the split to set once
         it is ready (default: none for a new version of a model, all of it for a new model)."""
-        served = self.models.served.get(config.name)
-        current = served.versions.get(config.version) if served is not None else None
-        if current is not None and current.state not in _GONE:
-            raise VersionConflict(f"model {config.name} version {config.version} is {current.state.value} already")
-        if config.kind != "batch" or config.name in self.models.generation:
-            raise VersionConflict("only batch models are loaded at run time; generation models need a restart")
+        self._check_conflicts(config)
         check_fits(config, self.headroom_bytes)
+        served = self.models.served.get(config.name)
         if served is None:
             served = self.models.served[config.name] = ServedModel(config.name)
             traffic_when_ready = traffic_when_ready or {config.version: 1.0}
@@ -80,11 +77,33 @@ class Rollouts:
         self._watch(served, version, traffic_when_ready)
         return version
 
+    async def check(self, config: ModelConfig) -> None:
+        """What `load` will check, then the backend: its module imported and its options checked, off the
+        loop (importing torch takes seconds). InvalidInput naming what is wrong."""
+        self._check_conflicts(config)
+        module = config.backend.partition(":")[0]
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, importlib.import_module, module)
+        except Exception as exc:  # noqa: BLE001 - ImportError, or whatever the module raised while importing
+            raise InvalidInput(f"backend module {module!r} does not import: {describe(exc)}") from None
+        try:
+            await loop.run_in_executor(None, module_check_options, config.backend, config.options)
+        except ValueError as exc:
+            raise InvalidInput(f"backend {config.backend!r}: {describe(exc)}") from None
+        check_fits(config, self.headroom_bytes)
+
+    def _check_conflicts(self, config: ModelConfig) -> None:
+        served = self.models.served.get(config.name)
+        current = served.versions.get(config.version) if served is not None else None
+        if current is not None and current.state not in _GONE:
+            raise VersionConflict(f"model {config.name} version {config.version} is {current.state.value} already")
+        if config.kind != "batch" or config.name in self.models.generation:
+            raise VersionConflict("only batch models are loaded at run time; generation models need a restart")
+
     def _watch(self, served: ServedModel, version: Version, traffic: dict[str, float] | None,
                check_memory: bool = True) -> None:
-        task = asyncio.get_running_loop().create_task(self._until_ready(served, version, traffic, check_memory))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.follow(asyncio.get_running_loop().create_task(self._until_ready(served, version, traffic, check_memory)))
 
     async def _until_ready(self, served: ServedModel, version: Version, traffic: dict[str, float] | None,
                            check_memory: bool) -> None:
@@ -157,9 +176,7 @@ class Rollouts:
         found.enter(VersionState.DRAINING)
         served.set_traffic(rest)
         log.info("model %s version %s draining", name, version)
-        task = asyncio.get_running_loop().create_task(self._drain(served, found))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.follow(asyncio.get_running_loop().create_task(self._drain(served, found)))
         return found
 
     async def _drain(self, served: ServedModel, version: Version) -> None:
@@ -178,48 +195,12 @@ class Rollouts:
         _release_memory()
         log.info("model %s version %s unloaded", served.name, model.version)
 
-    # ---- a config file applied -------------------------------------------------------------------
-
-    def apply(self, config: ServerConfig) -> list[str]:
-        """Apply an edited config file's batch models (SIGHUP): load what is new, move traffic once those
-        are ready, then unload what is gone. Returns what will change, one line each."""
-        wanted = {(c.name, c.version): c for c in config.models if c.kind == "batch"}
-        current = {(m.name, m.version): m.config for m in self.models.instances()}
-        changes = []
-        for key in current.keys() & wanted.keys():
-            if replace(current[key], traffic=None) != replace(wanted[key], traffic=None):
-                changes.append(f"{key[0]}@{key[1]}: changed settings are not applied to a loaded version; give it a new version")
-        loads = []
-        for key in sorted(wanted.keys() - current.keys()):
-            try:
-                self.load(wanted[key])  # (its traffic is set below, with its model's, once every load is done)
-            except InferdError as exc:
-                changes.append(f"{key[0]}@{key[1]}: not loaded: {exc.message}")
-                continue
-            loads.append(wanted[key])
-            changes.append(f"{key[0]}@{key[1]}: loading")
-        gone = sorted(current.keys() - wanted.keys())
-        changes += [f"{name}@{version}: unloading once traffic has moved" for name, version in gone]
-        task = asyncio.get_running_loop().create_task(self._settle(config, [(c.name, c.version) for c in loads], gone))
+    def follow(self, task: asyncio.Task) -> None:
+        """Keep a task of a rollout's until it is done (and cancel it at `close`)."""
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return changes
 
-    async def _settle(self, config: ServerConfig, loading: list[tuple[str, str]], gone: list[tuple[str, str]]) -> None:
-        while any(self._state(n, v) is VersionState.LOADING for n, v in loading):
-            await asyncio.sleep(0.02)
-        for name in dict.fromkeys(c.name for c in config.models if c.kind == "batch"):
-            try:
-                self.set_traffic(name, configured_traffic([c for c in config.models if c.name == name]))
-            except VersionConflict as exc:
-                log.error("config reload: model %s keeps its traffic: %s", name, exc.message)
-        for name, version in gone:
-            try:
-                self.unload(name, version, last_too=True)  # (the file says so: it no longer lists it)
-            except (VersionConflict, ModelNotFound) as exc:
-                log.error("config reload: %s@%s stays: %s", name, version, exc.message)
-
-    def _state(self, name: str, version: str) -> VersionState | None:
+    def state(self, name: str, version: str) -> VersionState | None:
         served = self.models.served.get(name)
         found = served.versions.get(version) if served is not None else None
         return found.state if found is not None else None

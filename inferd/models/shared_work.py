@@ -10,7 +10,10 @@ the highest tier among them (so it is shed, if ever, as that tier's); who does w
 leaves is the batch model's (`BatchModel.abandon`, `_expire`).
 
 Collapsing is on by default (`collapse`), the result cache off (`cache_bytes`). The cache is scoped per
-tenant unless `cache_scope = "shared"`; collapsing spans tenants, since each rider sent the input itself.
+tenant unless `cache_scope = "shared"`; collapsing spans tenants, since each rider sent the input itself,
+unless `collapse_scope = "tenant"`: a request that rides on another is answered sooner and says so
+(`collapsed`), which tells its tenant that someone else just asked the same; with tenant scope the
+input's identity includes the tenant, so nothing is shared across tenants (and each computes its own).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class SharedWork:
         self.collapse = config.collapse
         self.cache = ResultCache(config.cache_bytes, config.cache_ttl_s) if config.cache_bytes else None
         self._tenant_scoped = config.cache_scope == "tenant"
+        self._by_tenant = config.collapse_scope == "tenant"
         self.enabled = self.collapse or self.cache is not None
         self.collapsed = 0  # requests answered by another request's computation
         self.leads: dict[Hashable, PendingRequest] = {}  # (read inline on the request path: see BatchModel)
@@ -57,12 +61,17 @@ class SharedWork:
         MISS, the lead in flight or None); None when there is none."""
         if not self.enabled:
             return None
-        key = raw if type(raw) is str else identity(raw)
+        key = self.key_of(raw, tenant)
         if key is None or (not use_cache or self.cache is None) and (not self.collapse or key not in self.leads):
             return None  # (the usual case, decided with one look-up)
         cached = self.cached(key, tenant, now) if use_cache else MISS
         lead = self.lead_for(key) if cached is MISS else None
         return None if cached is MISS and lead is None else (key, cached, lead)
+
+    def key_of(self, raw: Any, tenant: str) -> Hashable | None:
+        """The input's identity for sharing (with its tenant, when collapsing is scoped by tenant)."""
+        key = raw if type(raw) is str else identity(raw)
+        return (tenant, key) if self._by_tenant and key is not None else key
 
     def cached(self, key: Hashable, tenant: str, now: float) -> Any:
         """A fresh cached (output, bucket, tokens) for this input and tenant, or MISS."""

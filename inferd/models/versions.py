@@ -65,7 +65,7 @@ class ServedModel:
         self.name = name
         self.versions: dict[str, Version] = {}
         self.retired: deque[RetiredVersion] = deque(maxlen=RETIRED_KEPT)
-        self.traffic: dict[str, float] = {}  # version -> weight, for requests that name no version
+        self.traffic: dict[str, float] = {}  # version -> share (summing to 1), for requests that name no version
         self._only: BatchModel | None = None  # the one version taking traffic, when there is one
         self._draw = random.random
 
@@ -80,8 +80,10 @@ class ServedModel:
         self.retired.append(RetiredVersion(version, found.state, found.reason, found.since, found.model.config.backend))
 
     def set_traffic(self, weights: dict[str, float]) -> None:
-        """The split (weights, not necessarily summing to 1); versions with weight 0 take none."""
-        self.traffic = {v: float(w) for v, w in weights.items() if w > 0}
+        """The split from weights (not necessarily summing to 1), kept as shares that do: what every view
+        shows, whatever weights were given. Versions with weight 0 take none."""
+        total = sum(w for w in weights.values() if w > 0)
+        self.traffic = {v: round(w / total, 6) for v, w in weights.items() if w > 0}
         for version, found in self.versions.items():
             found.model.takes_traffic = version in self.traffic
         self._only = self.versions[next(iter(self.traffic))].model if len(self.traffic) == 1 else None

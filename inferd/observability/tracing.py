@@ -1,7 +1,8 @@
 """OpenTelemetry traces across the batch (opt-in: a `[tracing]` table; OpenTelemetry is imported only then).
 
 A request is sampled once, at its start, by inferd itself: a W3C `traceparent` from the client keeps its
-own decision (its trace continues here), a request without one is sampled at `sample_rate`. An
+own decision (its trace continues here) up to `max_client_traced_per_s` (past it, and for a request
+without one, the decision is a draw at `sample_rate`: a client cannot make every request cost a trace). An
 unsampled request costs a header look-up and a random draw, and no span object at all. A sampled
 request gets a span from its arrival to its answer, with its stages as children, written when it is
 answered from the times the request path records anyway: admission, queue wait, compute. A batch holding a
@@ -9,13 +10,18 @@ sampled request is a span of its own, linked to the spans of the requests it car
 parents, as OpenTelemetry advises for batching), and each request's compute span links back to it.
 
 Attributes name the model, batch (id, size, bucket, trigger, worker), tier and tenant; never a key or an
-input. Spans leave through a batching processor on its own thread, to OTLP over HTTP, stdout or a file.
+input. Spans leave through a batching processor on its own thread, to OTLP over HTTP, stderr or a file
+(one JSON line per span); at shutdown the last ones get `flush_timeout_s`, never longer (a collector
+that is down cannot hold the process).
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import re
+import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +30,7 @@ from ..config import TracingConfig
 if TYPE_CHECKING:
     from ..messages import Batch, PendingRequest
 
+log = logging.getLogger("inferd.tracing")
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
 
@@ -66,6 +73,8 @@ class Tracing:
         self._api, self._readable = trace, ReadableSpan
         self._error, self._unset = Status(StatusCode.ERROR), Status(StatusCode.UNSET)
         self.sample_rate = config.sample_rate
+        self.client_decisions = ClientDecisions(config.max_client_traced_per_s)
+        self.flush_timeout_s = config.flush_timeout_s
         self._resource = Resource.create({"service.name": config.service_name})
         self._scope = InstrumentationScope("inferd")
         self._sampled = trace.TraceFlags(trace.TraceFlags.SAMPLED)
@@ -88,6 +97,8 @@ class Tracing:
         if match is not None and int(match[1], 16) and int(match[2], 16):
             if not int(match[3], 16) & 1:
                 return None  # the caller did not sample this trace: neither do we
+            if not self.client_decisions.take(started) and self._random() >= self.sample_rate:
+                return None  # past the ceiling, the client's decision is ours to draw
             parent = self._api.SpanContext(int(match[1], 16), int(match[2], 16), is_remote=True, trace_flags=self._sampled)
             return RequestTrace(self._context(parent.trace_id), parent, started, _route(route))
         if self._random() >= self.sample_rate:
@@ -142,7 +153,30 @@ class Tracing:
             "inferd.error": batch.error is not None}, links)
 
     def shutdown(self) -> None:
-        self._processor.shutdown()  # (sends what is still queued)
+        """Send what is still queued, for `flush_timeout_s` at most: the exporter's own retries (OTLP backs
+        off for a minute and more against a collector that is down) go on in a daemon thread, abandoned."""
+        sender = threading.Thread(target=self._processor.shutdown, name="spans-flush", daemon=True)
+        sender.start()
+        sender.join(self.flush_timeout_s)
+        if sender.is_alive():
+            log.warning("tracing: spans still unsent after %.1f s at shutdown are dropped", self.flush_timeout_s)
+
+
+class ClientDecisions:
+    """A token bucket for clients' "sampled" decisions: `per_s` a second, a second's worth at once."""
+
+    __slots__ = ("per_s", "tokens", "at")
+
+    def __init__(self, per_s: float) -> None:
+        self.per_s, self.tokens, self.at = per_s, max(1.0, per_s), 0.0
+
+    def take(self, now: float) -> bool:
+        self.tokens = min(max(1.0, self.per_s), self.tokens + (now - self.at) * self.per_s)
+        self.at = now
+        if self.tokens >= 1.0 and self.per_s > 0:
+            self.tokens -= 1.0
+            return True
+        return False
 
 
 def _route(route: Any) -> str:
@@ -153,10 +187,8 @@ def _exporter(config: TracingConfig) -> Any:
     if config.exporter == "otlp":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        return OTLPSpanExporter(endpoint=config.endpoint)
+        return OTLPSpanExporter(endpoint=config.endpoint, timeout=config.flush_timeout_s)
     from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-    if config.exporter == "console":
-        return ConsoleSpanExporter()
-    return ConsoleSpanExporter(out=open(config.path, "a", encoding="utf-8"),  # noqa: SIM115 (for the process's life)
-                               formatter=lambda span: span.to_json(indent=None) + "\n")
+    out = sys.stderr if config.exporter == "console" else open(config.path, "a", encoding="utf-8")  # noqa: SIM115 (for the process's life)
+    return ConsoleSpanExporter(out=out, formatter=lambda span: span.to_json(indent=None) + "\n")  # one line per span

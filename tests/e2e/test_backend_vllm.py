@@ -209,7 +209,8 @@ async def test_a_prompt_over_max_input_chars_is_refused_before_tokenising(server
 
 
 @pytest.mark.parametrize("field", [{"max_tokens": -1}, {"max_tokens": 0}, {"temperature": 1e308}, {"top_p": 5},
-                                   {"stop": {}}, {"seed": "x"}, {"stream_options": "yes", "stream": True}])
+                                   {"stop": {}}, {"seed": "x"}, {"stream_options": "yes", "stream": True},
+                                   {"frequency_penalty": "x"}, {"top_k": -5}, {"min_p": 2}, {"user": 5}])
 async def test_bad_sampling_parameters_are_a_400_naming_the_field(server, client, field):
     status, body = await generate(client, server.url, {"input": "hi", "model": "tiny", **field})
     assert (status, body["error"]) == (400, "INVALID_INPUT") and f"`{next(iter(field))}`" in body["message"], body
@@ -220,6 +221,9 @@ async def test_openai_endpoints_answer_errors_in_openais_shape(server):
     with pytest.raises(openai.BadRequestError) as caught:
         await api.completions.create(model="tiny", prompt="hi", top_p=5)
     assert caught.value.code == "INVALID_INPUT" and "top_p" in caught.value.message
+    honoured = await api.completions.create(model="tiny", prompt="hi", max_tokens=2, frequency_penalty=0.5, presence_penalty=0.1,
+                                            user="someone", extra_body={"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.1})
+    assert honoured.choices[0].text is not None  # the engine took them (its own checks passed)
     with pytest.raises(openai.NotFoundError) as missing:
         await api.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
     assert missing.value.code == "MODEL_NOT_FOUND"

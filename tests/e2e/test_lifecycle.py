@@ -140,9 +140,14 @@ async def test_sighup_with_an_unchanged_config_changes_nothing_and_ready_is_said
 
 async def test_version_and_check_config_build_nothing(tmp_path):
     good = write_config(tmp_path / "good.toml", SLOW_MODEL)
-    bad = write_config(tmp_path / "bad.toml", SLOW_MODEL.replace("grace_period_s = 10", 'grace_period_s = "10"'))
+    bad = write_config(tmp_path / "bad.toml", SLOW_MODEL.replace("grace_period_s = 10", 'grace_period_s = "10"')
+                       + '\n[[models]]\nname = "two"\nbackend = "x"\nmax_wait = 3\n[tiers]\nfree = 3\n')
+    backends = write_config(tmp_path / "backends.toml", SLOW_MODEL.replace("latency_ms", "latncy_ms")
+                            + '\n[[models]]\nname = "two"\nbackend = "no_such_module:create"\n'
+                            + '\n[[models]]\nname = "three"\nbackend = "inferd.backends.transformer"\n'
+                            + f'[models.options]\nmodel_path = "{tmp_path}/missing"\n')
     results = []
-    for args in (["--version"], ["check-config", str(good)], ["check-config", str(bad)]):
+    for args in (["--version"], ["check-config", str(good)], ["check-config", str(bad)], ["check-config", str(backends)]):
         proc = await asyncio.create_subprocess_exec(PYTHON, "-m", "inferd", *args, stdout=asyncio.subprocess.PIPE,
                                                     stderr=asyncio.subprocess.STDOUT)
         out, _ = await asyncio.wait_for(proc.communicate(), 60)
@@ -150,6 +155,10 @@ async def test_version_and_check_config_build_nothing(tmp_path):
     assert results[0][0] == 0 and results[0][1].startswith("inferd 0.")
     assert results[1][0] == 0 and "valid" in results[1][1] and "slow (batch" in results[1][1]
     assert results[2][0] == 2 and "`grace_period_s` must be a number" in results[2][1]
+    assert "unknown keys ['max_wait']" in results[2][1] and "[tiers.free]" in results[2][1]  # every mistake at once
+    assert results[3][0] == 2 and "unknown options ['latncy_ms']" in results[3][1]  # what serve would refuse
+    assert "No module named 'no_such_module'" in results[3][1] and "missing' not found" in results[3][1]
+    assert "Traceback" not in results[2][1] + results[3][1]
 
 
 @pytest.mark.skipif(shutil.which("make") is None or shutil.which("curl") is None, reason="make or curl is missing")

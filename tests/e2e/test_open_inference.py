@@ -38,7 +38,8 @@ async def test_the_sync_client_sees_health_metadata_and_answers_in_binary_and_js
             client = triton.InferenceServerClient(srv.url.removeprefix("http://"))
             seen = {"live": client.is_server_live(), "ready": client.is_server_ready(),
                     "server": client.get_server_metadata(), "meta": client.get_model_metadata("m"),
-                    "model_ready": client.is_model_ready("m", "1")}
+                    "model_ready": client.is_model_ready("m", "1"), "config": client.get_model_config("m"),
+                    "index": client.get_model_repository_index()}
             binary = client.infer("m", [text_tensor(texts)], outputs=[triton.InferRequestedOutput("output")])
             as_json = client.infer("m", [text_tensor(texts[:3], [3, 1], binary=False)], model_version="1",
                                    outputs=[triton.InferRequestedOutput("output", binary_data=False)])
@@ -51,6 +52,9 @@ async def test_the_sync_client_sees_health_metadata_and_answers_in_binary_and_js
         seen = await asyncio.to_thread(talk)
         assert seen["live"] and seen["ready"] and seen["model_ready"] and seen["server"]["name"] == "inferd"
         assert seen["meta"]["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+        assert seen["config"]["max_batch_size"] == 4 and seen["config"]["input"][0]["data_type"] == "TYPE_STRING"
+        assert seen["config"]["dynamic_batching"]["max_queue_delay_microseconds"] == 5000  # (max_wait_ms 5)
+        assert sorted((m["name"], m["version"], m["state"]) for m in seen["index"]) == [("emb", "1", "READY"), ("m", "1", "READY")]
         assert [b.decode() for b in seen["binary"]] == [expected_output(t) for t in texts]
         assert list(seen["as_json"]) == [expected_output(t) for t in texts[:3]]  # (JSON data: str, not bytes)
         assert seen["json_response"]["outputs"][0]["data"] == [expected_output(t) for t in texts[:3]]
@@ -98,6 +102,8 @@ async def test_rows_in_json_data_answer_in_their_own_positions(http):
                 output = (await resp.json())["outputs"][0]
             rows = [text for row in data for text in row]  # row-major
             assert resp.status == 200 and output["data"] == [expected_output(t) for t in rows], output
+            timing = dict(p.strip().split(";dur=") for p in resp.headers["Server-Timing"].split(","))
+            assert set(timing) == {"total", "queue", "compute"} and float(timing["compute"]) >= 4  # (5 ms batches)
 
 
 async def test_bad_tensors_are_400s_and_nothing_is_computed(http):

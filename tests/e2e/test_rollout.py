@@ -88,7 +88,9 @@ async def _rollout_under_load(http, first) -> None:  # type: ignore[no-untyped-d
         await until(lambda: srv.models.served["m"].versions["2"].model.ready)
         await until(lambda: srv.models.served["m"].versions["2"].state.value == "ready")
         pinned["2"] = True
-        assert (await admin(http, "PUT", f"{url}/v1/admin/models/m/traffic", {"1": 90, "2": 10}))[0] == 200
+        status, body = await admin(http, "PUT", f"{url}/v1/admin/models/m/traffic", {"1": 90, "2": 10})
+        assert status == 200 and body["traffic"] == {"1": 0.9, "2": 0.1}
+        assert (await admin(http, "GET", f"{url}/v1/admin/models"))[1]["models"]["m"]["traffic"] == body["traffic"]
         canary = answered_by("2")
         await until(lambda: sum(1 for a in answers if a[4] == "2" and a[1] is None) >= 10 and answered_by("2") > canary + 20)
         assert (await admin(http, "PUT", f"{url}/v1/admin/models/m/traffic", {"2": 1}))[0] == 200
@@ -264,6 +266,38 @@ async def test_sighup_applies_an_edited_config_adding_one_model_and_removing_ano
     finally:
         assert server.stop() == 0
     assert any("config reload: new@1: loading" in line for line in server.lines)
+
+
+async def test_a_reload_applies_what_changed_in_the_file_and_never_undoes_the_admin_apis_changes(http):
+    from dataclasses import replace
+
+    from inferd.config import ConfigError, parse_model
+
+    first = parse_model(version_table("1"))
+    async with running_server(first, **AUTH) as srv:
+        url = srv.url
+        assert (await admin(http, "POST", f"{url}/v1/admin/models", version_table("2")))[0] == 202
+        await until(lambda: srv.models.served["m"].versions["2"].state.value == "ready")
+        assert (await admin(http, "PUT", f"{url}/v1/admin/models/m/traffic", {"2": 1}))[0] == 200
+        unchanged = srv.config
+        assert await srv.reload(unchanged) == []  # the same file: the admin API's version and split stay
+        await asyncio.sleep(0.1)  # (anything a reload would have started, it starts at once)
+        assert set(srv.models.served["m"].versions) == {"1", "2"} and srv.models.served["m"].traffic == {"2": 1.0}
+
+        broken = replace(unchanged, models=(first, parse_model({**version_table("3"), "backend": "no_such_module:create"}),
+                                            parse_model({**version_table("4"), "name": "other"})))
+        try:
+            await srv.reload(broken)
+            raise AssertionError("a file with a backend that does not import was applied")
+        except ConfigError as exc:
+            assert "no_such_module" in str(exc) and "\n" not in str(exc)
+        assert "other" not in srv.models.served and "3" not in srv.models.served["m"].versions  # none of it
+
+        edited = replace(unchanged, models=(replace(first, traffic=1.0), parse_model({**version_table("3"), "traffic": 1.0})))
+        changes = await srv.reload(edited)
+        assert "m@3: loading" in changes
+        await until(lambda: srv.models.served["m"].traffic == {"1": 0.5, "3": 0.5})  # the file's split, once loaded
+        assert "2" in srv.models.served["m"].versions  # the file never listed it: not the file's to unload
 
 
 async def test_a_second_minilm_version_loads_beside_the_first_and_unloads(http):

@@ -1,3 +1,6 @@
+import tomllib
+from pathlib import Path
+
 import pytest
 
 from inferd.config import ConfigError, default_config, load_config, parse_config
@@ -49,7 +52,11 @@ def test_workers_default_to_auto_devices():
         (lambda r: r["models"][0].update(devices=["a"], workers=2), "disagrees"),
         (lambda r: r["models"].append(dict(r["models"][0])), "configured once"),
         (lambda r: r["models"].append({**r["models"][0], "version": "2", "kind": "generation"}), "only batch models"),
-        (lambda r: r["models"][0].update(name="a@b"), "without @"),
+        (lambda r: r["models"][0].update(name="a@b"), "`name` must be"),
+        (lambda r: r["models"][0].update(name="org/model"), "`name` must be"),  # (could never be unloaded)
+        (lambda r: r["models"][0].update(collapse_scope="tenant", cache_bytes=1000, cache_scope="shared"), "shared cache"),
+        (lambda r: r["models"][0].update(name="m\nforged log line"), "`name` must be"),
+        (lambda r: r["models"][0].update(version=""), "`version` must be"),
         (lambda r: r["models"][0].update(traffic=0), "add up to more than 0"),
         (lambda r: r["models"].clear(), "at least one"),
         (lambda r: r["models"][0].pop("backend"), "backend"),
@@ -106,3 +113,16 @@ def test_numbers_and_lists_of_the_right_kind_are_taken_as_they_are():
         {"name": "m", "backend": "x:y", "max_wait_ms": 2, "devices": ["cpu"], "factory": True, "options": {"k": 1}}]}
     config = parse_config(raw)
     assert (config.grace_period_s, config.metrics, config.models[0].devices) == (30, False, ("cpu",))
+
+
+def test_every_toml_snippet_of_the_readme_is_a_valid_config_as_written():
+    """A snippet without a [[models]] table gets one model; nothing else is added or replaced."""
+    import re
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    snippets = re.findall(r"```toml\n(.*?)```", readme, re.S)
+    assert len(snippets) >= 5
+    for snippet in snippets:
+        raw = tomllib.loads(snippet)
+        raw.setdefault("models", [{"name": "m", "backend": "inferd.backends.sim:create"}])
+        parse_config(raw)

@@ -45,6 +45,12 @@ async def test_inputs_in_flight_ride_on_them_and_a_refused_call_withdraws_what_i
     assert [r.future.cancelled() for r in lead.riders] == [False, True]  # the refused call's rider went too
 
 
+async def test_each_input_of_a_call_asks_the_cache_once():
+    served = model(cache_bytes=1 << 20)
+    served.take("a", ("x", "y", "x"), 5.0, "default", "t")
+    assert served.shared.cache.misses == 3 and served.shared.cache.hits == 0  # (not 5: a second look is no miss)
+
+
 async def test_a_model_is_unavailable_while_warming_up_and_while_its_breaker_is_open():
     served = model(breaker_failures=1, breaker_cooldown_ms=5000)
     assert isinstance(served.unavailable(0.0), NotReady)  # its worker never warmed up

@@ -57,6 +57,16 @@ async def test_riders_get_the_leads_output_and_a_batch_holds_one_copy():
     assert len(served.shared) == 0 and served.shared.collapsed == 2
 
 
+async def test_with_collapsing_scoped_by_tenant_only_a_tenants_own_requests_share():
+    served = model(collapse_scope="tenant", cache_bytes=1 << 20)
+    lead = served.take("a", ("same",), 5.0, "default", "acme")[0]
+    theirs = served.take("b", ("same",), 5.0, "default", "globex")[0]
+    mine = served.take("c", ("same",), 5.0, "default", "acme")[0]
+    assert theirs.state is RequestState.QUEUED and mine.state is RequestState.ATTACHED and mine.lead is lead
+    assert run_next_batch(served) == ["same", "same"]  # each tenant's computation of its own
+    assert served.take("d", ("same",), 5.0, "default", "globex")[0].state is RequestState.CACHED  # its own entry
+
+
 async def test_a_lead_past_its_deadline_answers_504_while_its_computation_waits_for_the_rider():
     served = model()
     lead = served.submit("r0", "same", 0.02)

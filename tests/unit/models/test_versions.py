@@ -29,6 +29,7 @@ def test_one_version_taking_traffic_is_picked_without_a_draw():
 def test_the_split_follows_the_weights_and_skips_a_version_without_a_healthy_worker():
     model = served("1", "2")
     model.set_traffic({"1": 90, "2": 10})
+    assert model.traffic == {"1": 0.9, "2": 0.1}  # shares, whatever weights were given: one shape everywhere
     draws = iter(i / 1000 for i in range(1000))
     model._draw = lambda: next(draws)  # type: ignore[method-assign]
     picked = [model.pick().version for _ in range(1000)]
