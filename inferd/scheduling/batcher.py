@@ -37,7 +37,6 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from functools import partial
 
 from ..messages import Batch, PendingRequest, RequestState
@@ -88,6 +87,7 @@ class Batcher:
         self._clock = clock
         self._loop = loop
         self._lock = threading.Lock()
+        self._token_limits = Limits(max_batch_tokens, 0.0)
         self._tiers = list(tiers)
         self._tier_rank = {name: len(self._tiers) - i for i, (name, _) in enumerate(self._tiers)}
         self._single_tier = len(self._tiers) == 1
@@ -134,13 +134,16 @@ class Batcher:
     def linger_left(self, request: PendingRequest, now: float) -> float:
         """How long `request`, queued now into its bucket with a worker free, would wait for its batch to
         be due: the rest of the bucket's linger, cut short as the rule cuts it (full, sparse, deadline)."""
-        bucket = request.bucket
-        with self._lock:
-            view = self._view(bucket, self._queues.get(bucket) or RequestQueue(self._tiers), now)
+        bucket, costs = request.bucket, self.costs
+        with self._lock:  # (asked per request while a worker is free: only what the rule reads of the queue)
+            queue = self._queues.get(bucket)
+            count, tokens = (queue.live, queue.tokens) if queue is not None else (0, 0)
+            oldest_at, due = queue.oldest_and_due() if count else (now, request.due)
             rate, hold_until = self._arrivals.per_s(now), self._hold_until
-        view = replace(view, count=view.count + 1, tokens=view.tokens + cost(request), oldest_at=min(view.oldest_at, now),
-                       due=min(view.due, request.due), batch_s=self.costs.safe_estimate(view.count + 1, bucket))
-        return due_in(view, now, Limits(self.max_batch_tokens, 0.0), arrival_rate=rate, hold_until=hold_until)
+        count += 1
+        view = BucketView(bucket, count, tokens + cost(request), min(oldest_at, now), min(due, request.due), 0.0, now,
+                          costs.size_limit(bucket), costs.safe_estimate(count, bucket), self._linger_s(bucket))
+        return due_in(view, now, self._token_limits, arrival_rate=rate, hold_until=hold_until)
 
     def arrival_rate(self, now: float) -> float:
         """Requests per second arriving lately (all tiers)."""

@@ -9,6 +9,9 @@ Not thread-safe by itself: the batcher holds its lock around every call. Cancell
 requests stay in their deque as tombstones until they reach its head, so a client going away costs
 O(1) instead of a linear removal; `live` counts only the requests still waiting (and each tenant's
 share of them, which shedding reads).
+
+Why one module: the tiers' deques, their tombstones and the counts kept beside them are one structure's
+invariants; what reads it (the rule's view, taking a batch, shedding) must see them kept together.
 """
 
 from __future__ import annotations
@@ -174,6 +177,18 @@ class RequestQueue:
             heads = [h.enqueued_at for h in tier.heads()] if tier.live else []
             ages[tier.name] = now - min(heads) if heads else 0.0
         return ages
+
+    def oldest_and_due(self) -> tuple[float, float]:
+        """When its oldest waiting request was queued, and the earliest due at its heads (inf: empty)."""
+        oldest = due = math.inf
+        for tier in self._tiers:
+            if tier.live:
+                for head in tier.heads():
+                    if head.enqueued_at < oldest:
+                        oldest = head.enqueued_at
+                    if head.due < due:
+                        due = head.due
+        return oldest, due
 
     def view(self, key: int, now: float, size_limit: int, batch_s: Callable[[int], float], linger_s: float) -> BucketView:
         """What the scheduling rule needs of this bucket now (see `policy`): `size_limit` is where its
