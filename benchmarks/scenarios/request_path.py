@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 from pathlib import Path
 
 from common import RESULTS, inferd_server, parse_args, sim_config, step
@@ -37,12 +38,16 @@ def summarise(rounds: list[dict[str, dict[int, dict[str, float]]]], path: str, c
 
 
 if __name__ == "__main__":
+    rounds_given = "--rounds" in sys.argv  # (an option of this script's own: the others take the common ones)
+    n_rounds = int(sys.argv.pop(sys.argv.index("--rounds") + 1)) if rounds_given else 5
+    if rounds_given:
+        sys.argv.remove("--rounds")
     args = parse_args(__doc__, baseline=True)
     if not args.baseline_tree:
         raise SystemExit("--baseline-tree is required (git worktree add DIR REF)")
     paths = {"S2": (sim_config(latency_ms=10), S2_BODY), "S9": (standin_config("gpu_ms = 10"), S9_BODY)}
     rounds = []
-    for _ in range(1 if args.quick else 5):
+    for _ in range(1 if args.quick else n_rounds):
         one = {}
         for name, (config, body) in paths.items():
             one[f"{name} baseline"] = measure(args.baseline_tree, config, body, args.quick)
