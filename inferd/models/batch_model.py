@@ -206,9 +206,10 @@ class BatchModel:
         if self.shared.enabled:
             request.key = self.shared.key_of(raw, tenant)
         if self.preprocessor is not None:
-            refusal = self.timeliness.refusal(request, now, bucket=None)  # (before the work of preparing it)
-            if refusal is not None:
-                raise refusal
+            if not self.timeliness.surely_in_time(request, now):  # (before the work of preparing it)
+                refusal = self.timeliness.refusal(request, now, bucket=None)
+                if refusal is not None:
+                    raise refusal
             request.state = RequestState.PREPARING
             self.deadlines.add(request)
             self.preprocessor.put(request)

@@ -38,6 +38,9 @@ class Timeliness:
         self._batcher = batcher
         self._pool = pool
         self._tiered = len(tiers) > 1
+        self._workers = config.workers
+        # the longest a partial batch lingers: max_wait_ms, or with an objective less than the objective
+        self._linger_bound_s = (config.max_wait_ms if config.slo_ms is None else config.slo_ms) / 1000.0
         self._slo_s = {t.name: _tighter(config.slo_ms, t.slo_ms) for t in tiers}
         self._wait_limit_s = {t.name: t.max_predicted_wait_ms / 1000.0 for t in tiers if t.max_predicted_wait_ms}
         self._promote_after_s = {t.name: t.promote_after_ms / 1000.0 for t in tiers if t.promote_after_ms}
@@ -81,6 +84,18 @@ class Timeliness:
             f"predicted wait {wait * 1000:.0f} ms plus {own * 1000:.0f} ms of compute exceeds this request's "
             f"{budget_ms:.0f} ms {which}", retry_after_ms=errors.retry_after_ms(wait),
             reason="deadline_infeasible" if late_for_deadline else "slo_infeasible")
+
+    def surely_in_time(self, request: PendingRequest, now: float) -> bool:
+        """A bound, for a request not prepared yet (its bucket unknown): were every waiting request a
+        costliest batch of its own, one after another behind the running ones on one worker, would it
+        still be answered by its due (and within its tier's wait limit)? Then `refusal` cannot refuse it
+        before it is prepared, and is not asked (it is asked, exactly, once it is)."""
+        costliest = self.costs.costliest_batch_s()
+        if not costliest:
+            return False  # nothing measured yet: ask
+        bound = self._linger_bound_s + self.costs.safe_total(costliest * (self._batcher.depth + self._workers + 1))
+        limit = self._wait_limit_s.get(request.tier)
+        return now + bound <= request.due and (limit is None or bound <= limit)
 
     def wait_and_ahead(self, tier: str | None, now: float, tenant: str | None = None, bucket: int | None = None,
                        sigmas: float = 0.0) -> tuple[float, dict[int, int]]:

@@ -65,6 +65,7 @@ class BatchCosts:
         self._curves: dict[int, list[float]] = {}  # by bucket: shape by size (index 0: 0.0), at level 1.0
         self._limits: dict[int, int] = {}  # by bucket: the size a batch stops at
         self._full: dict[int, float] = {}  # by bucket: the shape of a batch of that size
+        self._costliest = 0.0  # the largest of `_full`
 
     # ---- learning (on the event loop) ------------------------------------------------------------
 
@@ -118,6 +119,7 @@ class BatchCosts:
         self._curves[bucket] = curve  # (replaced whole: see the module docstring)
         limit = self._limits[bucket] = self._useful_size(curve)
         self._full[bucket] = curve[limit]
+        self._costliest = max(self._full.values())
 
     def _useful_size(self, curve: list[float]) -> int:
         """Without an objective, the largest batch allowed. With one, the largest useful batch: among the
@@ -172,6 +174,10 @@ class BatchCosts:
         if full is None:
             return self.estimate(self.size_limit(bucket), bucket)
         return full * self.level
+
+    def costliest_batch_s(self) -> float:
+        """What the costliest full batch of any bucket is expected to take (0.0: nothing measured)."""
+        return self._costliest * self.level
 
     def size_limit(self, bucket: int) -> int:
         """Where a batch of `bucket` stops growing: `max_batch_size`, or with an objective the largest
