@@ -153,6 +153,12 @@ def _bench(args: argparse.Namespace) -> int:
         print("written: " + ", ".join(str(p) for p in written))
     else:
         print(json.dumps(steps[-1], indent=2))
+    for step in steps:
+        generator = step.get("generator")
+        if generator is not None and generator["busy"]:
+            print(f"inferd bench: the load generator itself ran late (its loop lag p99 {generator['loop_lag_ms']['p99']} ms "
+                  f"at {step['offered']} {'req/s' if step['mode'] == 'open' else 'clients'}): part of what it measured is "
+                  "its own; use more --processes or --engine wrk", file=sys.stderr)
     if not any(step["ok"] for step in steps):
         statuses: dict[str, int] = {}
         for step in steps:

@@ -11,6 +11,10 @@ request latency (`connect_ms`, `connect_error`), not folded into it.
 
 Every run is bounded: no request is scheduled past `warmup_s + duration_s`, and none waits more than
 `timeout_s`.
+
+The Python engine measures itself too: its event loop's lag (a 5 ms timer's lateness) through the
+measured part. A generator whose loop runs late sends late and reads answers late, and so measures
+itself; the result says so (`generator`), and `inferd bench` warns.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+LAG_PROBE_S = 0.005
 WORDS_MAX = 48  # {words}: inputs of 1 to this many words, spread over the lengths by the counter
 
 
@@ -84,9 +89,11 @@ class Samples:
     engine: str = "python"
     percentiles_ms: dict[str, float] | None = None  # set by engines that do not return every sample
     stats_before: dict[str, Any] | None = None  # the server's /v1/stats as the measured part began
+    loop_lag_ms: list[float] = field(default_factory=list)  # the generator's own loop, late by this (Python engine)
 
     def merge(self, other: Samples) -> None:
         self.latencies_ms.extend(other.latencies_ms)
+        self.loop_lag_ms.extend(other.loop_lag_ms)
         self.connect_ms.extend(other.connect_ms)
         self.stats_before = self.stats_before or other.stats_before
         self.sent += other.sent
@@ -193,10 +200,17 @@ async def _python_engine(spec: LoadSpec, index: int, count: int) -> Samples:
         if spec.stats_url and index == 0:
             samples.stats_before = await loop.run_in_executor(None, fetch_stats, spec.stats_url)
 
+    async def watch_own_lag() -> None:
+        while (now := loop.time()) < end:
+            await asyncio.sleep(LAG_PROBE_S)
+            if now >= measured_from:
+                samples.loop_lag_ms.append(max(0.0, loop.time() - now - LAG_PROBE_S) * 1000.0)
+
     began = loop.time()
     measured_from = began + spec.warmup_s
     end = measured_from + spec.duration_s
     stats_task = loop.create_task(read_stats_at_start())
+    lag_task = loop.create_task(watch_own_lag())
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, trace_configs=[tracing]) as session:
         if spec.mode == "open":
             rng = random.Random(spec.seed * 1000 + index)
@@ -216,6 +230,7 @@ async def _python_engine(spec: LoadSpec, index: int, count: int) -> Samples:
             await asyncio.gather(*(client(k) for k in range(clients)))
         samples.wall_s = loop.time() - measured_from
     await stats_task
+    lag_task.cancel()
     return samples
 
 

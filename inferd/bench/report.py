@@ -54,10 +54,11 @@ def write_results(
     ideal: list[dict[str, float]] | None = None,
     plots: bool = True,
 ) -> dict[str, Any]:
-    """Write OUT.json and OUT.md (and OUT_*.png); the JSON's top level repeats the last step's figures."""
+    """Write OUT.json and OUT.md (and OUT_*.png). The JSON has every step under `steps`; a single step's
+    figures are repeated at its top level (a sweep's are not: no step stands for the others)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    doc: dict[str, Any] = {**steps[-1], "steps": steps, "meta": meta or {}}
+    doc: dict[str, Any] = {**(steps[0] if len(steps) == 1 else {}), "steps": steps, "meta": meta or {}}
     if ceiling_rps:
         doc["ceiling_rps"] = ceiling_rps
     if floor_ms:

@@ -108,7 +108,20 @@ def summarise(spec: LoadSpec, samples: Samples, view: dict | None) -> dict[str, 
         "latency_ms": {k: None if v is None else round(v, 3) for k, v in lat.items()},
         "connect_ms": _connect_summary(samples.connect_ms),
         "server": view,
+        "generator": _generator_summary(samples.loop_lag_ms, lat.get("p50")),
     }
+
+
+def _generator_summary(lag_ms: list[float], p50_ms: float | None) -> dict[str, Any] | None:
+    """The Python engine's own loop lag, and whether it was busy enough to be part of what it measured:
+    a p99 lag over 5 ms, or over a tenth of the requests' median latency."""
+    if not lag_ms:
+        return None
+    ordered = sorted(lag_ms)
+    p99 = percentile(ordered, 99)
+    busy = p99 > 5.0 or (p50_ms is not None and p99 > 0.1 * p50_ms)
+    return {"loop_lag_ms": {"p50": round(percentile(ordered, 50), 3), "p99": round(p99, 3), "max": round(ordered[-1], 3)},
+            "busy": busy}
 
 
 def _connect_summary(connect_ms: list[float]) -> dict[str, float] | None:

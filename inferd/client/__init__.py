@@ -16,10 +16,12 @@ thread); `AsyncClient` is the same on aiohttp. Neither needs anything else of in
 from .calls import Answer, AsyncClient, Client
 from .errors import (
     BadRequest,
+    Conflict,
     ConnectionFailed,
     ConnectionLost,
     DeadlineExceeded,
     Forbidden,
+    IdempotencyKeyReused,
     InferdClientError,
     InferenceFailed,
     NotFound,
@@ -32,7 +34,7 @@ from .errors import (
 )
 
 __all__ = [
-    "Answer", "AsyncClient", "BadRequest", "Client", "ConnectionFailed", "ConnectionLost", "DeadlineExceeded",
-    "Forbidden", "InferdClientError", "InferenceFailed", "NotFound", "NotFromInferd", "PayloadTooLarge",
+    "Answer", "AsyncClient", "BadRequest", "Client", "Conflict", "ConnectionFailed", "ConnectionLost",
+    "DeadlineExceeded", "Forbidden", "IdempotencyKeyReused", "InferdClientError", "InferenceFailed", "NotFound", "NotFromInferd", "PayloadTooLarge",
     "RateLimited", "RequestTimeout", "Unauthorized", "Unavailable",
 ]

@@ -43,8 +43,20 @@ class RequestTimeout(InferdClientError):
     status, code = 408, "REQUEST_TIMEOUT"
 
 
+class Conflict(InferdClientError):
+    """409: the Idempotency-Key's first request is still running (try the same again shortly)."""
+
+    status, code = 409, "IDEMPOTENCY_KEY_IN_USE"
+
+
 class PayloadTooLarge(InferdClientError):
     status, code = 413, "PAYLOAD_TOO_LARGE"
+
+
+class IdempotencyKeyReused(InferdClientError):
+    """422: the Idempotency-Key came before with a different request: a new request needs a new key."""
+
+    status, code = 422, "IDEMPOTENCY_KEY_REUSED"
 
 
 class RateLimited(InferdClientError):
@@ -84,8 +96,8 @@ class NotFromInferd(InferdClientError):
 
 
 _BY_STATUS: dict[int, type[InferdClientError]] = {
-    c.status: c for c in (BadRequest, Unauthorized, Forbidden, NotFound, RequestTimeout, PayloadTooLarge, RateLimited,
-                          InferenceFailed, Unavailable, DeadlineExceeded)
+    c.status: c for c in (BadRequest, Unauthorized, Forbidden, NotFound, RequestTimeout, Conflict, PayloadTooLarge,
+                          IdempotencyKeyReused, RateLimited, InferenceFailed, Unavailable, DeadlineExceeded)
 }
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError, _ErrInfo
 
 from ..errors import InferdError, InternalError, MalformedRequest, PayloadTooLarge, ServiceOverloaded, describe
 from .protocol import RequestIds
@@ -108,11 +108,24 @@ class GuardedConnection(RequestHandler):
     def data_received(self, data: bytes) -> None:
         idle = self._waiter is not None  # no request in hand: these bytes begin the next one
         _parse(self, data)
-        if self._messages:  # a request's headers are in
+        messages = self._messages
+        if messages:  # a request's headers are in (or the parser refused what came)
             if self._on_clock:
                 self._stop_header_clock()
+            if type(messages[-1][0]) is _ErrInfo and self._current_request is not None:
+                self._body_refused(messages)
         elif idle and not self._on_clock:
             self._start_header_clock()
+
+    def _body_refused(self, messages: Any) -> None:
+        """The parser refused bytes of the body a handler is reading now (a malformed chunk): aiohttp
+        queues its refusal as a next message, and the handler would wait for the rest of its body until
+        `body_timeout_s`. Its read fails now instead (a 400 that closes the connection)."""
+        content = self._current_request.content  # type: ignore[union-attr]
+        if content.is_eof():
+            return
+        refusal = messages.pop()[0]
+        content.set_exception(RequestPayloadError(f"malformed body: {refusal.message}"))
 
     def eof_received(self) -> bool:
         """The client's end of input. A client that closes and one that only half-closes after sending

@@ -43,9 +43,21 @@ async def test_open_loop_result_file_has_the_contract_fields(tmp_path, body_file
         assert {"p50", "p90", "p99", "max"} <= set(result["latency_ms"])
         assert 20 <= result["latency_ms"]["p50"] <= result["latency_ms"]["p99"] <= result["latency_ms"]["max"]
         assert result["server"]["mean_batch_size"] >= 1 and result["server"]["cpu_s_per_1000_requests"] > 0
+        assert len(result["generator"]["loop_lag_ms"]) == 3  # its own loop, measured beside the server
         computed = backend_of(srv).computed
         assert computed["bench-0"] == 1 and computed["bench-1"] == 1  # {i} made every input distinct
         assert (tmp_path / "result.md").read_text().count("| open |") == 1
+
+
+async def test_a_sweeps_result_keeps_each_steps_own_server_view(tmp_path, body_file):
+    async with running_server(sim_model(latency_ms=10, max_batch_size=32)) as srv:
+        out = tmp_path / "sweep.json"
+        code, text = await bench("--url", f"{srv.url}/v1/inference", "--body-file", str(body_file),
+                                 "--rate", "40,80", "--duration", "1", "--out", str(out), "--no-plots")
+        assert code == 0, text
+    result = json.loads(out.read_text())
+    assert [s["offered_rps"] for s in result["steps"]] == [40, 80] and "server" not in result  # no step stands for all
+    assert all(s["server"]["batches"] > 0 for s in result["steps"])
 
 
 async def test_closed_loop_keeps_n_clients_busy(tmp_path, body_file):

@@ -98,10 +98,36 @@ def test_deployment_timing_holds_together():
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
-def test_kustomize_builds():
-    built = subprocess.run(["kubectl", "kustomize", str(K8S)], capture_output=True, text=True, timeout=60)
-    assert built.returncode == 0, built.stderr
-    assert "kind: ScaledObject" in built.stdout and "kind: Deployment" in built.stdout
+def test_kustomize_builds_a_cpu_and_a_cuda_variant_each_starting_as_shipped():
+    """The CPU image asks for no GPU; the CUDA overlay runs the CUDA image on one; neither fixes the
+    replica count the autoscaler owns."""
+    import yaml
+
+    variants = {}
+    for name, folder in (("cpu", K8S), ("cuda", REPO / "deploy" / "k8s-cuda")):
+        built = subprocess.run(["kubectl", "kustomize", str(folder)], capture_output=True, text=True, timeout=60)
+        assert built.returncode == 0, built.stderr
+        variants[name] = {d["kind"]: d for d in yaml.safe_load_all(built.stdout) if d}
+        assert {"ScaledObject", "Deployment", "ConfigMap", "Service"} <= set(variants[name])
+        assert "replicas" not in variants[name]["Deployment"]["spec"]
+    cpu, cuda = (v["Deployment"]["spec"]["template"]["spec"]["containers"][0] for v in variants.values())
+    assert cpu["image"] == "inferd:latest" and "nvidia.com/gpu" not in str(cpu["resources"])
+    assert cuda["image"] == "inferd:cuda" and cuda["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert f"-t {cuda['image']}" in DOCKERFILES[1].read_text()  # the tag its Dockerfile's build line makes
+    config = variants["cpu"]["ConfigMap"]["data"]["inferd.toml"]
+    assert "cuda" not in config.split("[[models]]")[1]  # devices left to "auto": the pod's GPU if it has one
+
+
+def test_kedas_scale_down_is_stabilised_where_kubernetes_reads_it():
+    scaled = dict((d["kind"], d) for _, d in k8s_documents())["ScaledObject"]["spec"]
+    assert "cooldownPeriod" not in scaled or scaled.get("minReplicaCount", 1) == 0  # (only for scaling to zero)
+    behavior = scaled["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= 60
+
+
+def test_no_dockerfile_hides_a_failed_install():
+    for dockerfile in DOCKERFILES:
+        assert "|| true" not in dockerfile.read_text().replace("`|| true`", ""), dockerfile
 
 
 @pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed (Debian package 'haproxy')")

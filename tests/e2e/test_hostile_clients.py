@@ -9,7 +9,7 @@ import orjson
 
 from inferd.config import AuthConfig, TenantConfig, TierConfig
 
-from ..helpers import infer, running_server, sim_model
+from ..helpers import infer, running_server, sim_model, until
 from .test_connections import connect
 
 KEY, ADMIN = "tenant-key", "admin-key"
@@ -56,6 +56,21 @@ async def test_what_the_http_parser_refuses_is_json_with_a_request_id_and_counte
         answers = dict(srv.models["m"].metrics.requests)
     assert (status, body["error"]) == (400, "MALFORMED_REQUEST") and headers["x-request-id"] == body["request_id"]
     assert answers.get(("-", "", "-", 400, "MALFORMED_REQUEST")) == 1
+
+
+async def test_a_malformed_chunk_after_the_headers_is_a_400_at_once_not_a_timeout(http):
+    async with running_server(sim_model(latency_ms=5), body_timeout_s=30) as srv:
+        reader, writer = await connect(srv.url)
+        writer.write(b"POST /v1/inference HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"inp\r\n")
+        await until(lambda: any(h._current_request is not None for h in srv.connections._connections))  # reading it
+        started = asyncio.get_running_loop().time()
+        writer.write(b"ZZ\r\nnot a chunk\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        took = asyncio.get_running_loop().time() - started
+        body = orjson.loads(await reader.read())
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 400") and b"Connection: close" in head, head
+    assert body["error"] == "INVALID_INPUT" and "malformed body" in body["message"] and took < 5, body
 
 
 async def test_a_bug_in_a_handler_is_a_json_500_for_that_request_alone(http):

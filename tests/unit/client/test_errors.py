@@ -1,6 +1,15 @@
 from __future__ import annotations
 
-from inferd.client.errors import ConnectionFailed, ConnectionLost, InferenceFailed, Unavailable, retry_delay_s
+from inferd.client.errors import (
+    Conflict,
+    ConnectionFailed,
+    ConnectionLost,
+    IdempotencyKeyReused,
+    InferenceFailed,
+    Unavailable,
+    error_from,
+    retry_delay_s,
+)
 
 
 def test_a_lost_connection_is_retried_only_with_an_idempotency_key():
@@ -10,3 +19,10 @@ def test_a_lost_connection_is_retried_only_with_an_idempotency_key():
     assert retry_delay_s(ConnectionFailed("refused"), 1, 10.0) is not None
     assert retry_delay_s(Unavailable("busy", retry_after_ms=200), 1, 10.0) == 0.2
     assert retry_delay_s(InferenceFailed("poison"), 1, 10.0, idempotent=True) is None
+
+
+def test_idempotency_refusals_have_types_of_their_own():
+    reused = error_from(422, b'{"error": "IDEMPOTENCY_KEY_REUSED", "message": "different body", "request_id": "r1"}')
+    in_use = error_from(409, b'{"error": "IDEMPOTENCY_KEY_IN_USE", "message": "still running"}')
+    assert isinstance(reused, IdempotencyKeyReused) and reused.request_id == "r1" and reused.code == "IDEMPOTENCY_KEY_REUSED"
+    assert isinstance(in_use, Conflict) and retry_delay_s(reused, 1, 10.0) is None
