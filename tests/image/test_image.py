@@ -212,9 +212,35 @@ def test_ready_and_the_readmes_curl_lines_answer(container: tuple[str, str]) -> 
     assert len(lines) == 3
     answers = [json.loads(run("bash", "-c", line.replace("localhost:8000", url.removeprefix("http://"))).stdout)
                for line in lines]
-    assert answers[0]["model"] == "batchstring" and isinstance(answers[0]["output"], str)
-    assert answers[1]["model"] == "minilm" and len(answers[1]["output"]) == 384
-    assert [d["index"] for d in answers[2]["data"]] == [0, 1] and len(answers[2]["data"][0]["embedding"]) == 384
+    # The same answers as the checkout's code gives for the same inputs.
+    from inferd.backends.sim import expected_output
+    from inferd.backends.transformer import TextModel
+
+    direct = TextModel("cpu", {"max_tokens": 256, "bucket_edges": [16, 32, 64, 128, 256]})
+    expected = [direct([direct.tokenize(text)])[0].tolist() for text in ("hello world", "good night")]
+    assert answers[0]["model"] == "batchstring" and answers[0]["output"] == expected_output("hello world")
+    assert answers[1]["model"] == "minilm" and max_diff(answers[1]["output"], expected[0]) < 1e-5
+    assert [d["index"] for d in answers[2]["data"]] == [0, 1]
+    assert max(max_diff(d["embedding"], e) for d, e in zip(answers[2]["data"], expected, strict=True)) < 1e-5
+
+
+def max_diff(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+def test_a_broken_config_exits_2_with_one_line_in_docker_logs(image: str, tmp_path: Path) -> None:
+    config = tmp_path / "inferd.toml"
+    config.write_text('server = 5\n\n[[models]]\nname = "m"\nbackend = "inferd.backends.sim:create"\n')
+    config.chmod(0o644)
+    name = f"inferd-broken-{os.getpid()}"
+    try:
+        ran = run("docker", "run", "--name", name, "--network", "host", "-v", f"{config}:/etc/inferd/inferd.toml:ro",
+                  image, check=False, timeout=120)
+        logs = run("docker", "logs", name).stderr
+    finally:
+        run("docker", "rm", "-f", name, check=False)
+    assert ran.returncode == 2, ran.stdout + ran.stderr
+    assert logs.strip().splitlines() == ["inferd: [server] must be a table, not int"], logs
 
 
 def test_the_openai_client_embeds_through_it(container: tuple[str, str]) -> None:
