@@ -10,8 +10,6 @@ import orjson
 
 from inferd.observability import access_log
 from inferd.observability.access_log import AccessLog, _DroppingQueueHandler
-from inferd.observability.metrics import RequestMetrics
-from inferd.observability.outcomes import Outcomes
 
 
 def test_server_side_failures_are_always_logged_and_the_rest_sampled():
@@ -41,15 +39,3 @@ def test_a_full_queue_drops_lines_and_counts_them_per_handler():
         assert access_log.dropped_lines() >= 1
     finally:
         access_log.log.removeHandler(handler)
-
-
-def test_outcomes_count_answers_and_refusals_by_reason():
-    from inferd.errors import ServiceOverloaded
-
-    metrics = RequestMetrics()
-    outcomes = Outcomes(metrics, AccessLog("off", 0.0))
-    outcomes.record("r1", "m", "free", 200, "", started=0.0)
-    outcomes.record_error("r2", "m", "free", ServiceOverloaded("full", retry_after_ms=5, reason="queue_full"), started=0.0)
-    assert metrics.requests == {("m", "", "free", 200, ""): 1, ("m", "", "free", 503, "SERVICE_OVERLOADED"): 1}
-    assert metrics.shed == {("m", "free", "queue_full"): 1}
-    assert metrics.duration["m"].count == 2

@@ -1,0 +1,43 @@
+"""What every handler does last: an answer counted (by model, version, tier, status, code), its
+objective met or missed, a refusal counted as shed by reason, and the access log asked."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from inferd.errors import DeadlineExceeded, ServiceOverloaded
+from inferd.observability.access_log import AccessLog
+from inferd.observability.metrics import RequestMetrics
+from inferd.observability.outcomes import Outcomes
+
+
+def test_outcomes_count_answers_and_refusals_by_reason():
+    metrics = RequestMetrics()
+    outcomes = Outcomes(metrics, AccessLog("off", 0.0))
+    outcomes.record("r1", "m", "free", 200, "", started=0.0)
+    outcomes.record_error("r2", "m", "free", ServiceOverloaded("full", retry_after_ms=5, reason="queue_full"), started=0.0)
+    assert metrics.requests == {("m", "", "free", 200, ""): 1, ("m", "", "free", 503, "SERVICE_OVERLOADED"): 1}
+    assert metrics.shed == {("m", "free", "queue_full"): 1}
+    assert metrics.duration["m"].count == 2
+
+
+def test_an_admitted_requests_objective_is_met_or_missed_and_a_refused_one_is_neither(monkeypatch):
+    metrics = RequestMetrics()
+    outcomes = Outcomes(metrics, AccessLog("off", 0.0))
+    monkeypatch.setattr("inferd.observability.outcomes.time.monotonic", lambda: 10.0)
+    on_time = SimpleNamespace(slo_at=10.5, enqueued_at=9.9, batch=None)
+    late = SimpleNamespace(slo_at=9.5, enqueued_at=9.0, batch=None)
+    outcomes.record("a", "m", "free", 200, "", 9.8, on_time, version="1")  # type: ignore[arg-type]
+    outcomes.record("b", "m", "free", 200, "", 8.9, late, version="1")  # type: ignore[arg-type]
+    outcomes.record_error("c", "m", "free", DeadlineExceeded("late"), 8.0, slo_at=9.0, version="1")
+    outcomes.record_error("d", "m", "free", ServiceOverloaded("no", reason="slo_infeasible"), 9.9, slo_at=10.2, version="1")
+    assert dict(metrics.objectives) == {("m", "1", "free", "met"): 1, ("m", "1", "free", "missed"): 2}
+    assert dict(metrics.shed) == {("m", "free", "slo_infeasible"): 1}  # (refused at once: counted as shed only)
+
+
+def test_without_metrics_an_answer_is_still_logged_when_the_log_wants_it(caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="inferd.access"):
+        Outcomes(None, AccessLog("info", 0.0)).record("r9", "m", "free", 500, "INFERENCE_FAILED", 0.0)
+    assert '"request_id":"r9"' in caplog.records[-1].getMessage()
