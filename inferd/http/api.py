@@ -252,6 +252,7 @@ class HttpApi:
                 "in_flight": self.lifecycle.in_flight,
             },
             "connections": self.connections() if self.connections is not None else None,
+            "idempotency": {"keys": self.idempotency.keys, "bytes": self.idempotency.bytes, "replays": self.idempotency.replays},
             "models": {_instance_key(m, self.models.batch): m.describe()["stats"] for m in self.models.instances()},
         }
         return json_response(payload, self.ids.pick(request.headers.get("X-Request-ID")))

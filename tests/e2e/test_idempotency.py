@@ -37,6 +37,9 @@ async def test_a_repeat_in_flight_joins_and_a_later_one_is_replayed_and_computed
         status, other, _ = await infer(http, srv.url, {"input": "pay 6"}, headers=keyed("bolt", "k1"))
         assert status == 200 and other["output"] == expected_output("pay 6")  # keys are per tenant
         assert srv.api.idempotency.replays == 2
+        async with http.get(f"{srv.url}/v1/stats") as resp:
+            table = (await resp.json())["idempotency"]
+        assert table["keys"] == 2 and table["replays"] == 2 and 0 < table["bytes"] < 2 * 4096  # (acme's k1 and bolt's)
 
 
 async def test_only_definite_answers_are_kept_and_the_window_ends(http):

@@ -1,0 +1,196 @@
+"""Memory soak: does RSS stay flat once every cap is full, and do the caps hold what they count?
+
+Not part of the test suite (it runs for minutes). Open-loop Poisson load at about 70% of capacity
+(the seed's function at 50 ms a batch of up to 32: ~640 req/s) against inferd with the result cache on
+(`cache_bytes`) and the Idempotency-Key table bounded (`idempotency_max_bytes`); every input distinct;
+a tenth of the inputs ~100 KB; a fifth of the requests carry an Idempotency-Key (and a tenth of those
+repeat an earlier key with its body, which must be answered with the first answer, replayed); a
+rollout every 30 s through the admin API (load the next version, move all traffic to it, unload the
+last). Every answer is checked against its own input. RSS (the server's /v1/stats) is sampled every
+5 s; once the caps are full (after --settle seconds) it must stay within 5% of its level then, and the
+RSS the caps added must be within 1.2x of the bytes they count.
+
+    .venv/bin/python benchmarks/soak_memory.py --duration 600
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "scenarios"))
+from common import RESULTS, inferd_server  # noqa: E402
+
+from inferd.backends.sim import expected_output  # noqa: E402
+from inferd.bench.loadgen import open_loop  # noqa: E402
+
+ADMIN_KEY = "soak-admin-key"
+CACHE_BYTES = 48 << 20
+IDEMPOTENCY_BYTES = 24 << 20
+CONFIG = f"""
+[server]
+access_log = "off"
+idempotency_max_bytes = {IDEMPOTENCY_BYTES}
+idempotency_window_s = 600
+
+[auth]
+anonymous_tier = "default"
+admin_key_sha256 = "{hashlib.sha256(ADMIN_KEY.encode()).hexdigest()}"
+
+[[models]]
+name = "batchstring"
+backend = "inferd.backends.sim:create"
+max_batch_size = 32
+max_wait_ms = 10
+max_queue = 4000
+timeout_ms = 10000
+cache_bytes = {CACHE_BYTES}
+[models.options]
+latency_ms = 50
+max_batch_size = 32
+"""
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+class Soak:
+    def __init__(self, url: str, rate: float, duration_s: float) -> None:
+        self.url, self.rate, self.duration_s = url, rate, duration_s
+        self.tally: Counter[str] = Counter()
+        self.wrong: list[str] = []
+        self.keyed: list[tuple[str, str, dict]] = []  # (key, text, first answer) for repeats
+        self.rng = random.Random(7)
+        self.samples: list[dict] = []
+        self.rollouts: list[dict] = []
+
+    def text(self, i: int) -> str:
+        big = self.rng.random() < 0.1
+        return f"soak {i} " + ("x" * 100_000 if big else "y" * self.rng.randint(10, 200))
+
+    async def one(self, session: aiohttp.ClientSession, i: int) -> None:
+        headers = {"X-Request-ID": f"soak-{i}"}
+        repeat = None
+        draw = self.rng.random()
+        if draw < 0.02 and self.keyed:  # a repeat of an earlier keyed request (a tenth of the keyed ones)
+            repeat = self.rng.choice(self.keyed)
+            key, text = repeat[0], repeat[1]
+            headers["Idempotency-Key"] = key
+        else:
+            text = self.text(i)
+            if draw < 0.2:
+                key = f"key-{i}"
+                headers["Idempotency-Key"] = key
+        try:
+            async with session.post(f"{self.url}/v1/inference", json={"input": text}, headers=headers) as resp:
+                body = await resp.json(content_type=None)
+                status, replayed = resp.status, resp.headers.get("Idempotent-Replayed") == "true"
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            self.tally[f"no_answer:{type(exc).__name__}"] += 1
+            return
+        self.tally[str(status)] += 1
+        if status != 200:
+            return
+        if repeat is not None:
+            if replayed and body != repeat[2]:
+                self.wrong.append(f"{key}: replay differs from the first answer")
+            self.tally["replayed" if replayed else "repeat_recomputed"] += 1  # (recomputed: evicted for room)
+            if body.get("output") != expected_output(text):
+                self.wrong.append(f"{key}: repeat answered with another output")
+            return
+        if body.get("output") != expected_output(text) or body.get("request_id") != headers["X-Request-ID"]:
+            self.wrong.append(f"soak-{i}: wrong answer")
+        elif "Idempotency-Key" in headers and len(text) < 1000 and len(self.keyed) < 20_000:
+            self.keyed.append((headers["Idempotency-Key"], text, body))  # (small ones: the client's memory)
+
+    async def sample(self, session: aiohttp.ClientSession, started: float) -> None:
+        while time.monotonic() - started < self.duration_s:
+            async with session.get(f"{self.url}/v1/stats") as resp:
+                stats = await resp.json()
+            async with session.get(f"{self.url}/v1/models/batchstring") as resp:
+                model = await resp.json()
+            cache = model.get("cache") or {}
+            self.samples.append({"t": round(time.monotonic() - started, 1), "rss": stats["process"]["rss_bytes"],
+                                 "cache_bytes": cache.get("bytes", 0), "cache_entries": cache.get("entries", 0),
+                                 "idempotency_bytes": stats["idempotency"]["bytes"],
+                                 "idempotency_keys": stats["idempotency"]["keys"]})
+            await asyncio.sleep(5)
+
+    async def roll(self, session: aiohttp.ClientSession, started: float) -> None:
+        version = 1
+        while time.monotonic() - started < self.duration_s - 35:
+            await asyncio.sleep(30)
+            new, t0 = str(version + 1), time.monotonic()
+            async with session.post(f"{self.url}/v1/admin/models", json={"name": "batchstring", "version": new},
+                                    headers=ADMIN) as resp:
+                assert resp.status == 202, await resp.text()
+            while True:
+                async with session.get(f"{self.url}/v1/admin/models", headers=ADMIN) as resp:
+                    state = (await resp.json())["models"]["batchstring"]["versions"][new]["state"]
+                if state == "ready":
+                    break
+                assert state == "loading", state
+                await asyncio.sleep(0.2)
+            async with session.put(f"{self.url}/v1/admin/models/batchstring/traffic", json={new: 1}, headers=ADMIN) as resp:
+                assert resp.status == 200, await resp.text()
+            async with session.delete(f"{self.url}/v1/admin/models/batchstring/versions/{version}", headers=ADMIN) as resp:
+                assert resp.status == 202, await resp.text()
+            self.rollouts.append({"to": new, "took_s": round(time.monotonic() - t0, 2)})
+            version += 1
+
+    async def run(self) -> int:
+        started = time.monotonic()
+        timeout = aiohttp.ClientTimeout(total=60)
+        async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=3000)) as session:
+            watchers = [asyncio.ensure_future(self.sample(session, started)), asyncio.ensure_future(self.roll(session, started))]
+            sent = await open_loop(self.rate, self.duration_s, self.rng, lambda i, _: self.one(session, i))
+            await asyncio.gather(*watchers)
+        return sent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=600)
+    parser.add_argument("--rate", type=float, default=450, help="requests/s (70% of ~640)")
+    parser.add_argument("--settle", type=float, default=120, help="seconds until the caps are full")
+    parser.add_argument("--out", default=str(RESULTS / "soak_memory.json"))
+    args = parser.parse_args()
+    with inferd_server(CONFIG) as url:
+        soak = Soak(url, args.rate, args.duration)
+        sent = asyncio.run(soak.run())
+    answered = sum(v for k, v in soak.tally.items() if k.isdigit())
+    settled = [s for s in soak.samples if s["t"] >= args.settle]
+    level = statistics.median(s["rss"] for s in settled[:3]) if settled else None
+    spread = max(abs(s["rss"] - level) / level for s in settled) if settled and level else None
+    first = soak.samples[0] if soak.samples else None
+    counted = statistics.median(s["cache_bytes"] + s["idempotency_bytes"] for s in settled) if settled else None
+    grown = statistics.median(s["rss"] for s in settled) - first["rss"] if settled and first else None
+    result = {
+        "command": f".venv/bin/python benchmarks/soak_memory.py --duration {args.duration:g} --rate {args.rate:g}",
+        "sent": sent, "answered": answered, "lost": sent - answered, "wrong": len(soak.wrong),
+        "wrong_examples": soak.wrong[:10], "statuses": dict(soak.tally), "rollouts": soak.rollouts,
+        "rss_level_mib": round(level / 2**20, 1) if level else None,
+        "rss_spread_after_settle": round(spread, 4) if spread is not None else None,
+        "caps_counted_mib": round(counted / 2**20, 1) if counted else None,
+        "rss_grown_mib": round(grown / 2**20, 1) if grown is not None else None,
+        "rss_grown_over_counted": round(grown / counted, 3) if grown is not None and counted else None,
+        "samples": soak.samples,
+    }
+    result["flat"] = spread is not None and spread <= 0.05
+    result["caps_hold"] = result["rss_grown_over_counted"] is not None and result["rss_grown_over_counted"] <= 1.2
+    result["ok"] = result["lost"] == 0 and result["wrong"] == 0 and result["flat"] and result["caps_hold"]
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=2))
+    sys.exit(0 if result["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()
