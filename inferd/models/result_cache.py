@@ -19,6 +19,10 @@ import orjson
 MISS = object()  # what `get` returns when there is no fresh entry
 
 
+# What an entry holds besides its key and output: the table's node, the entry's tuple and time, its
+# record in the expiry queue (tracemalloc over 20,000 entries: 160 bytes each).
+ENTRY_BYTES = 160
+
 class ResultCache:
     """Outputs by key, at most `max_bytes` of them (keys and outputs counted), each for `ttl_s`."""
 
@@ -46,7 +50,7 @@ class ResultCache:
 
     def put(self, key: Hashable, output: Any, now: float) -> None:
         """Store a fresh output; one bigger than the whole cache is not stored."""
-        output, size = _owned(output), _size(key) + _size(output)
+        output, size = _owned(output), _size(key) + _size(output) + ENTRY_BYTES
         if size > self.max_bytes:
             return
         old = self._entries.pop(key, None)
