@@ -7,8 +7,9 @@ a tenth of the inputs ~90 KB; a fifth of the requests carry an Idempotency-Key (
 repeat an earlier key with its body, which must be answered with the first answer, replayed); a
 rollout every 30 s through the admin API (load the next version, move all traffic to it, unload the
 last). Every answer is checked against its own input. RSS (the server's /v1/stats) is sampled every
-5 s; once the caps are full it must stay within 5% of its level then, and the RSS grown since the
-start must be within 1.2x of the bytes the caps count.
+5 s; once the caps are full each minute's median must stay within 5% of their median, and the RSS the
+caps add (against the same load with the cache off and a 1 MiB table, --baseline-duration) must be
+within 1.2x of the bytes they count.
 
     .venv/bin/python benchmarks/soak_memory.py --duration 600
 """
@@ -37,15 +38,15 @@ from inferd.bench.loadgen import open_loop  # noqa: E402
 ADMIN_KEY = "soak-admin-key"
 CACHE_BYTES = 48 << 20
 IDEMPOTENCY_BYTES = 24 << 20
-CONFIG = f"""
+CONFIG = """
 [server]
 access_log = "off"
-idempotency_max_bytes = {IDEMPOTENCY_BYTES}
+idempotency_max_bytes = {idempotency_bytes}
 idempotency_window_s = 600
 
 [auth]
 anonymous_tier = "default"
-admin_key_sha256 = "{hashlib.sha256(ADMIN_KEY.encode()).hexdigest()}"
+admin_key_sha256 = "{admin_sha256}"
 
 [[models]]
 name = "batchstring"
@@ -54,7 +55,7 @@ max_batch_size = 32
 max_wait_ms = 10
 max_queue = 4000
 timeout_ms = 10000
-cache_bytes = {CACHE_BYTES}
+cache_bytes = {cache_bytes}
 [models.options]
 latency_ms = 50
 max_batch_size = 32
@@ -160,43 +161,73 @@ class Soak:
         return sent
 
 
+def since(samples: list[dict], t: float) -> list[dict]:
+    """The samples from `t` on (the last one when none is that late: a short run)."""
+    return [s for s in samples if s["t"] >= t] or samples[-1:]
+
+
+def minute_levels(samples: list[dict], since_s: float) -> list[float]:
+    """RSS by minute once the caps are full: each minute's median (a rollout's moment with two versions'
+    caches, or with the old one gone and the new one still filling, is one sample, not a level)."""
+    minutes: dict[int, list[int]] = {}
+    for sample in samples:
+        if sample["t"] >= since_s:
+            minutes.setdefault(int((sample["t"] - since_s) // 60), []).append(sample["rss"])
+    return [statistics.median(v) for k, v in sorted(minutes.items()) if len(v) >= 6]
+
+
+def phase(cache_bytes: int, idempotency_bytes: int, rate: float, duration_s: float) -> tuple[Soak, int]:
+    config = CONFIG.format(cache_bytes=cache_bytes, idempotency_bytes=idempotency_bytes,
+                           admin_sha256=hashlib.sha256(ADMIN_KEY.encode()).hexdigest())
+    if not cache_bytes:
+        config = config.replace("cache_bytes = 0\n", "")
+    with inferd_server(config) as url:
+        soak = Soak(url, rate, duration_s)
+        sent = asyncio.run(soak.run())
+    return soak, sent
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=600)
+    parser.add_argument("--baseline-duration", type=float, default=180, help="the same load with the caps off")
     parser.add_argument("--rate", type=float, default=450, help="requests/s (70% of ~640)")
     parser.add_argument("--settle", type=float, default=60, help="at least this long before RSS is held flat "
                                                                    "(and until the caps are full)")
     parser.add_argument("--out", default=str(RESULTS / "soak_memory.json"))
     args = parser.parse_args()
-    with inferd_server(CONFIG) as url:
-        soak = Soak(url, args.rate, args.duration)
-        sent = asyncio.run(soak.run())
+    soak, sent = phase(CACHE_BYTES, IDEMPOTENCY_BYTES, args.rate, args.duration)
+    bare, bare_sent = phase(0, 1 << 20, args.rate, args.baseline_duration)  # (no cache, a 1 MiB table)
     answered = sum(v for k, v in soak.tally.items() if k.isdigit())
+    bare_answered = sum(v for k, v in bare.tally.items() if k.isdigit())
     full = [s["t"] for s in soak.samples if s["idempotency_bytes"] >= 0.95 * IDEMPOTENCY_BYTES]
     settle_at = max(args.settle, full[0]) if full else args.duration  # (the table is the slower cap to fill)
-    settled = [s for s in soak.samples if s["t"] >= settle_at]
-    level = statistics.median(s["rss"] for s in settled[:3]) if settled else None
-    spread = max(abs(s["rss"] - level) / level for s in settled) if settled and level else None
-    first = soak.samples[0] if soak.samples else None
-    counted = statistics.median(s["cache_bytes"] + s["idempotency_bytes"] for s in settled) if settled else None
-    grown = statistics.median(s["rss"] for s in settled) - first["rss"] if settled and first else None
+    levels = minute_levels(soak.samples, settle_at)
+    level = statistics.median(levels) if levels else None
+    bare_level = statistics.median(s["rss"] for s in since(bare.samples, args.settle)) if bare.samples else None
+    counted = statistics.median(s["cache_bytes"] + s["idempotency_bytes"] for s in since(soak.samples, settle_at))
+    bare_counted = statistics.median(s["cache_bytes"] + s["idempotency_bytes"] for s in since(bare.samples, args.settle))
+    spread = max(abs(v - level) / level for v in levels) if levels and level else None
+    held = (level - bare_level) / (counted - bare_counted) if level and bare_level and counted > bare_counted else None
     result = {
         "command": f".venv/bin/python benchmarks/soak_memory.py --duration {args.duration:g} --rate {args.rate:g}",
-        "sent": sent, "answered": answered, "lost": sent - answered, "wrong": len(soak.wrong),
-        "wrong_examples": soak.wrong[:10], "statuses": dict(soak.tally), "rollouts": soak.rollouts,
+        "sent": sent, "answered": answered, "lost": sent - answered + bare_sent - bare_answered,
+        "wrong": len(soak.wrong) + len(bare.wrong), "wrong_examples": (soak.wrong + bare.wrong)[:10],
+        "statuses": dict(soak.tally), "rollouts": len(soak.rollouts),
+        "rollout_s": sorted(r["took_s"] for r in soak.rollouts)[len(soak.rollouts) // 2] if soak.rollouts else None,
         "caps_full_at_s": settle_at, "cache_bytes_cap": CACHE_BYTES, "idempotency_bytes_cap": IDEMPOTENCY_BYTES,
-        "rss_level_mib": round(level / 2**20, 1) if level else None,
-        "rss_spread_after_settle": round(spread, 4) if spread is not None else None,
-        "caps_counted_mib": round(counted / 2**20, 1) if counted else None,
-        "rss_grown_mib": round(grown / 2**20, 1) if grown is not None else None,
-        "rss_grown_over_counted": round(grown / counted, 3) if grown is not None and counted else None,
-        "samples": soak.samples,
+        "rss_by_minute_mib": [round(v / 2**20, 1) for v in levels],
+        "rss_minute_spread": round(spread, 4) if spread is not None else None,
+        "rss_caps_off_mib": round(bare_level / 2**20, 1) if bare_level else None,
+        "caps_counted_mib": round(counted / 2**20, 1),
+        "rss_held_by_caps_over_counted": round(held, 3) if held is not None else None,
+        "samples": soak.samples, "samples_caps_off": bare.samples,
     }
     result["flat"] = spread is not None and spread <= 0.05
-    result["caps_hold"] = result["rss_grown_over_counted"] is not None and result["rss_grown_over_counted"] <= 1.2
+    result["caps_hold"] = held is not None and held <= 1.2
     result["ok"] = result["lost"] == 0 and result["wrong"] == 0 and result["flat"] and result["caps_hold"]
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if not k.startswith("samples")}, indent=2))
     sys.exit(0 if result["ok"] else 1)
 
 
