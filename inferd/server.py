@@ -29,8 +29,8 @@ from .config import ConfigError, ModelConfig, ServerConfig
 from .errors import Draining, InferdError, describe
 from .http.agent_check import start_agent_check
 from .http.api import HttpApi
+from .http.body_reader import BodyReader
 from .http.connections import ConnectionLimits, GuardedServer
-from .http.protocol import BodyReader
 from .lifecycle import Lifecycle, Phase
 from .models.batch_model import BatchModel
 from .models.config_reload import ConfigReload

@@ -22,7 +22,8 @@ from ..config import ConfigError, parse_model
 from ..errors import InferdError, InvalidInput, MethodNotAllowed, NotFound
 from ..models.rollout import Rollouts
 from ..models.versions import Version
-from .protocol import BodyReader, RequestIds, json_object
+from .body_reader import BodyReader, json_object
+from .request_ids import RequestIds
 from .responses import error_response, json_response
 
 PREFIX = "/v1/admin/models"

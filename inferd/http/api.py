@@ -30,12 +30,13 @@ from ..observability.tracing import Tracing
 from .admin import PREFIX as ADMIN_PREFIX
 from .admin import AdminApi
 from .batch_calls import traced_route
+from .body_reader import BodyReader
 from .generation import GenerationApi
 from .idempotency import IdempotentReplies
 from .inference import InferenceApi
 from .open_inference import OpenInferenceApi
 from .openapi import openapi_document
-from .protocol import BodyReader, RequestIds
+from .request_ids import RequestIds
 from .responses import WholeResponse, dumps, error_response, json_response
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]

@@ -24,7 +24,7 @@ from ..messages import PendingRequest
 from ..models.batch_model import BatchModel
 from ..observability.outcomes import Outcomes
 from ..observability.tracing import RequestTrace, Tracing
-from .protocol import RequestIds
+from .request_ids import RequestIds
 
 
 @dataclass(slots=True)

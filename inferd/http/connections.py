@@ -8,7 +8,7 @@ from its opening, for a client that sends nothing) to the end of its headers, el
 connection closes. Past `max_connections - connection_reserve` open connections, a new one may only
 ask `/healthz` or `/readyz` (anything else: 503 and close), so a load balancer still sees how the host
 is doing; past `max_connections` a new connection is closed at once.
-(A body that trickles is the handlers' business: `body_timeout_s`, see `protocol.BodyReader`.)
+(A body that trickles is the handlers' business: `body_timeout_s`, see `body_reader.BodyReader`.)
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError, _ErrInfo
 
 from ..errors import InferdError, InternalError, MalformedRequest, PayloadTooLarge, ServiceOverloaded, describe
-from .protocol import RequestIds
+from .request_ids import RequestIds
 from .responses import dumps, error_response
 
 HEALTH_PATHS = frozenset({"/healthz", "/readyz"})

@@ -4,7 +4,7 @@ are written by `responses`).
 `input` is a string, an array of strings, an array of token ids, or an array of token-id arrays. Each
 item becomes an input of its own, batched like a single `/v1/inference` request (items of one call may
 run in different batches); the answer keeps their order. Kept apart from the handler so the rules read
-in one place, as `protocol` does for `/v1/inference`.
+in one place, as `inference_body` does for `/v1/inference`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidInput
-from .protocol import encode_vector, encoding_format, json_object, timeout_ms
+from .body_reader import json_object
+from .inference_body import encode_vector, encoding_format, timeout_ms
 
 Item = str | list[int]
 

@@ -25,9 +25,12 @@ from ..admission.rate_limits import Identity
 from ..errors import DeadlineExceeded, InferdError, InferenceFailed, InvalidInput, ModelNotFound, describe
 from ..lifecycle import Lifecycle
 from ..observability.outcomes import Outcomes
+from .body_reader import BodyReader, json_object
+from .inference_body import InferenceCall, timeout_ms
 from .openai_text import TextAnswer, parse_text_call
-from .protocol import BodyReader, InferenceCall, RequestIds, json_object, sampling_fields, timeout_ms
+from .request_ids import RequestIds
 from .responses import WholeResponse, dumps, error_response
+from .sampling_fields import sampling_fields
 
 if TYPE_CHECKING:
     from ..models.generation import GenerationModel

@@ -28,7 +28,8 @@ from aiohttp import web
 
 from ..admission.auth import Authenticator
 from ..errors import IdempotencyKeyInUse, IdempotencyKeyReused, InferdError, InvalidInput
-from .protocol import BodyReader, RequestIds
+from .body_reader import BodyReader
+from .request_ids import RequestIds
 from .responses import KeptAnswer, WholeResponse, error_response
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]

@@ -17,9 +17,11 @@ from ..messages import RequestState
 from ..models.registry import Models
 from ..observability.outcomes import Outcomes
 from .batch_calls import BatchCalls, CallStart, cache_allowed, call_start, call_timing
+from .body_reader import BodyReader
 from .embeddings import embeddings_payload, parse_embeddings_body
 from .generation import GenerationApi
-from .protocol import BodyReader, RequestIds, encode_vector, parse_inference_body
+from .inference_body import encode_vector, parse_inference_body
+from .request_ids import RequestIds
 from .responses import WholeResponse, dumps, error_response
 
 _ATTACHED, _CACHED = RequestState.ATTACHED, RequestState.CACHED

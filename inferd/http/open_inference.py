@@ -28,8 +28,9 @@ from ..models.registry import Models
 from ..observability.outcomes import Outcomes
 from ..observability.tracing import Tracing
 from .batch_calls import BatchCalls, CallStart, cache_allowed, call_timing, traced
+from .body_reader import BodyReader, json_object
 from .open_inference_wire import HEADER_LENGTH, INPUT, OUTPUT, infer_response, parse_infer
-from .protocol import BodyReader, RequestIds, json_object
+from .request_ids import RequestIds
 from .responses import WholeResponse, dumps, error_response
 
 

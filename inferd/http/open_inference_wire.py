@@ -20,7 +20,7 @@ import numpy as np
 import orjson
 
 from ..errors import InvalidInput
-from .protocol import json_object
+from .body_reader import json_object
 from .responses import dumps
 
 INPUT, OUTPUT = "text", "output"

@@ -1,7 +1,7 @@
 """The wire format of OpenAI's `/v1/completions` and `/v1/chat/completions`: the request body, and the
 answer whole or as stream chunks, the way the official `openai` client and its stream helpers read them.
 
-Kept apart from the handler (`generation.py`) as `protocol` and `embeddings` are for their endpoints.
+Kept apart from the handler (`generation.py`) as `inference_body` and `embeddings` are for their endpoints.
 """
 
 from __future__ import annotations

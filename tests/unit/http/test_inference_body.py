@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from inferd.errors import InvalidInput
-from inferd.http.protocol import RequestIds, encode_vector, parse_inference_body
+from inferd.http.inference_body import encode_vector, parse_inference_body
+from inferd.http.request_ids import RequestIds
 
 
 def test_a_valid_body_and_its_optional_fields():

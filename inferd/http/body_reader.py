@@ -1,0 +1,83 @@
+"""Reading a request's body: the size and time limits, and the JSON object most routes take."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
+
+from ..errors import Draining, InferdError, InvalidInput, PayloadTooLarge, RequestTimeout, UnreadableBody
+from ..lifecycle import Lifecycle
+
+
+class BodyReader:
+    """Reads a request's whole body: at most `max_bytes` (413), within `timeout_s` (408).
+
+    A small body has usually arrived with the headers: then it is taken from the buffer at once, without
+    the two awaits of `request.read()`. A body still arriving is not owed an answer yet: while it is
+    read the request does not count as in flight, so a drain does not wait for a client that stalls
+    half-way (if the drain began meanwhile, the request is refused 503 DRAINING once it is in)."""
+
+    def __init__(self, max_bytes: int, timeout_s: float, lifecycle: Lifecycle) -> None:
+        self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
+        self.lifecycle = lifecycle
+        self._ahead: dict[int, bytes | InferdError] = {}  # bodies read before their handler, by request
+
+    async def read_ahead(self, request: web.BaseRequest) -> bytes | InferdError:
+        """Read a body before its handler does (which then gets it, or the same error, from `read`);
+        `forget` it once the handler is done."""
+        try:
+            body: bytes | InferdError = await self.read(request)
+        except InferdError as error:
+            body = error
+        self._ahead[id(request)] = body
+        return body
+
+    def forget(self, request: web.BaseRequest) -> None:
+        self._ahead.pop(id(request), None)
+
+    async def read(self, request: web.BaseRequest) -> bytes:
+        if self._ahead:
+            ahead = self._ahead.get(id(request))
+            if isinstance(ahead, InferdError):
+                raise ahead
+            if ahead is not None:
+                return ahead
+        content = request.content
+        try:
+            body = content.read_nowait() if content.is_eof() else await self._read_arriving(content)
+        except RequestPayloadError as exc:  # e.g. a body that says gzip and is not
+            raise UnreadableBody(f"body could not be read: {' '.join(str(exc).split())}") from None
+        if len(body) > self.max_bytes:
+            raise PayloadTooLarge(f"body exceeds {self.max_bytes} bytes")
+        return body
+
+    async def _read_arriving(self, content: Any) -> bytes:
+        lifecycle, limit = self.lifecycle, self.max_bytes
+        parts = bytearray(content.read_nowait())
+        lifecycle.leave()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                while not content.is_eof() and len(parts) <= limit:
+                    parts += await content.readany()
+        except TimeoutError:
+            raise RequestTimeout(f"request body not received within {self.timeout_s:g} s") from None
+        finally:
+            lifecycle.enter()
+        if lifecycle.draining:
+            raise Draining("server is shutting down; retry on another instance", retry_after_ms=1000)
+        return bytes(parts)
+
+
+def json_object(body: bytes) -> dict[str, Any]:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:  # also rejects invalid UTF-8 and lone surrogates
+        raise InvalidInput(f"body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidInput("body must be a JSON object")
+    return data

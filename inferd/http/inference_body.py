@@ -1,0 +1,68 @@
+"""The body of `POST /v1/inference` and the fields other routes share with it (`timeout_ms`,
+`encoding_format`), and how a vector goes back out. The rules of a valid body read in one place."""
+
+from __future__ import annotations
+
+import binascii
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidInput
+from .body_reader import json_object
+from .sampling_fields import sampling_fields
+
+_BATCH_FIELDS = frozenset({"input", "model", "version", "timeout_ms", "encoding_format"})
+
+
+@dataclass(slots=True)
+class InferenceCall:
+    """A parsed `/v1/inference` body."""
+
+    input: str
+    model: str | None
+    timeout_ms: int | None
+    base64: bool  # `encoding_format: "base64"`: a vector output as base64 of little-endian float32
+    body: dict[str, Any]  # the whole body (a generation model reads its sampling fields from it)
+    version: str | None = None  # a pinned version (also `model@version`)
+
+
+def parse_inference_body(body: bytes) -> InferenceCall:
+    data = json_object(body)
+    value = data.get("input")
+    if not isinstance(value, str):
+        raise InvalidInput("`input` is required and must be a string")
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidInput("`model` must be a string")
+    fmt = data.get("encoding_format")
+    if not _BATCH_FIELDS.issuperset(data):
+        sampling_fields(data)
+    version = data.get("version")
+    if version is not None and not isinstance(version, str):
+        raise InvalidInput("`version` must be a string")
+    return InferenceCall(value, model, timeout_ms(data), fmt is not None and encoding_format(data) == "base64", data,
+                         version)
+
+
+def timeout_ms(data: dict[str, Any]) -> int | None:
+    """The body's `timeout_ms`: None, or a positive integer."""
+    value = data.get("timeout_ms")
+    if value is not None and (type(value) is not int or value <= 0):
+        raise InvalidInput("`timeout_ms` must be a positive integer")
+    return value
+
+
+def encoding_format(data: dict[str, Any]) -> str:
+    """The body's `encoding_format` ("float", the default, or "base64"), as OpenAI's embeddings take it."""
+    value = data.get("encoding_format", "float")
+    if value not in ("float", "base64"):
+        raise InvalidInput('`encoding_format` must be "float" or "base64"')
+    return value
+
+
+def encode_vector(output: Any, *, base64: bool) -> Any:
+    """A vector output as JSON takes it: the float32 array itself (orjson writes it without a list of
+    Python floats in between), or base64 of its little-endian float32 bytes. Other outputs pass as they are."""
+    if base64 and hasattr(output, "astype"):  # a numpy array (numpy itself comes with the backends that need it)
+        return binascii.b2a_base64(output.astype("<f4", copy=False).tobytes(), newline=False).decode("ascii")
+    return output

@@ -1,0 +1,61 @@
+"""A generation request's sampling fields (OpenAI's and vLLM's names), each checked before any engine
+sees it: a bad value is a 400 naming the field."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import InvalidInput
+
+
+def sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """A generation request's sampling fields, each checked here: a bad value is a 400 naming it, never
+    an engine error. (Checked on a batch model's request too, where they are ignored: a body is valid or
+    not whatever model it goes to.)"""
+    if body.get("max_completion_tokens") is not None:
+        body = {**body, "max_tokens": body["max_completion_tokens"]}
+    overrides = {}
+    for key, (fits, what) in _SAMPLING_FIELDS.items():
+        value = body.get(key)
+        if value is None:
+            continue
+        if not fits(value):
+            raise InvalidInput(f"`{key}` must be {what}, got {str(value)[:40]}")
+        overrides[key] = value
+    for key, (fits, what) in _LABELS.items():
+        if body.get(key) is not None and not fits(body[key]):
+            raise InvalidInput(f"`{key}` must be {what}, got {str(body[key])[:40]}")
+    if not isinstance(body.get("stream", False), bool):
+        raise InvalidInput("`stream` must be true or false")
+    options = body.get("stream_options")
+    if options is not None and not (isinstance(options, dict) and isinstance(options.get("include_usage", False), bool)):
+        raise InvalidInput("`stream_options` must be an object like {\"include_usage\": true}")
+    return overrides
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_SAMPLING_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "max_tokens": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
+    "temperature": (lambda v: _number(v) and 0 <= v <= 2, "a number from 0 to 2"),
+    "top_p": (lambda v: _number(v) and 0 < v <= 1, "a number above 0, at most 1"),
+    "seed": (_integer, "an integer"),
+    "stop": (lambda v: (isinstance(v, str) and v != "") or (
+        isinstance(v, list) and len(v) <= 4 and all(isinstance(s, str) and s for s in v)),
+             "a non-empty string or a list of at most 4 of them"),
+    "ignore_eos": (lambda v: isinstance(v, bool), "true or false"),
+    "frequency_penalty": (lambda v: _number(v) and -2 <= v <= 2, "a number from -2 to 2"),
+    "presence_penalty": (lambda v: _number(v) and -2 <= v <= 2, "a number from -2 to 2"),
+    "repetition_penalty": (lambda v: _number(v) and 0 < v <= 2, "a number above 0, at most 2"),
+    "top_k": (lambda v: _integer(v) and (v == -1 or v >= 0), "an integer >= 0 (0 or -1: off)"),
+    "min_p": (lambda v: _number(v) and 0 <= v <= 1, "a number from 0 to 1"),
+}
+_LABELS = {"user": (lambda v: isinstance(v, str), "a string")}  # OpenAI's, accepted and not used: checked all the same
