@@ -1,7 +1,7 @@
 """One served batch model: where a request becomes a `PendingRequest` with a future and a deadline.
 It ties one model's stages together: intake (prepared off the loop when the backend tokenises), shared
 work (an input in flight or cached is not computed again: `shared_work`), the batcher, the deadline
-wheel, the worker pool, result delivery (`delivery`). Every path (result, backend error, deadline,
+wheel, the worker pool, result delivery (`Delivery`, which it owns). Every path (result, backend error, deadline,
 client gone, shutdown) resolves a future at most once, through `done()` guards on the loop; the
 request's state decides whether it runs, and a computation runs while anyone still waits for it.
 
@@ -31,7 +31,6 @@ from ..execution.executor import Worker
 from ..execution.hang_limit import BatchLatencies
 from ..execution.pool import WorkerPool
 from ..messages import PendingRequest, RequestState
-from ..observability.batch_stats import BatchStats
 from ..observability.dead_letters import DeadLetters
 from ..observability.metrics import RequestMetrics
 from ..observability.snapshots import BatchModelSnapshot
@@ -40,7 +39,8 @@ from ..scheduling.batch_costs import BatchCosts
 from ..scheduling.batcher import Batcher, QueueFull
 from ..scheduling.deadlines import DeadlineWheel
 from ..scheduling.preprocess import Preprocessor
-from . import delivery, reports
+from . import reports
+from .delivery import Delivery
 from .forecast import Forecast
 from .shared_work import SharedWork, waited_for
 from .timeliness import Timeliness
@@ -82,8 +82,9 @@ class BatchModel:
         self.pool = WorkerPool(
             name=config.name, devices=config.worker_devices, build=partial(build_batch_function, config.backend, options=config.options, factory=config.factory),
             warmup_inputs=config.warmup_inputs, next_batch=self.batcher.next_batch, loop=loop,
-            latencies=BatchLatencies(config.batch_timeout_ms / 1000.0), on_batch_done=partial(delivery.batch_done, self),
-            on_requeue=partial(delivery.requeue, self), on_ready=self._on_worker_ready, max_isolation_calls=config.max_isolation_calls,
+            latencies=BatchLatencies(config.batch_timeout_ms / 1000.0),
+            on_batch_done=lambda batch: self.delivery.batch_done(batch), on_requeue=lambda batch: self.delivery.requeue(batch),  # (built below)
+            on_ready=self._on_worker_ready, max_isolation_calls=config.max_isolation_calls,
             max_batch_size=config.max_batch_size,
         )
         self.timeliness = Timeliness(config, tiers, self.forecast, self.batcher, self.pool)
@@ -91,10 +92,15 @@ class BatchModel:
         self.breaker = CircuitBreaker(config.breaker_failures, config.breaker_cooldown_ms / 1000.0)
         self.tracing = tracing  # (a batch carrying a sampled request is a span of its own)
         self.shared = SharedWork(config)  # identical inputs computed once (collapsing, the result cache)
+        self.delivery = Delivery(
+            config, shared=self.shared, batcher=self.batcher, deadlines=self.deadlines, forecast=self.forecast,
+            timeliness=self.timeliness, latencies=self.pool.latencies, breaker=self.breaker, dead_letters=self.dead_letters,
+            tracing=tracing, healthy_workers=lambda: self.pool.healthy, fail=self.fail,
+        )
         self.prepare_one: Any = None  # the backend's `prepare(text) -> (input, bucket)`, run on the loop
         self.preprocessor: Preprocessor | None = None  # runs the backend's `prepare_batch` off the loop
         self.output_kind: str | None = None  # the backend's `output_kind` ("embedding": /v1/embeddings)
-        self.stats = BatchStats()  # what its batches have been (delivery writes, reports read)
+        self.stats = self.delivery.stats  # what its batches have been (delivery writes, reports read)
         self._batcher_task: asyncio.Task | None = None
         self._stop_reason: InferdError | None = None
 

@@ -11,7 +11,6 @@ import pytest
 from inferd.config import ModelConfig, TierConfig
 from inferd.errors import DeadlineExceeded, InferenceFailed, ServiceOverloaded
 from inferd.messages import RequestState
-from inferd.models import delivery
 from inferd.models.batch_model import BatchModel
 from inferd.models.shared_work import identity
 from inferd.observability.metrics import RequestMetrics
@@ -35,7 +34,7 @@ def run_next_batch(served: BatchModel, outputs=None, error=None) -> list[str]:  
     batch.started_at = batch.finished_at = time.monotonic()
     batch.outputs = outputs if outputs is not None else [text.upper() for text in inputs]
     batch.error = error
-    delivery.batch_done(served, batch)
+    served.delivery.batch_done(batch)
     assert batch.requests == [] and batch.outputs is None and batch.size == len(inputs)
     return inputs
 
@@ -114,7 +113,7 @@ async def test_a_failed_input_fails_its_riders_and_only_them():
     batch = served.batcher.next_batch(0, lambda b: None)
     batch.started_at = batch.finished_at = time.monotonic()  # type: ignore[union-attr]
     batch.outputs, batch.error, batch.failures = [None, "FINE"], ValueError("bad input"), {0: ValueError("bad")}  # type: ignore[union-attr]
-    delivery.batch_done(served, batch)  # type: ignore[arg-type]
+    served.delivery.batch_done(batch)  # type: ignore[arg-type]
     for request in (lead, rider):
         with pytest.raises(InferenceFailed):
             await request.future  # type: ignore[union-attr]

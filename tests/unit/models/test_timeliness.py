@@ -14,7 +14,6 @@ from inferd.backends.sim import SimulatedGPU
 from inferd.config import ModelConfig, TierConfig
 from inferd.errors import ServiceOverloaded
 from inferd.messages import Batch
-from inferd.models import delivery
 from inferd.models.batch_model import BatchModel
 from inferd.observability.metrics import RequestMetrics
 
@@ -43,7 +42,7 @@ class FakeDevice:
             batch.finished_at = now
             batch.outputs = [r.input for r in batch.requests]
             self.worker.current, self.finished = None, batch.size
-            delivery.batch_done(self.model, batch)
+            self.model.delivery.batch_done(batch)
             self.batches.append(batch)
         if self.parked:
             self.model.batcher.dispatch(now)  # (what the batcher's coroutine does: lingers that ran out)
