@@ -44,6 +44,13 @@ Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 _KEYED_PATHS = ("/v1/inference", "/api/inference", "/v1/embeddings")
 _GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+_OPENAI_PATHS = frozenset({"/v1/embeddings", *_GENERATION_PATHS, "/v1/models"})  # (and /v1/models/{id})
+
+
+def openai_path(path: str) -> bool:
+    """A route of OpenAI's API: its errors come in OpenAI's shape, whatever the cause (an OpenAI client
+    reads no other), even where this server does not serve the route (no generation model)."""
+    return path in _OPENAI_PATHS or path.startswith("/v1/models/")
 
 
 class HttpApi:
@@ -146,16 +153,21 @@ class HttpApi:
                 return await self._model_route(request)
             route = ("GET", self.model, False)  # (for the 405 below)
         request_id = self.ids.pick(request.headers.get("X-Request-ID"))
+        openai = openai_path(path)
         if route is None:
-            return error_response(NotFound(f"no route for {request.method} {path}"), request_id)
-        return error_response(MethodNotAllowed(f"{path} accepts {route[0]} only"), request_id, allow=route[0])
+            error: InferdError = NotFound(f"no route for {request.method} {path}")
+            if path in _GENERATION_PATHS:
+                error = ModelNotFound(f"this server serves no generation model: {path} has nothing to answer; see GET /v1/models")
+            return error_response(error, request_id, openai=openai)
+        return error_response(MethodNotAllowed(f"{path} accepts {route[0]} only"), request_id, allow=route[0], openai=openai)
 
     def _operations_only(self, handler: Handler) -> Handler:
         async def guarded(request: web.BaseRequest) -> web.StreamResponse:
             try:
                 self.admission.auth.require_operations(request.headers)
             except InferdError as error:
-                return error_response(error, self.ids.pick(request.headers.get("X-Request-ID")))
+                return error_response(error, self.ids.pick(request.headers.get("X-Request-ID")),
+                                      openai=openai_path(request.rel_url.raw_path))
             return await handler(request)
         return guarded
 
