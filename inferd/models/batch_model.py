@@ -219,7 +219,7 @@ class BatchModel:
             request.state = RequestState.PREPARING
             self.deadlines.add(request)
             self.preprocessor.put(request)
-            self._register(request)
+            self.shared.register_lead(request)
             return request
         if self.prepare_one is not None:
             try:
@@ -230,7 +230,7 @@ class BatchModel:
             request.tokens = prepared[2] if len(prepared) > 2 else 0
         self._enqueue(request, now)
         self.deadlines.add(request)
-        self._register(request)
+        self.shared.register_lead(request)
         return request
 
     def _new_request(self, request_id: str, raw: Any, now: float, timeout_s: float, tier: str, tenant: str) -> PendingRequest:
@@ -241,11 +241,6 @@ class BatchModel:
         due = deadline if slo_at is None or slo_at > deadline else slo_at
         return PendingRequest(request_id, raw, now, deadline, self.loop.create_future(), due=due, slo_at=slo_at,
                               tier=tier, tenant=tenant, raw=raw)
-
-    def _register(self, request: PendingRequest) -> None:
-        key = request.key
-        if key is not None and self.shared.collapse:
-            self.shared.leads[key] = request
 
     def _enqueue(self, request: PendingRequest, now: float) -> None:
         """Into the batcher's queue; raises ServiceOverloaded when it would not finish in time, or the

@@ -83,16 +83,16 @@ class Delivery:
             self.tracing.batch(batch, self.name)
         if batch.error is None:
             self.breaker.record(True, batch.finished_at)
-            leads, cache = self.shared.leads, self.shared.cache
+            shared = self.shared
+            cache = shared.cache
             for request, output in zip(batch.requests, batch.outputs, strict=False):  # type: ignore[arg-type]
                 if not request.future.done():
                     request.future.set_result(output)
-                key = request.key
-                if key is not None:
+                if request.key is not None:
                     if request.riders or cache is not None:
                         self._deliver_shared(request, batch, output)
-                    elif leads.get(key) is request:  # (as `SharedWork.settle`, inline: per request)
-                        del leads[key]
+                    else:
+                        shared.settle(request)
             return
         failures = batch.failures if batch.failures is not None else dict.fromkeys(range(batch.size), batch.error)
         log.warning("model %s batch %d: %d of %d requests failed: %r", self.name, batch.batch_id, len(failures),

@@ -51,7 +51,7 @@ class SharedWork:
         self._by_tenant = config.collapse_scope == "tenant"
         self.enabled = self.collapse or self.cache is not None
         self.collapsed = 0  # requests answered by another request's computation
-        self.leads: dict[Hashable, PendingRequest] = {}  # (read inline on the request path: see BatchModel)
+        self.leads: dict[Hashable, PendingRequest] = {}
 
     def __len__(self) -> int:
         return len(self.leads)
@@ -95,6 +95,11 @@ class SharedWork:
         if rider.due < lead.due:
             lead.due = rider.due  # ...and is scheduled for the most pressing of them
         self.collapsed += 1
+
+    def register_lead(self, request: PendingRequest) -> None:
+        """A fresh request is computed: identical inputs arriving meanwhile attach to it (when collapsing)."""
+        if self.collapse:
+            self.leads[request.key] = request
 
     def settle(self, lead: PendingRequest) -> None:
         """The lead's computation is over (answered, failed or withdrawn): nobody attaches to it now."""

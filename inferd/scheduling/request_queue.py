@@ -92,11 +92,7 @@ class RequestQueue:
     def append(self, request: PendingRequest) -> None:
         tier, items = self._tenant_queue(request, front=False)
         items.append(request)
-        tier.live += 1  # (as in `_joined`, inline: per request)
-        tenant_live = tier.tenant_live
-        tenant_live[request.tenant] = tenant_live.get(request.tenant, 0) + 1
-        self.live += 1
-        self.tokens += request.tokens or 1
+        self._joined(tier, request)
 
     def appendleft(self, requests: list[PendingRequest]) -> None:
         """Put requests back at the head of their tenants' queues, oldest first (a batch to run again)."""
