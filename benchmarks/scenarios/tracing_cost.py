@@ -1,8 +1,8 @@
 """What tracing costs the request path: S2 (10 ms per batch of up to 100, wrk at 100 and 400 clients)
-with tracing off, on at 1% and on at 100%, alternated round by round in one run. Spans go through the
-batching processor and the OTLP/HTTP exporter (protobuf) to a sink in another process that answers 200:
-the SDK's own cost, encoding and sending included, without a collector's. The figures are medians of
-the server's CPU µs per request and of throughput.
+with tracing off, on at 1% (inferd's OTLP/JSON exporter, and the SDK's protobuf one) and on at 100%,
+alternated round by round in one run. Spans go through the batching processor and the exporter to a
+sink in another process that answers 200: encoding and sending included, without a collector's. The
+figures are medians of the server's CPU µs per request and of throughput.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from common import RESULTS, inferd_server, parse_args, sim_config, step
 
 BODY = b'{"input": "E equals {i}"}'
 CLIENTS = (100, 400)
-TRACING = '\n[tracing]\nsample_rate = {rate}\nexporter = "otlp"\nendpoint = "http://127.0.0.1:{port}/v1/traces"\n'
-VARIANTS = {"off": None, "on at 1%": 0.01, "on at 100%": 1.0}
+TRACING = '\n[tracing]\nsample_rate = {rate}\nexporter = "{exporter}"\nendpoint = "http://127.0.0.1:{port}/v1/traces"\n'
+VARIANTS = {"off": None, "on at 1%": (0.01, "otlp"), "on at 1%, SDK protobuf": (0.01, "otlp-protobuf"),
+            "on at 100%": (1.0, "otlp")}
 
 
 class _Sink(BaseHTTPRequestHandler):
@@ -52,9 +53,10 @@ if __name__ == "__main__":
     port = free_port()
     sink = multiprocessing.get_context("spawn").Process(target=_sink, args=(port,), daemon=True)
     sink.start()
-    for _ in range(1 if args.quick else 3):
-        for variant, rate in VARIANTS.items():
-            table = "" if rate is None else TRACING.format(rate=rate, port=port)
+    rounds = 1 if args.quick else 5
+    for _ in range(rounds):
+        for variant, setting in VARIANTS.items():
+            table = "" if setting is None else TRACING.format(rate=setting[0], exporter=setting[1], port=port)
             with inferd_server(sim_config(latency_ms=10) + table) as url:
                 for clients in CLIENTS:
                     r = step(url, clients=clients, duration_s=8, quick=args.quick, processes=2, body=BODY)
@@ -65,7 +67,7 @@ if __name__ == "__main__":
                for variant, by in runs.items()}
     out = Path(args.out_dir or RESULTS)
     (out / "tracing_cost.json").write_text(json.dumps({"summary": summary, "runs": runs, "note": __doc__}, indent=1) + "\n")
-    lines = ["### Tracing's cost on S2 (medians of 3 alternated rounds)", "",
+    lines = [f"### Tracing's cost on S2 (medians of {rounds} alternated rounds)", "",
              "| tracing | clients | req/s | CPU µs/req | CPU over off |", "|---|---|---|---|---|"]
     for variant, by in summary.items():
         for clients, s in by.items():

@@ -164,8 +164,8 @@ def _parse_tracing(raw: Any) -> TracingConfig:
     reject_unknown(raw, field_names(TracingConfig) - {"enabled"}, "[tracing]")
     check_types(raw, TracingConfig, "[tracing]")
     tracing = TracingConfig(**{**raw, "enabled": True})
-    if not 0.0 <= tracing.sample_rate <= 1.0 or tracing.exporter not in ("otlp", "console", "file"):
-        raise ConfigError("[tracing] sample_rate must be between 0 and 1, exporter otlp, console or file")
+    if not 0.0 <= tracing.sample_rate <= 1.0 or tracing.exporter not in ("otlp", "otlp-protobuf", "console", "file"):
+        raise ConfigError("[tracing] sample_rate must be between 0 and 1, exporter otlp, otlp-protobuf, console or file")
     if tracing.max_client_traced_per_s < 0 or tracing.flush_timeout_s <= 0:
         raise ConfigError("[tracing] max_client_traced_per_s must be 0 or more, flush_timeout_s more than 0")
     return tracing

@@ -93,7 +93,7 @@ class TracingConfig:
     sample_rate: float = 0.01  # share of requests without a client's traceparent that are traced
     max_client_traced_per_s: float = 10.0  # a client's "sampled" traceparent is honoured this often at most
     flush_timeout_s: float = 2.0  # at shutdown, spans still queued are sent for this long at most, then dropped
-    exporter: str = "otlp"  # "otlp" (protobuf over HTTP to `endpoint`), "console" (stderr), "file" (`path`)
+    exporter: str = "otlp"  # "otlp" (JSON over HTTP to `endpoint`), "otlp-protobuf", "console" (stderr), "file" (`path`)
     endpoint: str = "http://127.0.0.1:4318/v1/traces"
     path: str = "inferd-spans.jsonl"  # one JSON span per line
     service_name: str = "inferd"

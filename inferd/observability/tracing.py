@@ -11,7 +11,7 @@ parents, as OpenTelemetry advises for batching), and each request's compute span
 
 Attributes name the model, batch (id, size, bucket, trigger, worker), tier and tenant; never a key or an
 input. Spans leave through a batching processor on its own thread, to OTLP over HTTP, stderr or a file
-(one JSON line per span); at shutdown the last ones get `flush_timeout_s`, never longer (a collector
+(one JSON line per span); OTLP is JSON encoded by inferd (`otlp_json`: the SDK's encoder costs 7x a span), the SDK's protobuf on request; at shutdown the last ones get `flush_timeout_s`, never longer (a collector
 that is down cannot hold the process).
 """
 
@@ -184,7 +184,11 @@ def _route(route: Any) -> str:
 
 
 def _exporter(config: TracingConfig) -> Any:
-    if config.exporter == "otlp":
+    if config.exporter == "otlp":  # (JSON, encoded by inferd: see otlp_json for why)
+        from .otlp_json import OtlpJsonExporter
+
+        return OtlpJsonExporter(config.endpoint, config.flush_timeout_s)
+    if config.exporter == "otlp-protobuf":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         return OTLPSpanExporter(endpoint=config.endpoint, timeout=config.flush_timeout_s)
