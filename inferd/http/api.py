@@ -37,20 +37,13 @@ from .inference import InferenceApi
 from .open_inference import OpenInferenceApi
 from .openapi import openapi_document
 from .request_ids import RequestIds
-from .responses import WholeResponse, dumps, error_response, json_response
+from .responses import WholeResponse, dumps, error_response, json_response, openai_path
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
 _KEYED_PATHS = ("/v1/inference", "/api/inference", "/v1/embeddings")
 _GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
-_OPENAI_PATHS = frozenset({"/v1/embeddings", *_GENERATION_PATHS, "/v1/models"})  # (and /v1/models/{id})
-
-
-def openai_path(path: str) -> bool:
-    """A route of OpenAI's API: its errors come in OpenAI's shape, whatever the cause (an OpenAI client
-    reads no other), even where this server does not serve the route (no generation model)."""
-    return path in _OPENAI_PATHS or path.startswith("/v1/models/")
 
 
 class HttpApi:

@@ -24,11 +24,10 @@ from aiohttp.web_protocol import RequestHandler, RequestPayloadError, _ErrInfo
 
 from ..errors import InferdError, InternalError, MalformedRequest, PayloadTooLarge, ServiceOverloaded, describe
 from .request_ids import RequestIds
-from .responses import dumps, error_response
+from .responses import dumps, error_response, openai_path
 
 HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
 _parse = RequestHandler.data_received  # (called directly: super() in a method called per request costs)
-OPENAI_PATHS = frozenset({"/v1/embeddings", "/v1/completions", "/v1/chat/completions"})  # errors in OpenAI's shape
 log = logging.getLogger("inferd.http")
 
 
@@ -154,8 +153,7 @@ class GuardedConnection(RequestHandler):
             error = MalformedRequest(" ".join(str(message or exc or "malformed HTTP request").split())[:300])
         request_id = self._server.ids.pick(request.headers.get("X-Request-ID"))
         self._server.on_error(request_id, error)
-        openai = request.raw_path.partition("?")[0] in OPENAI_PATHS
-        return error_response(error, request_id, close=True, openai=openai)
+        return error_response(error, request_id, close=True, openai=openai_path(request.raw_path))
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._on_clock:
@@ -194,4 +192,5 @@ class GuardedConnection(RequestHandler):
         server.reserved += 1
         error = ServiceOverloaded(f"{server.open} connections are open; the last {server.limits.connection_reserve} "
                                   "are kept for health checks", retry_after_ms=1000, reason="connections")
-        return error_response(error, server.ids.pick(request.headers.get("X-Request-ID")), close=True)
+        return error_response(error, server.ids.pick(request.headers.get("X-Request-ID")), close=True,
+                              openai=openai_path(request.raw_path))

@@ -108,6 +108,16 @@ def json_response(payload: Any, request_id: str, status: int = 200, headers: tup
     return WholeResponse(status, dumps(payload), (("X-Request-ID", request_id), *headers))
 
 
+_OPENAI_PATHS = frozenset({"/v1/embeddings", "/v1/completions", "/v1/chat/completions", "/v1/models"})
+
+
+def openai_path(raw_path: str) -> bool:
+    """A route of OpenAI's API (`/v1/models/{id}` too): its errors come in OpenAI's shape whatever their
+    cause (an OpenAI client reads no other), even where this server does not serve the route."""
+    path = raw_path.partition("?")[0]
+    return path in _OPENAI_PATHS or path.startswith("/v1/models/")
+
+
 def error_response(
     error: InferdError, request_id: str, *, close: bool = False, openai: bool = False, allow: str | None = None,
     open_inference: bool = False, held_s: float | None = None,
