@@ -1,0 +1,103 @@
+"""Instructions per request on S2's path, counted by callgrind: the server (the simulated GPU, 10 ms per
+batch of up to 100) runs under valgrind with collection off through start-up and a warm-up, then on for
+N requests from 100 closed-loop clients with distinct bodies, then off. Instructions are the one
+figure on this machine that does not drift with its neighbours; wall time under valgrind means nothing.
+Under valgrind batches are smaller than under real load (the server is ~50x slower, the sleep is not),
+so the per-batch work weighs more than it would.
+
+    python callgrind_request.py [--baseline-tree DIR] [--requests N]
+
+Alternates this checkout and the baseline twice; writes callgrind_request.json / .md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+from common import REPO, RESULTS, SCENARIOS, sim_config
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _load(url: str, first: int, count: int, clients: int) -> None:
+    """`count` requests from `clients` closed-loop clients, each body distinct; every answer must be 200."""
+    numbers = iter(range(first, first + count))
+    async with aiohttp.ClientSession() as http:
+        async def client() -> None:
+            for i in numbers:
+                async with http.post(f"{url}/v1/inference", json={"input": f"E equals {i}"}) as resp:
+                    await resp.read()
+                    assert resp.status == 200, resp.status
+        await asyncio.gather(*(client() for _ in range(clients)))
+
+
+def count(tree: Path, requests: int, clients: int = 100) -> float:
+    """Instructions per request for the inferd in `tree`."""
+    port = _free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "s2.toml"
+        config.write_text(sim_config(latency_ms=10))
+        out = Path(tmp) / "callgrind.out"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(SCENARIOS)])}
+        server = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--callgrind-out-file={out}",
+             sys.executable, "-m", "inferd", "serve", "--config", str(config), "--port", str(port), "--log-level", "WARNING"],
+            cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            give_up = time.monotonic() + 600
+            while True:
+                try:
+                    with urllib.request.urlopen(f"{url}/readyz", timeout=5) as resp:
+                        if resp.status == 200:
+                            break
+                except OSError:
+                    if time.monotonic() > give_up or server.poll() is not None:
+                        raise RuntimeError("the server under valgrind never became ready") from None
+                    time.sleep(1)
+            asyncio.run(_load(url, 0, 500, clients))  # warm: every code path compiled, caches filled
+            subprocess.run(["callgrind_control", "-i", "on", str(server.pid)], check=True, capture_output=True)
+            asyncio.run(_load(url, 1_000_000, requests, clients))
+            subprocess.run(["callgrind_control", "-i", "off", str(server.pid)], check=True, capture_output=True)
+        finally:
+            server.terminate()
+            server.wait(timeout=300)
+        totals = [int(m[1]) for f in Path(tmp).glob("callgrind.out*")
+                  for m in re.finditer(r"^(?:summary|totals):\s+(\d+)", f.read_text(errors="replace"), re.M)]
+        return max(totals) / requests
+
+
+if __name__ == "__main__":
+    baseline = sys.argv[sys.argv.index("--baseline-tree") + 1] if "--baseline-tree" in sys.argv else None
+    n = int(sys.argv[sys.argv.index("--requests") + 1]) if "--requests" in sys.argv else 3000
+    trees = {"this checkout": REPO, **({"baseline": Path(baseline)} if baseline else {})}
+    runs: dict[str, list[float]] = {name: [] for name in trees}
+    for _round in range(2):
+        for name, tree in trees.items():
+            runs[name].append(round(count(tree, n)))
+            print(name, runs[name][-1], flush=True)
+    summary = {name: statistics.median(values) for name, values in runs.items()}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "callgrind_request.json").write_text(json.dumps({"requests": n, "runs": runs, "median": summary,
+                                                                "note": __doc__}, indent=1) + "\n")
+    lines = [f"### Instructions per S2 request (callgrind, {n} requests, 100 clients, 2 alternated runs)", "",
+             "| tree | runs | median |", "|---|---|---|"]
+    lines += [f"| {name} | {' / '.join(f'{v:,}' for v in runs[name])} | {summary[name]:,.0f} |" for name in runs]
+    (RESULTS / "callgrind_request.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
