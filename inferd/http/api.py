@@ -95,8 +95,11 @@ class HttpApi:
         if registry is not None:
             self.routes["/metrics"] = ("GET", self.prometheus, False)
         if generation is not None:
-            self.routes["/v1/completions"] = ("POST", generation.completions, True)
-            self.routes["/v1/chat/completions"] = ("POST", generation.chat_completions, True)
+            completions, chat = generation.completions, generation.chat_completions
+            if tracing is not None:
+                completions, chat = traced_route(tracing, self.ids, completions), traced_route(tracing, self.ids, chat)
+            self.routes["/v1/completions"] = ("POST", completions, True)
+            self.routes["/v1/chat/completions"] = ("POST", chat, True)
         # A request with an Idempotency-Key goes through the replies' wrapper (only those: no frame for the rest).
         self._keyed: dict[str, Handler] = {} if idempotency_window_s <= 0 else {
             path: keyed(self.routes[path][1], join=path not in _GENERATION_PATHS, openai=path != "/v1/inference"

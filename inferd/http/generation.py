@@ -25,6 +25,8 @@ from ..admission.rate_limits import Identity
 from ..errors import DeadlineExceeded, InferdError, InferenceFailed, InvalidInput, ModelNotFound, describe
 from ..lifecycle import Lifecycle
 from ..observability.outcomes import Outcomes
+from ..observability.tracing import Generated
+from .batch_calls import CallStart, call_start
 from .body_reader import BodyReader, json_object
 from .inference_body import InferenceCall, timeout_ms
 from .openai_text import TextAnswer, parse_text_call
@@ -56,9 +58,10 @@ class GenerationApi:
     # ---- the three request shapes ----------------------------------------------------------------
 
     async def inference(self, request: web.BaseRequest, model: GenerationModel, call: InferenceCall, who: Identity,
-                        request_id: str, started: float) -> web.StreamResponse:
+                        start: CallStart) -> web.StreamResponse:
         """inferd's own shape: {"input": text} -> {"output": text}, or SSE with {"stream": true}. The
         body was read and the caller identified by the `/v1/inference` handler."""
+        request_id, started = start.request_id, start.started
         body = call.body
         def whole(text: str, last: Any) -> dict[str, Any]:
             return {"output": text, "request_id": request_id, "model": model.name,
@@ -71,18 +74,19 @@ class GenerationApi:
                 event.update(done=True, finish_reason=last.finish_reason, usage=_usage(last))
             return [event]
 
-        return await self._serve(request, model, body, who, request_id, started, len(call.input),
+        return await self._serve(request, model, body, who, start, len(call.input),
                                  partial(model.prompt_ids, call.input), whole, chunk, openai=False)
 
-    async def completions(self, request: web.BaseRequest) -> web.StreamResponse:
-        return await self._openai(request, chat=False)
+    async def completions(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
+        return await self._openai(request, chat=False, start=start)
 
-    async def chat_completions(self, request: web.BaseRequest) -> web.StreamResponse:
-        return await self._openai(request, chat=True)
+    async def chat_completions(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
+        return await self._openai(request, chat=True, start=start)
 
-    async def _openai(self, request: web.BaseRequest, chat: bool) -> web.StreamResponse:
-        started = time.monotonic()
-        request_id = self.ids.pick(request.headers.get("X-Request-ID") or request.headers.get("Idempotency-Key"))
+    async def _openai(self, request: web.BaseRequest, chat: bool, start: CallStart | None) -> web.StreamResponse:
+        if start is None:
+            start = call_start(self.ids, request.headers)
+        started, request_id = start.started, start.request_id
         tier, tenant = "-", "-"
         try:
             who = self.admission.identify(request.headers)
@@ -100,28 +104,35 @@ class GenerationApi:
             return error_response(error, request_id, close=self.lifecycle.draining, openai=True)
         answer = TextAnswer(call, model.name, int(time.time()))
         prompt_ids = partial(model.prompt_ids, messages=call.messages) if call.chat else partial(model.prompt_ids, call.prompt)
-        return await self._serve(request, model, body, who, request_id, started, call.chars, prompt_ids,
+        return await self._serve(request, model, body, who, start, call.chars, prompt_ids,
                                  lambda text, last: answer.whole(text, last, _usage(last)),
                                  lambda text, last: answer.chunks(text, last, _usage(last)), openai=True)
 
     # ---- one generation, whole or streamed -------------------------------------------------------
 
     async def _serve(self, request: web.BaseRequest, model: GenerationModel, body: dict[str, Any], who: Identity,
-                     request_id: str, started: float, chars: int, prompt_ids: Callable[[], Awaitable[list[int]]],
+                     start: CallStart, chars: int, prompt_ids: Callable[[], Awaitable[list[int]]],
                      whole: Callable[[str, Any], dict], chunk: Callable[[str, Any], list[dict]], *,
                      openai: bool) -> web.StreamResponse:
-        """`openai`: errors in OpenAI's shape, and a stream ends with `data: [DONE]`."""
-        tier, tenant = who.tier, who.tenant
+        """`openai`: errors in OpenAI's shape, and a stream ends with `data: [DONE]`. A traced request's
+        stages are noted on its trace as they end (`Generated`), for its span."""
+        tier, tenant, request_id, started, trace = who.tier, who.tenant, start.request_id, start.started, start.trace
+        stages: Generated | None = None
         try:
             overrides = sampling_fields(body)
             ticket = self.admission.admit_generation(model, who, timeout_ms(body), chars)  # before any tokenising
+            if trace is not None:
+                trace.model, trace.tier, trace.tenant = model.name, tier, tenant
+                stages = trace.generation = Generated(model.engine_request_id(), time.monotonic())
             ids = await prompt_ids()  # gives back the place admission reserved; no await from here to the engine
             sampling = model.sampling(overrides)
         except InferdError as error:
-            self.outcomes.record_error(request_id, model.name, tier, error, started, tenant=tenant)
+            self.outcomes.record_error(request_id, model.name, tier, error, started, tenant=tenant, trace=trace)
             return error_response(error, request_id, close=self.lifecycle.draining, openai=openai)
         timeout_s = ticket.timeout_s
-        deltas = model.stream(ids, sampling, ticket.priority)
+        if stages is not None:
+            stages.tokenized_at, stages.prompt_tokens = time.monotonic(), len(ids)
+        deltas = model.stream(ids, sampling, ticket.priority, stages.engine_request_id if stages is not None else None)
         streaming = bool(body.get("stream"))
         response: web.StreamResponse | None = None
         pieces: list[str] = []
@@ -129,6 +140,8 @@ class GenerationApi:
         try:
             async with asyncio.timeout(timeout_s):
                 async for delta in deltas:
+                    if stages is not None:
+                        _note(stages, delta)
                     last = delta
                     if not streaming:
                         pieces.append(delta.text)
@@ -143,7 +156,7 @@ class GenerationApi:
                 f"deadline of {timeout_s * 1000:.0f} ms passed during generation; aborted")
         except (asyncio.CancelledError, ConnectionResetError):
             model.record_abort("client_disconnect")
-            self.outcomes.record(request_id, model.name, tier, 499, "CLIENT_DISCONNECTED", started, tenant=tenant)
+            self.outcomes.record(request_id, model.name, tier, 499, "CLIENT_DISCONNECTED", started, tenant=tenant, trace=trace)
             raise
         except Exception as exc:  # noqa: BLE001 - the engine refused or failed this request: answered, counted
             model.record_abort("engine_error")
@@ -156,7 +169,7 @@ class GenerationApi:
         finally:
             await deltas.aclose()  # aborts the request in the engine if it is still there
         if failure is not None:
-            self.outcomes.record_error(request_id, model.name, tier, failure, started, tenant=tenant)
+            self.outcomes.record_error(request_id, model.name, tier, failure, started, tenant=tenant, trace=trace)
             if response is None:
                 return error_response(failure, request_id, openai=openai)
             # Mid-stream: a last event says why, and the stream ends.
@@ -164,7 +177,7 @@ class GenerationApi:
                                                                     "request_id": request_id}) + b"\n\n")
             await response.write_eof()
             return response
-        self.outcomes.record(request_id, model.name, tier, 200, "", started, tenant=tenant)
+        self.outcomes.record(request_id, model.name, tier, 200, "", started, tenant=tenant, trace=trace)
         if not streaming:
             return WholeResponse(200, dumps(whole("".join(pieces), last)), (("X-Request-ID", request_id),))
         if response is None:  # nothing was generated: still a well-formed stream
@@ -174,6 +187,17 @@ class GenerationApi:
             await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+
+def _note(stages: Generated, delta: Any) -> None:
+    """A traced generation's progress: its first token's time, then its last's, its tokens, how it ended."""
+    now = time.monotonic()
+    if not stages.first_token_at:
+        stages.first_token_at = now
+    stages.finished_at = now
+    stages.completion_tokens += delta.token_count
+    if delta.finished:
+        stages.finish_reason = delta.finish_reason
 
 
 def _usage(last: Any) -> dict[str, int]:

@@ -57,8 +57,7 @@ class InferenceApi:
             model = self.models.route(name, call.version)
             if model is None:
                 if self.generation is not None and name in self.models.generation:
-                    return await self.generation.inference(request, self.models.generation[name], call, who, request_id,
-                                                           started)
+                    return await self.generation.inference(request, self.models.generation[name], call, who, start)
                 raise ModelNotFound(f"no model named {name!r}; see GET /v1/models")
             model_name, version = model.name, model.version
             items = self.calls.admit(model, start, (call.input,), who, call.timeout_ms, cache_allowed(headers))

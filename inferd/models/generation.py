@@ -168,10 +168,15 @@ class GenerationModel:
 
     # ---- generating ------------------------------------------------------------------------------
 
-    async def stream(self, prompt_ids: list[int], sampling: Any, priority: int) -> AsyncIterator[Delta]:
+    def engine_request_id(self) -> str:
+        """A request's id in the engine (the server's own, unique in this engine): what its trace names."""
+        return f"{self.name}-{next(self._engine_ids)}"
+
+    async def stream(self, prompt_ids: list[int], sampling: Any, priority: int,
+                     request_id: str | None = None) -> AsyncIterator[Delta]:
         """Deltas for one request, accounted as waiting until its first token, then running."""
         assert self.engine is not None
-        request_id = f"{self.name}-{next(self._engine_ids)}"  # the server's own: unique in this engine
+        request_id = request_id or self.engine_request_id()
         started = time.monotonic()
         self.waiting[request_id] = len(prompt_ids)
         self._waiting_tokens += len(prompt_ids)

@@ -7,7 +7,9 @@ unsampled request costs a header look-up and a random draw, and no span object a
 request gets a span from its arrival to its answer, with its stages as children, written when it is
 answered from the times the request path records anyway: admission, queue wait, compute. A batch holding a
 sampled request is a span of its own, linked to the spans of the requests it carries (one batch, many
-parents, as OpenTelemetry advises for batching), and each request's compute span links back to it.
+parents, as OpenTelemetry advises for batching), and each request's compute span links back to it. A
+generation request's children are its admission, tokenising, prefill (to the first token) and decode,
+named with the engine's request id.
 
 Attributes name the model, batch (id, size, bucket, trigger, worker), tier and tenant; never a key or an
 input. Spans leave through a batching processor on its own thread, to OTLP over HTTP, stderr or a file
@@ -23,6 +25,7 @@ import re
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..config import TracingConfig
@@ -38,12 +41,13 @@ class RequestTrace:
     """One sampled request: its span's identity (known from its start, so a batch can link to it), and
     what the handler learns for it."""
 
-    __slots__ = ("context", "parent", "started", "route", "requests", "model", "version", "tier", "tenant")
+    __slots__ = ("context", "parent", "started", "route", "requests", "model", "version", "tier", "tenant", "generation")
 
     def __init__(self, context: Any, parent: Any, started: float, route: str) -> None:
         self.context, self.parent, self.started, self.route = context, parent, started, route
         self.requests: list[PendingRequest] = []  # its admitted inputs
         self.model = self.version = self.tier = self.tenant = "-"
+        self.generation: Generated | None = None  # a generation model's request: its stages
 
     @property
     def trace_id(self) -> str:
@@ -53,6 +57,21 @@ class RequestTrace:
         for request in requests:
             request.trace = self
         self.requests, self.model, self.version, self.tier, self.tenant = requests, model, version, tier, tenant
+
+
+@dataclass(slots=True)
+class Generated:
+    """What a generation request's trace shows: the engine's request id, and when each stage ended
+    (admitted, prompt tokenised, first token, last token; 0.0: it never got there)."""
+
+    engine_request_id: str
+    admitted_at: float
+    tokenized_at: float = 0.0
+    first_token_at: float = 0.0
+    finished_at: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str | None = None
 
 
 class Tracing:
@@ -125,10 +144,28 @@ class Tracing:
             shared = {r.state.value for r in requests if r.batch is None or r.lead is not None}
             if shared:
                 attributes["inferd.shared"] = sorted(shared)
+        elif trace.generation is not None:
+            attributes.update(self._generation(trace.generation, context, trace.started))
         self._processor.on_end(self._readable(
             f"POST {trace.route}", context, trace.parent, self._resource, attributes, kind=self._api.SpanKind.SERVER,
             status=self._error if status >= 500 else self._unset,
             start_time=self._ns(trace.started), end_time=self._ns(now), instrumentation_scope=self._scope))
+
+    def _generation(self, g: Generated, context: Any, started: float) -> dict[str, Any]:
+        """A generation's stages as children (`prefill`: queued in the engine and the prompt's prefill,
+        to the first token; `decode`: to the last), and its attributes (OpenTelemetry's gen_ai names)."""
+        stages = (("admission", started, g.admitted_at), ("tokenize", g.admitted_at, g.tokenized_at),
+                  ("prefill", g.tokenized_at, g.first_token_at), ("decode", g.first_token_at, g.finished_at))
+        for name, begin, end in stages:
+            if begin and end:
+                self._write(name, context, self._ns(begin), self._ns(end),
+                            {"inferd.engine_request_id": g.engine_request_id} if name in ("prefill", "decode") else None)
+        attributes: dict[str, Any] = {"inferd.engine_request_id": g.engine_request_id,
+                                      "gen_ai.usage.input_tokens": g.prompt_tokens,
+                                      "gen_ai.usage.output_tokens": g.completion_tokens}
+        if g.finish_reason:
+            attributes["gen_ai.response.finish_reasons"] = [g.finish_reason]
+        return attributes
 
     def _write(self, name: str, parent: Any, start_ns: int, end_ns: int, attributes: dict | None = None,
                links: Any = ()) -> Any:

@@ -13,12 +13,13 @@ import aiohttp
 import orjson
 import pytest
 import pytest_asyncio
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 
 from inferd.backends.tiny_llama import build_tiny_llama  # noqa: E402
-from inferd.config import AuthConfig, ModelConfig, TenantConfig, TierConfig  # noqa: E402
+from inferd.config import AuthConfig, ModelConfig, TenantConfig, TierConfig, TracingConfig  # noqa: E402
 
 from ..helpers import running_server, until  # noqa: E402
 
@@ -36,6 +37,9 @@ def tiny_model(tmp_path_factory) -> str:
     return str(build_tiny_llama(tmp_path_factory.mktemp("tiny-llama")))
 
 
+SPANS = InMemorySpanExporter()  # traces: only a client's sampled traceparent (sample_rate 0)
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def server(tiny_model):
     model = ModelConfig(
@@ -47,8 +51,9 @@ async def server(tiny_model):
         auth=AuthConfig(enabled=True, anonymous_tier="free"),
         tiers=(TierConfig("enterprise", priority=2), TierConfig("free", priority=0)),
         tenants=tuple(TenantConfig(f"{t}-co", t, hashlib.sha256(k.encode()).hexdigest()) for t, k in KEYS.items()),
+        tracing=TracingConfig(enabled=True, sample_rate=0.0, max_client_traced_per_s=100),
     )
-    async with running_server(model, ready_timeout_s=300, **config) as srv:  # a cold engine start can take a while
+    async with running_server(model, ready_timeout_s=300, span_exporter=SPANS, **config) as srv:  # a cold engine start can take a while
         yield srv
 
 
@@ -302,3 +307,25 @@ async def test_an_idempotency_key_answers_a_completion_once(server, client):
         assert await resp.json() == answer  # sampled once: the same text, id and usage again
     async with client.post(f"{server.url}/v1/completions", json={**body, "prompt": "Twice"}, headers=headers) as resp:
         assert resp.status == 422 and (await resp.json())["error"]["code"] == "IDEMPOTENCY_KEY_REUSED"
+
+
+async def test_a_traced_generation_shows_its_stages_and_the_engines_request_id(server, client):
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "trace me"}], "max_tokens": 6, "ignore_eos": True}
+    async with client.post(f"{server.url}/v1/chat/completions", json=body, headers={"traceparent": parent}) as resp:
+        assert resp.status == 200
+        answer = await resp.json()
+    await until(lambda: any(s.name == "POST /v1/chat/completions" for s in SPANS.get_finished_spans()))
+    spans = SPANS.get_finished_spans()
+    (root,) = [s for s in spans if s.name == "POST /v1/chat/completions"]
+    assert format(root.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"  # the client's trace, continued
+    assert root.parent.span_id == int("b7ad6b7169203331", 16)
+    stages = {s.name: s for s in spans if s.parent is not None and s.parent.span_id == root.context.span_id}
+    assert list(stages) == ["admission", "tokenize", "prefill", "decode"]
+    order = [stages[n] for n in ("admission", "tokenize", "prefill", "decode")]
+    assert all(a.end_time <= b.start_time for a, b in zip(order, order[1:]))  # one after another
+    engine_id = root.attributes["inferd.engine_request_id"]
+    assert engine_id.startswith("tiny-") and stages["decode"].attributes["inferd.engine_request_id"] == engine_id
+    assert root.attributes["gen_ai.usage.output_tokens"] == answer["usage"]["completion_tokens"] == 6
+    assert root.attributes["gen_ai.usage.input_tokens"] == answer["usage"]["prompt_tokens"]
+    assert root.attributes["inferd.model"] == "tiny" and root.attributes["http.response.status_code"] == 200

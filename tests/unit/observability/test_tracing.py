@@ -8,7 +8,7 @@ import time
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from inferd.config import TracingConfig
-from inferd.observability.tracing import ClientDecisions, Tracing
+from inferd.observability.tracing import ClientDecisions, Generated, Tracing
 
 SAMPLED = {"traceparent": f"00-{'4bf92f3577b34da6a3ce929d0e0e4736'}-{'00f067aa0ba902b7'}-01"}
 
@@ -51,3 +51,18 @@ def test_shutdown_with_the_collector_down_takes_the_flush_timeout_at_most():
     started = time.monotonic()
     tracing.shutdown()
     assert time.monotonic() - started < 1.5
+
+
+def test_a_generation_that_never_got_a_token_has_only_the_stages_it_reached():
+    spans = InMemorySpanExporter()
+    tracing = Tracing(TracingConfig(enabled=True, sample_rate=1.0), spans)
+    now = time.monotonic()
+    trace = tracing.begin({}, now, "/v1/completions")
+    assert trace is not None
+    trace.generation = Generated("tiny-7", admitted_at=now + 0.001, tokenized_at=now + 0.002, prompt_tokens=5)
+    tracing.end(trace, "r", 504)
+    root = next(s for s in spans.get_finished_spans() if s.name == "POST /v1/completions")
+    children = [s.name for s in spans.get_finished_spans() if s.parent is not None]
+    assert children == ["admission", "tokenize"]  # no prefill or decode: the deadline passed before a token
+    assert root.attributes["inferd.engine_request_id"] == "tiny-7" and root.attributes["gen_ai.usage.output_tokens"] == 0
+    assert "gen_ai.response.finish_reasons" not in root.attributes and root.status.is_ok is False
