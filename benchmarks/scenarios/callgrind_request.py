@@ -5,14 +5,17 @@ figure on this machine that does not drift with its neighbours; wall time under 
 Under valgrind batches are smaller than under real load (the server is ~50x slower, the sleep is not),
 so the per-batch work weighs more than it would.
 
-    python callgrind_request.py [--baseline-tree DIR] [--requests N]
+    python callgrind_request.py [--baseline-tree DIR] [--requests N] [--rounds R] [--tracing]
 
-Alternates this checkout and the baseline twice; writes callgrind_request.json / .md.
+Alternates this checkout and the baseline R times (2); writes callgrind_request.json / .md. `--tracing`: this
+checkout with tracing off, on at 1% with inferd's OTLP/JSON exporter and with the SDK's protobuf one
+(spans to a sink on loopback that answers 200) instead; writes callgrind_tracing.json / .md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import os
 import re
@@ -21,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -47,12 +51,22 @@ async def _load(url: str, first: int, count: int, clients: int) -> None:
         await asyncio.gather(*(client() for _ in range(clients)))
 
 
-def count(tree: Path, requests: int, clients: int = 100) -> float:
+class _Sink(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:  # noqa: N802 (the handler's name)
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def count(tree: Path, requests: int, clients: int = 100, extra_toml: str = "") -> float:
     """Instructions per request for the inferd in `tree`."""
     port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "s2.toml"
-        config.write_text(sim_config(latency_ms=10))
+        config.write_text(sim_config(latency_ms=10) + extra_toml)
         out = Path(tmp) / "callgrind.out"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(SCENARIOS)])}
         server = subprocess.Popen(
@@ -83,12 +97,42 @@ def count(tree: Path, requests: int, clients: int = 100) -> float:
         return max(totals) / requests
 
 
+def tracing_variants(n: int, rounds: int) -> None:
+    sink = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{sink.server_port}/v1/traces"
+
+    def table(exporter: str) -> str:
+        return f'\n[tracing]\nsample_rate = 0.01\nexporter = "{exporter}"\nendpoint = "{endpoint}"\n'
+
+    variants = {"off": "", "on at 1%, OTLP/JSON (inferd's)": table("otlp"),
+                "on at 1%, OTLP protobuf (the SDK's)": table("otlp-protobuf")}
+    runs: dict[str, list[float]] = {name: [] for name in variants}
+    for _round in range(rounds):
+        for name, extra in variants.items():
+            runs[name].append(round(count(REPO, n, extra_toml=extra)))
+            print(name, runs[name][-1], flush=True)
+    sink.shutdown()
+    off = statistics.median(runs["off"])
+    (RESULTS / "callgrind_tracing.json").write_text(json.dumps({"requests": n, "runs": runs, "note": __doc__}, indent=1) + "\n")
+    lines = [f"### Tracing's instructions per S2 request (callgrind, {n} requests, 100 clients, {rounds} alternated run(s))", "",
+             "| tracing | runs | median | over off |", "|---|---|---|---|"]
+    lines += [f"| {name} | {' / '.join(f'{v:,}' for v in xs)} | {statistics.median(xs):,.0f} | "
+              f"{statistics.median(xs) / off:.3f} |" for name, xs in runs.items()]
+    (RESULTS / "callgrind_tracing.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 if __name__ == "__main__":
+    rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 2
+    if "--tracing" in sys.argv:
+        tracing_variants(int(sys.argv[sys.argv.index("--requests") + 1]) if "--requests" in sys.argv else 3000, rounds)
+        sys.exit(0)
     baseline = sys.argv[sys.argv.index("--baseline-tree") + 1] if "--baseline-tree" in sys.argv else None
     n = int(sys.argv[sys.argv.index("--requests") + 1]) if "--requests" in sys.argv else 3000
     trees = {"this checkout": REPO, **({"baseline": Path(baseline)} if baseline else {})}
     runs: dict[str, list[float]] = {name: [] for name in trees}
-    for _round in range(2):
+    for _round in range(rounds):
         for name, tree in trees.items():
             runs[name].append(round(count(tree, n)))
             print(name, runs[name][-1], flush=True)
@@ -96,7 +140,7 @@ if __name__ == "__main__":
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "callgrind_request.json").write_text(json.dumps({"requests": n, "runs": runs, "median": summary,
                                                                 "note": __doc__}, indent=1) + "\n")
-    lines = [f"### Instructions per S2 request (callgrind, {n} requests, 100 clients, 2 alternated runs)", "",
+    lines = [f"### Instructions per S2 request (callgrind, {n} requests, 100 clients, {rounds} alternated run(s))", "",
              "| tree | runs | median |", "|---|---|---|"]
     lines += [f"| {name} | {' / '.join(f'{v:,}' for v in runs[name])} | {summary[name]:,.0f} |" for name in runs]
     (RESULTS / "callgrind_request.md").write_text("\n".join(lines) + "\n")
