@@ -97,8 +97,9 @@ class SharedWork:
         self.collapsed += 1
 
     def register_lead(self, request: PendingRequest) -> None:
-        """A fresh request is computed: identical inputs arriving meanwhile attach to it (when collapsing)."""
-        if self.collapse:
+        """A fresh request is computed: identical inputs arriving meanwhile attach to it (when collapsing,
+        and when its input has an identity: see `identity`)."""
+        if self.collapse and request.key is not None:
             self.leads[request.key] = request
 
     def settle(self, lead: PendingRequest) -> None:

@@ -124,3 +124,12 @@ async def test_with_collapsing_off_identical_inputs_are_computed_apart():
     served = model(collapse=False)
     served.submit("r0", "same", 5.0)
     assert served.from_shared_work("r1", "same", 5.0, "default", "t") is None
+
+
+async def test_an_input_without_an_identity_is_computed_on_its_own_and_never_led():
+    served = model()
+    first, second = (served.submit(f"r{i}", {1, 2}, 5.0) for i in range(2))  # (a set: JSON cannot write it)
+    assert first.key is None and second.key is None and len(served.shared) == 0
+    assert served.from_shared_work("r3", {1, 2}, 5.0, "default", "t") is None  # nothing to ride on
+    assert run_next_batch(served, outputs=["A", "B"]) == [{1, 2}, {1, 2}]
+    assert (await first.future, await second.future) == ("A", "B")
