@@ -1,5 +1,5 @@
 """Instructions per request on S2's path, counted by callgrind: the server (the simulated GPU, 10 ms per
-batch of up to 100) runs under valgrind with collection off through start-up and a warm-up, then on for
+batch of up to 100) runs under valgrind with instrumentation off through start-up and a warm-up, then on for
 N requests from 100 closed-loop clients with distinct bodies, then off. Instructions are the one
 figure on this machine that does not drift with its neighbours; wall time under valgrind means nothing.
 Under valgrind batches are smaller than under real load (the server is ~50x slower, the sleep is not),
@@ -66,11 +66,12 @@ def count(tree: Path, requests: int, clients: int = 100, extra_toml: str = "") -
     port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "s2.toml"
-        config.write_text(sim_config(latency_ms=10) + extra_toml)
+        # (deadlines far off: under valgrind the server is ~50x slower, and a refusal would count as a request)
+        config.write_text(sim_config(latency_ms=10, extra_model="timeout_ms = 600000\nmax_timeout_ms = 600000") + extra_toml)
         out = Path(tmp) / "callgrind.out"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(SCENARIOS)])}
         server = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--callgrind-out-file={out}",
+            ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
              sys.executable, "-m", "inferd", "serve", "--config", str(config), "--port", str(port), "--log-level", "WARNING"],
             cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"

@@ -245,9 +245,11 @@ class BatchModel:
     def _enqueue(self, request: PendingRequest, now: float) -> None:
         """Into the batcher's queue; raises ServiceOverloaded when it would not finish in time, or the
         queue is full and nobody can make room."""
-        refusal = self.timeliness.refusal(request, now, request.bucket)
-        if refusal is not None:
-            raise refusal
+        timeliness = self.timeliness
+        if not timeliness.surely_in_time(request, now):  # (else nothing to decide: see there)
+            refusal = timeliness.refusal(request, now, request.bucket)
+            if refusal is not None:
+                raise refusal
         try:
             shed = self.batcher.submit(request)
         except QueueFull:

@@ -103,6 +103,27 @@ async def test_a_tier_objective_or_wait_limit_refuses_that_tier_while_another_st
     assert refused.value.reason == "tier_predicted_wait"
 
 
+async def test_only_a_request_that_could_be_refused_is_asked_the_exact_question():
+    clock = FakeClock()
+    far = model(clock, timeout_ms=10_000)  # no objective, deadlines far off: nothing to decide
+    FakeDevice(far, clock, SimulatedGPU(latency_ms=50, max_batch_size=32))
+    easy = far.submit("easy", "easy", 10.0)
+    assert easy.predicted_wait is None  # not asked: no prediction to report
+    for i in range(32 * 6):  # 6 batches of 50 ms ahead, more than a short deadline allows
+        far.submit(f"r{i}", f"r {i}", 10.0)
+    with pytest.raises(ServiceOverloaded) as refused:
+        far.submit("hurried", "hurried", 0.2)  # near its deadline: asked, and refused
+    assert refused.value.reason == "deadline_infeasible"
+    asked = far.submit("patient", "patient", 1.0)  # the bound no longer holds: asked, and admitted
+    assert asked.predicted_wait is not None and asked.predicted_wait > 0.2
+    objective = model(clock, slo_ms=300)  # with an objective, or with tiers, every request is asked
+    FakeDevice(objective, clock, SimulatedGPU(latency_ms=50, max_batch_size=32))
+    assert objective.submit("o", "o", 10.0).predicted_wait is not None
+    tiered = model(clock, tiers=(TierConfig("paid", priority=1), TierConfig("free")))
+    FakeDevice(tiered, clock, SimulatedGPU(latency_ms=50, max_batch_size=32))
+    assert tiered.submit("t", "t", 10.0, tier="free").predicted_wait is not None
+
+
 @pytest.mark.parametrize("load", [1.2, 2.0])
 async def test_overload_keeps_the_queue_within_the_objective_and_every_admitted_request_meets_it(load):
     clock = FakeClock()
