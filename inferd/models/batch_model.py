@@ -246,7 +246,7 @@ class BatchModel:
         """Into the batcher's queue; raises ServiceOverloaded when it would not finish in time, or the
         queue is full and nobody can make room."""
         timeliness = self.timeliness
-        if not timeliness.surely_in_time(request, now):  # (else nothing to decide: see there)
+        if timeliness.asks(request, now):  # (where the cheap bound cannot answer, and a sample of the rest)
             refusal = timeliness.refusal(request, now, request.bucket)
             if refusal is not None:
                 raise refusal

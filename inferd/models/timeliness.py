@@ -27,6 +27,7 @@ from .forecast import Forecast
 
 TAIL_SIGMAS = 2.3  # a lower tier is admitted on the wait that holds unless the higher ones send a 1-in-100 burst
 EXACT_S = 0.001  # a linger the rule ends just in time for the request's own batch ends at its due exactly
+ASKED_ANYWAY = 16  # of the requests the bound admits, one in this many is asked all the same: predictions stay measured
 
 
 class Timeliness:
@@ -46,6 +47,7 @@ class Timeliness:
         self._wait_limit_s = {t.name: t.max_predicted_wait_ms / 1000.0 for t in tiers if t.max_predicted_wait_ms}
         self._promote_after_s = {t.name: t.promote_after_ms / 1000.0 for t in tiers if t.promote_after_ms}
         self.wait_error: dict[str, Histogram] = {}  # by tier: actual - predicted wait (seconds)
+        self._unasked = 0  # requests the bound admitted since one was asked all the same
 
     def slo_s(self, tier: str) -> float | None:
         """A request's latency objective (seconds from admission), if its model or tier sets one."""
@@ -85,6 +87,18 @@ class Timeliness:
             f"predicted wait {wait * 1000:.0f} ms plus {own * 1000:.0f} ms of compute exceeds this request's "
             f"{budget_ms:.0f} ms {which}", retry_after_ms=errors.retry_after_ms(wait),
             reason="deadline_infeasible" if late_for_deadline else "slo_infeasible")
+
+    def asks(self, request: PendingRequest, now: float) -> bool:
+        """Whether a prepared request is asked `refusal` (the exact question): wherever the bound below
+        does not hold, and one in `ASKED_ANYWAY` of the others, so that predicted waits and their errors
+        stay measured at light load too (Server-Timing's `predicted_queue`, `wait_error`)."""
+        if not self.surely_in_time(request, now):
+            return True
+        self._unasked += 1
+        if self._unasked < ASKED_ANYWAY:
+            return False
+        self._unasked = 0
+        return True
 
     def surely_in_time(self, request: PendingRequest, now: float) -> bool:
         """A bound: were every waiting request a costliest batch of its own, one after another behind the
