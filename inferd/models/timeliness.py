@@ -5,8 +5,8 @@ ahead of it, by length bucket and tier, each batch costed by the cost model: `fo
 batch, with the cost model's slack and its worst recent stall, must end by its due: its deadline, or sooner the latency objective
 of its model or tier (`slo_ms`, the tighter of the two). Otherwise it is refused at once with a 503,
 never queued to miss. A tier's `max_predicted_wait_ms` refuses a lower tier while a higher one still
-gets in. Each admitted request that was asked carries its predicted wait (one surely in time is not
-asked: `surely_in_time`); delivery reports the actual one, and the difference is kept per tier
+gets in. Each admitted request that was asked carries its predicted wait (most of those surely in time
+are not asked: `asks`); delivery reports the actual one, and the difference is kept per tier
 (`wait_error`), so an operator can tell a wrong prediction from a slow model from time spent lingering
 for a batch.
 """
@@ -109,9 +109,9 @@ class Timeliness:
         measured); this one costs a tenth of that. It holds for a model without a latency objective far
         from its deadlines (S2 at any load: 1 s of work ahead against 10 s deadlines); with an objective
         (the linger alone can take all of it) or with tiers (a higher tier's burst may join the work
-        ahead meanwhile) it never holds, and every request is asked exactly. A request it admits has no
-        predicted wait (no `predicted_queue` in its Server-Timing, no wait-error observation): there was
-        nothing to decide."""
+        ahead meanwhile) it never holds, and every request is asked exactly. A request it admits and
+        `asks` does not pick has no predicted wait (no `predicted_queue` in its Server-Timing, no
+        wait-error observation): there was nothing to decide."""
         if self._tiered:
             return False
         costliest = self.costs.costliest_batch_s()
