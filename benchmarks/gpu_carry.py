@@ -2,8 +2,9 @@
 orjson's wheel for that host's Python, and the packaged MiniLM converted to fp16 (45 MB; the fp32 file is
 87 MB, too much to carry). Then, on the GPU host, from the repository root:
 
-    pip install --no-index .gpu-carry/orjson-*.whl
-    python benchmarks/gpu_real_model.py --minilm-dir .gpu-carry/minilm-fp16 --out-dir "$OUT"
+    python3 -m pip install --no-index --target /tmp/carry-site .gpu-carry/orjson-*.whl
+    export PYTHONPATH=/tmp/carry-site     # a plain `pip install` there went to another interpreter
+    python3 benchmarks/gpu_real_model.py --minilm-dir .gpu-carry/minilm-fp16 --out-dir "$OUT"
 
 Usage here: .venv/bin/python benchmarks/gpu_carry.py [--python-version 3.12]
 """
