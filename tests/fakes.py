@@ -94,7 +94,7 @@ def recording(device: str, options: Mapping[str, Any]) -> Any:
     from inferd.backends.transformer import TextModel
 
     model = TextModel(device, options)
-    model.tokenizer = _RecordingTokenizer(model.tokenizer)
+    model.inputs.tokenizer = _RecordingTokenizer(model.inputs.tokenizer)
     return model
 
 

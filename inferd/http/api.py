@@ -42,7 +42,8 @@ from .responses import WholeResponse, dumps, error_response, json_response, open
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
-_KEYED_PATHS = ("/v1/inference", "/api/inference", "/v1/embeddings")
+_KEYED_PATHS = ("/v1/inference", "/api/inference", "/v1/embeddings", "/v1/rerank", "/rerank")
+_INFERD_ERRORS = ("/v1/inference", "/api/inference", "/v1/rerank", "/rerank")  # (the other keyed paths: OpenAI's)
 _GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 
 
@@ -72,8 +73,9 @@ class HttpApi:
                                        lifecycle=lifecycle, ids=self.ids, body=body)
         inference = InferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle, ids=self.ids,
                                  body=body, generation=generation)
-        call_routes = (inference.inference, inference.embeddings) if tracing is None else (
-            traced_route(tracing, self.ids, inference.inference), traced_route(tracing, self.ids, inference.embeddings))
+        call_routes = (inference.inference, inference.embeddings, inference.rerank, inference.tei_rerank)
+        if tracing is not None:
+            call_routes = tuple(traced_route(tracing, self.ids, route) for route in call_routes)
         self.open_inference = OpenInferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle,
                                                ids=self.ids, body=body, tracing=tracing)
         self.admin = AdminApi(rollouts=rollouts, auth=admission.auth, body=body, ids=self.ids) if rollouts else None
@@ -85,6 +87,8 @@ class HttpApi:
             "/v1/inference": ("POST", call_routes[0], True),
             "/api/inference": ("POST", call_routes[0], True),
             "/v1/embeddings": ("POST", call_routes[1], True),
+            "/v1/rerank": ("POST", call_routes[2], True),
+            "/rerank": ("POST", call_routes[3], True),
             "/healthz": ("GET", self.healthz, False),
             "/readyz": ("GET", self.readyz, False),
             "/v1/models": ("GET", self.list_models, False),
@@ -102,8 +106,8 @@ class HttpApi:
             self.routes["/v1/chat/completions"] = ("POST", chat, True)
         # A request with an Idempotency-Key goes through the replies' wrapper (only those: no frame for the rest).
         self._keyed: dict[str, Handler] = {} if idempotency_window_s <= 0 else {
-            path: keyed(self.routes[path][1], join=path not in _GENERATION_PATHS, openai=path != "/v1/inference"
-                        and path != "/api/inference") for path in (*_KEYED_PATHS, *_GENERATION_PATHS) if path in self.routes}
+            path: keyed(self.routes[path][1], join=path not in _GENERATION_PATHS, openai=path not in _INFERD_ERRORS)
+            for path in (*_KEYED_PATHS, *_GENERATION_PATHS) if path in self.routes}
         self.routes["/openapi.json"] = ("GET", self.openapi, False)
         self._model_route: Handler = self.model  # GET /v1/models/{id}: the one path with a parameter
         self._openapi = dumps(openapi_document(self.routes, __version__))

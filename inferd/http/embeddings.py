@@ -28,6 +28,10 @@ class EmbeddingsCall:
     base64: bool
     timeout_ms: int | None
 
+    @property
+    def inputs(self) -> list[Item]:
+        return self.items
+
 
 def parse_embeddings_body(body: bytes) -> EmbeddingsCall:
     data = json_object(body)

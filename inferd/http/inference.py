@@ -1,5 +1,7 @@
-"""The batch models' endpoints: `POST /v1/inference` (one input, one output) and OpenAI's
-`POST /v1/embeddings` (each item batched like a request of its own, answered in order).
+"""The batch models' endpoints: `POST /v1/inference` (one input, one output), OpenAI's
+`POST /v1/embeddings` (each item batched like a request of its own, answered in order), and the
+rerank routes, Cohere's `POST /v1/rerank` and TEI's `POST /rerank` (each (query, document) pair
+batched like a request of its own, answered best first).
 
 A handler reads the body once, identifies the caller, and runs the call the one way batch calls run
 (`batch_calls`): admission, then each input's own future, which the model resolves. A client that goes
@@ -8,20 +10,32 @@ away cancels the handler: its inputs still waiting are withdrawn and never compu
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from aiohttp import web
 
 from ..admission.admission import Admission
 from ..errors import InferdError, InvalidInput, ModelNotFound
 from ..lifecycle import Lifecycle
 from ..messages import RequestState
+from ..models.batch_model import BatchModel
 from ..models.registry import Models
 from ..observability.outcomes import Outcomes
 from .batch_calls import BatchCalls, CallStart, cache_allowed, call_start, call_timing
 from .body_reader import BodyReader
-from .embeddings import embeddings_payload, parse_embeddings_body
+from .embeddings import EmbeddingsCall, embeddings_payload, parse_embeddings_body
 from .generation import GenerationApi
 from .inference_body import encode_vector, parse_inference_body
 from .request_ids import RequestIds
+from .rerank_body import (
+    RerankCall,
+    parse_rerank_body,
+    parse_tei_rerank_body,
+    ranked,
+    rerank_payload,
+    tei_rerank_payload,
+)
 from .responses import WholeResponse, dumps, error_response
 
 _ATTACHED, _CACHED = RequestState.ATTACHED, RequestState.CACHED
@@ -85,6 +99,22 @@ class InferenceApi:
 
     async def embeddings(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
         """OpenAI's `POST /v1/embeddings`: each item batched like a request of its own, answered in order."""
+        return await self._call_of_many(request, start, parse_embeddings_body, "embedding", _embeddings_answer,
+                                        openai=True)
+
+    async def rerank(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
+        """Cohere's `POST /v1/rerank` (Jina's clients send the same): relevance scores, best first."""
+        return await self._call_of_many(request, start, parse_rerank_body, "rerank", _rerank_answer)
+
+    async def tei_rerank(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
+        """Text Embeddings Inference's `POST /rerank`: the same computation, TEI's body and answer."""
+        return await self._call_of_many(request, start, parse_tei_rerank_body, "rerank", _tei_rerank_answer)
+
+    async def _call_of_many(self, request: web.BaseRequest, start: CallStart | None, parse: Callable[[bytes], Any],
+                            kind: str, answer: Answer, *, openai: bool = False) -> web.StreamResponse:
+        """A call holding several inputs, each batched like a request of its own: `parse` reads the body
+        (its `inputs`, `model`, `timeout_ms`), the model must give outputs of `kind`, and `answer` writes
+        the payload from the outputs in the call's order."""
         headers = request.headers
         if start is None:
             start = call_start(self.ids, headers)
@@ -93,25 +123,51 @@ class InferenceApi:
         try:
             who = self.admission.identify(headers)
             tier, tenant = who.tier, who.tenant
-            call = parse_embeddings_body(await self.body.read(request))
+            call = parse(await self.body.read(request))
             name = call.model or self.models.default
             model = self.models.route(name)
             if model is None:
-                raise ModelNotFound(f"no embedding model named {name!r}; see GET /v1/models")
+                raise ModelNotFound(f"no {kind} model named {name!r}; see GET /v1/models")
             model_name, version = model.name, model.version
-            if model.ready and model.output_kind != "embedding":
-                raise InvalidInput(f"model {name} does not produce embeddings")
+            if model.ready and model.output_kind != kind:
+                raise InvalidInput(f"model {name} {_NOT_OF_KIND[kind]}")
+            _refuse_what_the_model_cannot_honour(call, model)
+            inputs = call.inputs
             cap = model.config.max_inputs_per_call
-            if len(call.items) > cap:
-                raise InvalidInput(f"`input` holds {len(call.items)} items; model {name} takes at most {cap} per call")
-            items = self.calls.admit(model, start, call.items, who, call.timeout_ms, cache_allowed(headers))
-            vectors = await self.calls.answers(model, start, items, who)
+            if len(inputs) > cap:
+                raise InvalidInput(f"the call holds {len(inputs)} inputs; model {name} takes at most {cap} per call")
+            items = self.calls.admit(model, start, inputs, who, call.timeout_ms, cache_allowed(headers))
+            outputs = await self.calls.answers(model, start, items, who)
         except InferdError as error:
             now = self.outcomes.record_error(request_id, model_name, tier, error, started, None, tenant, start.trace, version,
                                              items[0].slo_at if items else None)
-            return error_response(error, request_id, close=self.lifecycle.draining, openai=True, held_s=now - started)
+            return error_response(error, request_id, close=self.lifecycle.draining, openai=openai, held_s=now - started)
         now = self.outcomes.record(request_id, model_name, tier, 200, "", started, None, tenant, start.trace, version,
                                    items[0].slo_at)
-        payload = embeddings_payload(model_name, vectors, sum(item.tokens for item in items), call.base64)
+        payload = answer(call, outputs, model_name, request_id, sum(item.tokens for item in items))
         return WholeResponse(200, dumps(payload), (("X-Request-ID", request_id), ("X-Model-Version", model.version),
                                                    ("Server-Timing", call_timing(items, now - started))))
+
+
+# A call of several inputs answered: (the parsed call, its outputs in order, the model, the request id, tokens).
+Answer = Callable[[Any, list[Any], str, str, int], Any]
+_NOT_OF_KIND = {"embedding": "does not produce embeddings",
+                "rerank": 'is not a reranker (task = "rerank" of the text backend)'}
+
+
+def _refuse_what_the_model_cannot_honour(call: Any, model: BatchModel) -> None:
+    if isinstance(call, RerankCall) and call.truncate is False and model.config.options.get("truncate", True):
+        raise InvalidInput(f"`truncate: false` is not served by model {model.name}: it truncates every pair to its "
+                           "max_tokens (its option truncate = false refuses long pairs instead)")
+
+
+def _embeddings_answer(call: EmbeddingsCall, vectors: list[Any], model: str, request_id: str, tokens: int) -> Any:
+    return embeddings_payload(model, vectors, tokens, call.base64)
+
+
+def _rerank_answer(call: RerankCall, logits: list[float], model: str, request_id: str, tokens: int) -> Any:
+    return rerank_payload(call, ranked(call, logits), model, request_id, tokens)
+
+
+def _tei_rerank_answer(call: RerankCall, logits: list[float], model: str, request_id: str, tokens: int) -> Any:
+    return tei_rerank_payload(call, ranked(call, logits))

@@ -5,6 +5,10 @@ paths are exactly the server's routes, and schemathesis sends it generated reque
 server (tests/e2e/test_openapi.py) and checks every answer against it: no 500, no undocumented status,
 no body outside its schema. A server without a generation model serves it without the OpenAI text
 endpoints.
+
+Why one module: it is one document. Its paths share their parts (error responses, headers, fields)
+and its schemas are named from the paths; split, a reader would chase one document across files, and
+the test above checks it whole against the routes.
 """
 
 from __future__ import annotations
@@ -102,6 +106,23 @@ PATHS: dict[str, Any] = {
         "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("EmbeddingsRequest")}}},
         "responses": {"200": _json(_ref("EmbeddingsResponse"), "one embedding per item, in order"),
                       **_errors("OpenAIError", _COMPUTE_ERRORS)},
+    }},
+    "/v1/rerank": {"post": {
+        "summary": "Cohere's rerank (Jina's clients too): each (query, document) pair batched like a request, "
+                   "answered best first",
+        "parameters": _HEADERS,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("RerankRequest")}}},
+        "responses": {"200": _json(_ref("RerankResponse"), "the documents' scores, best first"),
+                      **_errors("Error", _COMPUTE_ERRORS)},
+    }},
+    "/rerank": {"post": {
+        "summary": "Text Embeddings Inference's rerank: the same computation, TEI's body and answer",
+        "parameters": _HEADERS,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("TeiRerankRequest")}}},
+        "responses": {"200": _json({"type": "array", "items": {
+            "type": "object", "required": ["index", "score"], "properties": {
+                "index": {"type": "integer", "minimum": 0}, "score": {"type": "number"}, "text": {"type": "string"}}}},
+            "the texts' scores, best first"), **_errors("Error", _COMPUTE_ERRORS)},
     }},
     "/v1/completions": {"post": {"summary": "OpenAI's text completions (generation models)", "requestBody": {
         "required": True, "content": {"application/json": {"schema": {
@@ -232,6 +253,23 @@ SCHEMAS: dict[str, Any] = {
         "data": {"type": "array", "items": {"type": "object", "required": ["object", "index", "embedding"], "properties": {
             "object": {"const": "embedding"}, "index": {"type": "integer"},
             "embedding": {"oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}]}}}}}},
+    "RerankRequest": {"type": "object", "required": ["query", "documents"], "properties": {
+        "query": {"type": "string", "minLength": 1},
+        "documents": {"type": "array", "minItems": 1, "items": {"oneOf": [
+            {"type": "string", "minLength": 1},
+            {"type": "object", "required": ["text"], "properties": {"text": {"type": "string", "minLength": 1}}}]}},
+        "top_n": _or_null({"type": "integer", "minimum": 1}), "return_documents": _or_null({"type": "boolean"}),
+        "model": _MODEL, "timeout_ms": _TIMEOUT}},
+    "RerankResponse": {"type": "object", "required": ["id", "results", "model", "usage"], "properties": {
+        "id": {"type": "string"}, "model": {"type": "string"}, "usage": {"type": "object"}, "meta": {"type": "object"},
+        "results": {"type": "array", "items": {"type": "object", "required": ["index", "relevance_score"], "properties": {
+            "index": {"type": "integer", "minimum": 0}, "relevance_score": {"type": "number"},
+            "document": {"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}}}}}}},
+    "TeiRerankRequest": {"type": "object", "required": ["query", "texts"], "properties": {
+        "query": {"type": "string", "minLength": 1},
+        "texts": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+        "raw_scores": _or_null({"type": "boolean"}), "return_text": _or_null({"type": "boolean"}),
+        "truncate": _or_null({"type": "boolean"}), "model": _MODEL, "timeout_ms": _TIMEOUT}},
     "OpenInferenceError": {"type": "object", "required": ["error"], "properties": {
         "error": {"type": "string"}, "code": {"type": "string"}, "request_id": {"type": "string"},
         "retry_after_ms": {"type": "integer", "minimum": 1}}},
