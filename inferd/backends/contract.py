@@ -14,7 +14,8 @@ instead of being silently skipped.
 | `warmup_batches() -> [batch per length bucket]` | runs each before the worker is ready, then times each bucket's at 1, 2, 4... inputs: the cost model's first figures |
 | `cost(batch_size, bucket) -> seconds or None` | the cost model's first figures instead of timing them (e.g. timed CUDA graphs) |
 | `close()` | called when the worker lets go of the backend (a version unloaded), to free what it holds |
-| `output_kind` | `"embedding"`: `/v1/embeddings` may serve the model |
+| `output_kind` | `"embedding"`: `/v1/embeddings` may serve the model; `"rerank"`: `/v1/rerank` |
+| `input_kind` | what one input is: `"text"` (the default; token ids too), `"image"` (bytes or `{"image": base64}`) or `"pair"` (a (query, document) pair); the HTTP routes refuse another kind with a 400 |
 | `compatibility` | a dict of what changes the computation besides the model and version (shown as the batch key) |
 
 Beside the factory, a backend module may define `memory_bytes(options) -> int`: one worker's need, for
@@ -38,6 +39,7 @@ class BatchBackend(Protocol):
     def __call__(self, inputs: list[Any], /) -> Sequence[Any]: ...
 
 
+INPUT_KINDS = ("text", "image", "pair")
 _HOOKS = ("prepare_batch", "prepare", "warmup", "warmup_batches", "cost", "close")
 
 
@@ -52,6 +54,7 @@ class Capabilities:
     cost: Callable[[int, int], float | None] | None = None
     close: Callable[[], None] | None = None
     output_kind: str | None = None
+    input_kind: str = "text"
     compatibility: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -69,10 +72,13 @@ class Capabilities:
         kind = getattr(backend, "output_kind", None)
         if kind is not None and not isinstance(kind, str):
             raise TypeError(f"backend {type(backend).__name__}: `output_kind` must be a string")
+        input_kind = getattr(backend, "input_kind", None) or "text"
+        if input_kind not in INPUT_KINDS:
+            raise TypeError(f"backend {type(backend).__name__}: `input_kind` must be one of {', '.join(INPUT_KINDS)}")
         compatibility = getattr(backend, "compatibility", None) or {}
         if not isinstance(compatibility, Mapping):
             raise TypeError(f"backend {type(backend).__name__}: `compatibility` must be a dict")
-        return cls(**hooks, output_kind=kind, compatibility=dict(compatibility))
+        return cls(**hooks, output_kind=kind, input_kind=input_kind, compatibility=dict(compatibility))
 
 
 def module_memory_bytes(spec: str, options: Mapping[str, Any]) -> int:

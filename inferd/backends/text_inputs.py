@@ -61,7 +61,10 @@ class TextInputs:
                     results[i] = self._prepared(encoding.ids)
         for i, item in enumerate(items):
             if results[i] is None:
-                results[i] = self._from_token_ids(item)  # type: ignore[arg-type]
+                if isinstance(item, list) and all(type(t) is int for t in item):
+                    results[i] = self._from_token_ids(item)
+                else:
+                    results[i] = ValueError("this model takes text (or token ids)")
         return results
 
     def _prepare_pairs(self, items: Sequence[Any]) -> list[Prepared | Exception]:

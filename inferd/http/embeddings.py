@@ -1,7 +1,8 @@
 """The wire format of OpenAI's `POST /v1/embeddings`: the body and the answer (errors in OpenAI's shape
 are written by `responses`).
 
-`input` is a string, an array of strings, an array of token ids, or an array of token-id arrays. Each
+`input` is a string, an array of strings, an array of token ids, or an array of token-id arrays; for an
+image model, `{"image": base64}` or an array of them (Jina's and Infinity's shape). Each
 item becomes an input of its own, batched like a single `/v1/inference` request (items of one call may
 run in different batches); the answer keeps their order. Kept apart from the handler so the rules read
 in one place, as `inference_body` does for `/v1/inference`.
@@ -14,9 +15,9 @@ from typing import Any
 
 from ..errors import InvalidInput
 from .body_reader import json_object
-from .inference_body import encode_vector, encoding_format, timeout_ms
+from .inference_body import encode_vector, encoding_format, image_item, timeout_ms
 
-Item = str | list[int]
+Item = str | list[int] | dict[str, str]
 
 
 @dataclass(slots=True)
@@ -44,7 +45,7 @@ def parse_embeddings_body(body: bytes) -> EmbeddingsCall:
 
 
 def _items(value: Any) -> list[Item]:
-    if isinstance(value, str):
+    if isinstance(value, str) or image_item(value) is not None:
         items: list[Any] = [value]
     elif _is_token_ids(value):
         items = [value]
@@ -58,8 +59,9 @@ def _items(value: Any) -> list[Item]:
         if isinstance(item, str):
             if not item:
                 raise InvalidInput(f"`input[{i}]` is an empty string")
-        elif not _is_token_ids(item):
-            raise InvalidInput(f"`input[{i}]` must be a string or a non-empty array of token ids (integers)")
+        elif not _is_token_ids(item) and image_item(item) is None:
+            raise InvalidInput(f"`input[{i}]` must be a string, a non-empty array of token ids (integers), "
+                               'or {"image": base64} for an image model')
     return items
 
 

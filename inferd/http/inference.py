@@ -26,7 +26,7 @@ from .batch_calls import BatchCalls, CallStart, cache_allowed, call_start, call_
 from .body_reader import BodyReader
 from .embeddings import EmbeddingsCall, embeddings_payload, parse_embeddings_body
 from .generation import GenerationApi
-from .inference_body import encode_vector, parse_inference_body
+from .inference_body import encode_vector, input_kind, parse_image_body, parse_inference_body
 from .request_ids import RequestIds
 from .rerank_body import (
     RerankCall,
@@ -66,14 +66,23 @@ class InferenceApi:
         try:
             who = self.admission.identify(headers)
             tier, tenant = who.tier, who.tenant
-            call = parse_inference_body(await self.body.read(request))
+            body = await self.body.read(request)
+            if headers.get("Content-Type", "")[:6] == "image/":  # (an image as the whole body)
+                call = parse_image_body(body, request.query)
+            else:
+                call = parse_inference_body(body)
             name = call.model or self.models.default
             model = self.models.route(name, call.version)
             if model is None:
                 if self.generation is not None and name in self.models.generation:
+                    if type(call.input) is not str:
+                        raise InvalidInput(f"model {name} generates from a text prompt, not an image")
                     return await self.generation.inference(request, self.models.generation[name], call, who, start)
                 raise ModelNotFound(f"no model named {name!r}; see GET /v1/models")
             model_name, version = model.name, model.version
+            if (type(call.input) is not str or model.input_kind != "text") and model.ready and \
+                    input_kind(call.input) != model.input_kind:  # (a text to a text model: two tests, no call)
+                raise InvalidInput(f"model {name} takes {model.input_kind} inputs, not {input_kind(call.input)}")
             items = self.calls.admit(model, start, (call.input,), who, call.timeout_ms, cache_allowed(headers))
             output = (await self.calls.answers(model, start, items, who))[0]
         except InferdError as error:
@@ -131,8 +140,8 @@ class InferenceApi:
             model_name, version = model.name, model.version
             if model.ready and model.output_kind != kind:
                 raise InvalidInput(f"model {name} {_NOT_OF_KIND[kind]}")
-            _refuse_what_the_model_cannot_honour(call, model)
             inputs = call.inputs
+            _refuse_what_the_model_cannot_honour(call, model, inputs)
             cap = model.config.max_inputs_per_call
             if len(inputs) > cap:
                 raise InvalidInput(f"the call holds {len(inputs)} inputs; model {name} takes at most {cap} per call")
@@ -155,7 +164,11 @@ _NOT_OF_KIND = {"embedding": "does not produce embeddings",
                 "rerank": 'is not a reranker (task = "rerank" of the text backend)'}
 
 
-def _refuse_what_the_model_cannot_honour(call: Any, model: BatchModel) -> None:
+def _refuse_what_the_model_cannot_honour(call: Any, model: BatchModel, inputs: list[Any]) -> None:
+    if isinstance(call, EmbeddingsCall) and model.ready:
+        wrong = next((input_kind(item) for item in inputs if input_kind(item) != model.input_kind), None)
+        if wrong is not None:
+            raise InvalidInput(f"model {model.name} takes {model.input_kind} inputs, not {wrong}")
     if isinstance(call, RerankCall) and call.truncate is False and model.config.options.get("truncate", True):
         raise InvalidInput(f"`truncate: false` is not served by model {model.name}: it truncates every pair to its "
                            "max_tokens (its option truncate = false refuses long pairs instead)")

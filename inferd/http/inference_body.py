@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import binascii
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ _BATCH_FIELDS = frozenset({"input", "model", "version", "timeout_ms", "encoding_
 class InferenceCall:
     """A parsed `/v1/inference` body."""
 
-    input: str
+    input: str | dict[str, str] | bytes  # a text, or for an image model {"image": base64} or the image itself
     model: str | None
     timeout_ms: int | None
     base64: bool  # `encoding_format: "base64"`: a vector output as base64 of little-endian float32
@@ -29,8 +30,8 @@ class InferenceCall:
 def parse_inference_body(body: bytes) -> InferenceCall:
     data = json_object(body)
     value = data.get("input")
-    if not isinstance(value, str):
-        raise InvalidInput("`input` is required and must be a string")
+    if not isinstance(value, str) and image_item(value) is None:
+        raise InvalidInput('`input` is required and must be a string (or {"image": base64} for an image model)')
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise InvalidInput("`model` must be a string")
@@ -42,6 +43,32 @@ def parse_inference_body(body: bytes) -> InferenceCall:
         raise InvalidInput("`version` must be a string")
     return InferenceCall(value, model, timeout_ms(data), fmt is not None and encoding_format(data) == "base64", data,
                          version)
+
+
+def image_item(value: Any) -> dict[str, str] | None:
+    """`value` if it is an image input, `{"image": "<base64 or data URL>"}` (as Jina's and Infinity's
+    APIs send one), else None. Decoded by the model, off the event loop."""
+    if type(value) is dict and len(value) == 1 and isinstance(value.get("image"), str) and value["image"]:
+        return value
+    return None
+
+
+def input_kind(value: Any) -> str:
+    """What kind of input a parsed item is: "image" or "text" (token ids are text)."""
+    if type(value) is str:
+        return "text"
+    return "image" if type(value) is bytes or image_item(value) is not None else "text"
+
+
+def parse_image_body(body: bytes, query: Mapping[str, str]) -> InferenceCall:
+    """A `/v1/inference` body that is an image itself (`Content-Type: image/...`); the model, version and
+    timeout come in the query string (`?model=vit&timeout_ms=500`)."""
+    if not body:
+        raise InvalidInput("the body is empty: an image/* body must hold the image")
+    timeout = query.get("timeout_ms")
+    if timeout is not None and (not timeout.isdigit() or int(timeout) <= 0):
+        raise InvalidInput("`timeout_ms` must be a positive integer")
+    return InferenceCall(body, query.get("model"), int(timeout) if timeout else None, False, {}, query.get("version"))
 
 
 def timeout_ms(data: dict[str, Any]) -> int | None:

@@ -71,6 +71,8 @@ _HEADERS = [
 _INFERENCE = {
     "post": {
         "summary": "One input, one output: batched with other requests (or, for a generation model, generated)",
+        "description": "An image model also takes the image itself as the body (Content-Type: image/..., the "
+                       "model in the query: ?model=NAME&timeout_ms=N)",
         "parameters": _HEADERS,
         "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("InferenceRequest")}}},
         "responses": {
@@ -232,7 +234,7 @@ SCHEMAS: dict[str, Any] = {
             "code": {"type": "string"}, "retry_after_ms": {"type": "integer"}}},
         "request_id": {"type": "string"}}},
     "InferenceRequest": {"type": "object", "required": ["input"], "properties": {
-        "input": {"type": "string"}, "model": _MODEL, "timeout_ms": _TIMEOUT,
+        "input": {"oneOf": [{"type": "string"}, _ref("ImageInput")]}, "model": _MODEL, "timeout_ms": _TIMEOUT,
         "version": _or_null({"type": "string", "description": "a pinned version (or model@version); default: the split"}),
         "encoding_format": _or_null({"enum": ["float", "base64"]}), **_GENERATION_FIELDS}},
     "InferenceResponse": {"type": "object", "required": ["output", "request_id", "model", "latency_ms"], "properties": {
@@ -245,7 +247,8 @@ SCHEMAS: dict[str, Any] = {
             {"type": "string", "minLength": 1},
             {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
             {"type": "array", "minItems": 1, "items": {"type": "integer"}},
-            {"type": "array", "minItems": 1, "items": {"type": "array", "minItems": 1, "items": {"type": "integer"}}}]},
+            {"type": "array", "minItems": 1, "items": {"type": "array", "minItems": 1, "items": {"type": "integer"}}},
+            _ref("ImageInput"), {"type": "array", "minItems": 1, "items": _ref("ImageInput")}]},
         "model": _MODEL, "timeout_ms": _TIMEOUT, "encoding_format": {"enum": ["float", "base64"]},
         "user": {"type": "string"}}},
     "EmbeddingsResponse": {"type": "object", "required": ["object", "data", "model", "usage"], "properties": {
@@ -253,6 +256,8 @@ SCHEMAS: dict[str, Any] = {
         "data": {"type": "array", "items": {"type": "object", "required": ["object", "index", "embedding"], "properties": {
             "object": {"const": "embedding"}, "index": {"type": "integer"},
             "embedding": {"oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}]}}}}}},
+    "ImageInput": {"type": "object", "required": ["image"], "additionalProperties": False, "properties": {
+        "image": {"type": "string", "minLength": 1, "description": "an image model's input: base64, or a data URL"}}},
     "RerankRequest": {"type": "object", "required": ["query", "documents"], "properties": {
         "query": {"type": "string", "minLength": 1},
         "documents": {"type": "array", "minItems": 1, "items": {"oneOf": [

@@ -100,6 +100,7 @@ class BatchModel:
         self.prepare_one: Any = None  # the backend's `prepare(text) -> (input, bucket)`, run on the loop
         self.preprocessor: Preprocessor | None = None  # runs the backend's `prepare_batch` off the loop
         self.output_kind: str | None = None  # the backend's `output_kind` ("embedding": /v1/embeddings)
+        self.input_kind = "text"  # the backend's `input_kind`: text, image or pair
         self.stats = self.delivery.stats  # what its batches have been (delivery writes, reports read)
         self._batcher_task: asyncio.Task | None = None
         self._stop_reason: InferdError | None = None
@@ -283,7 +284,9 @@ class BatchModel:
                     request.state = RequestState.REJECTED
                     self.fail(request, error)
 
-    def _unreadable(self, exc: BaseException) -> InvalidInput:
+    def _unreadable(self, exc: BaseException) -> InferdError:
+        if isinstance(exc, InferdError):  # (a backend's own answer, e.g. 413 for an image over its limits)
+            return exc
         return InvalidInput(f"model {self.name} cannot take this input: {errors.describe(exc)}")
 
     def abandon(self, request: PendingRequest) -> None:
@@ -342,6 +345,7 @@ class BatchModel:
             else:
                 self.prepare_one = offers.prepare
             self.output_kind = offers.output_kind
+            self.input_kind = offers.input_kind
 
     # ---- what it knows about itself --------------------------------------------------------------
 

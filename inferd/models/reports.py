@@ -39,6 +39,7 @@ class BatchModel(Protocol):
     preprocessor: Preprocessor | None
     prepare_one: Any
     output_kind: str | None
+    input_kind: str
 
     @property
     def ready(self) -> bool: ...
@@ -82,8 +83,7 @@ def describe(model: BatchModel) -> dict[str, Any]:
         "breaker": model.breaker.state.value, "workers_replaced": pool.replacements,
         "worker_build_failures": pool.build_failures, "batch_timeout_ms": round(pool.latencies.limit_s * 1000, 1),
         "output_kind": model.output_kind,
-        # What one input is: a text (token ids too), or a (query, document) pair for a reranker.
-        "inputs": "pair" if model.output_kind == "rerank" else "text", "warmup": {w.name: w.warmup_report for w in pool.workers if w.ready},
+        "inputs": model.input_kind, "warmup": {w.name: w.warmup_report for w in pool.workers if w.ready},
         "cache": None if cache is None else {
             "max_bytes": c.cache_bytes, "ttl_s": c.cache_ttl_s, "scope": c.cache_scope, "bytes": cache.bytes,
             "entries": cache.entries, "hits": cache.hits, "misses": cache.misses, "evictions": cache.evictions,

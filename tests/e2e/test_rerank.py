@@ -143,7 +143,7 @@ async def test_bad_rerank_calls_get_clear_errors(http, cross_encoder):
         status, answer = await post(http, srv.url, "/v1/rerank", {"model": "nope", "query": QUERY, "documents": ["a"]})
         assert status == 404 and answer["error"] == "MODEL_NOT_FOUND"
         status, answer, _ = await infer(http, srv.url, {"model": "rr", "input": "a lone text"})
-        assert status == 400 and "(query, document) pairs" in answer["message"]
+        assert status == 400 and "takes pair inputs, not text" in answer["message"]
 
 
 async def test_rate_limits_count_every_pair(http, cross_encoder):

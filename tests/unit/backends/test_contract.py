@@ -47,6 +47,7 @@ def test_a_class_offers_its_hooks_bound_and_its_kind():
     ("warmup", 3, "`warmup` must be a method"),
     ("output_kind", 1, "`output_kind` must be a string"),
     ("compatibility", ["dtype"], "`compatibility` must be a dict"),
+    ("input_kind", "video", "`input_kind` must be one of text, image, pair"),
 ])
 def test_a_hook_that_breaks_the_contract_is_refused_by_name(attribute, value, named):
     backend = Tokenised()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from inferd.errors import InvalidInput
-from inferd.http.inference_body import encode_vector, parse_inference_body
+from inferd.http.inference_body import encode_vector, input_kind, parse_image_body, parse_inference_body
 from inferd.http.request_ids import RequestIds
 
 
@@ -42,3 +42,18 @@ def test_vectors_as_float32_arrays_or_base64_and_other_outputs_as_they_are():
     assert encode_vector(vector, base64=False) is vector
     assert np.frombuffer(base64.b64decode(encode_vector(vector, base64=True)), "<f4").tolist() == [0.5, -1.25]
     assert encode_vector({"label": "x"}, base64=True) == {"label": "x"}
+
+
+def test_an_image_input_comes_as_an_object_or_as_the_whole_body():
+    call = parse_inference_body(b'{"input": {"image": "aGk="}, "model": "vit"}')
+    assert call.input == {"image": "aGk="} and input_kind(call.input) == "image"
+    assert input_kind("text") == "text" and input_kind([1, 2]) == "text" and input_kind(b"\x89PNG") == "image"
+    for bad in (b'{"input": {"image": ""}}', b'{"input": {"image": "aGk=", "more": 1}}', b'{"input": {"img": "x"}}'):
+        with pytest.raises(InvalidInput, match="image"):
+            parse_inference_body(bad)
+    raw = parse_image_body(b"\x89PNG...", {"model": "vit", "timeout_ms": "250", "version": "2"})
+    assert (raw.input, raw.model, raw.timeout_ms, raw.version) == (b"\x89PNG...", "vit", 250, "2")
+    with pytest.raises(InvalidInput, match="timeout_ms"):
+        parse_image_body(b"x", {"timeout_ms": "-1"})
+    with pytest.raises(InvalidInput, match="empty"):
+        parse_image_body(b"", {})

@@ -1,0 +1,233 @@
+"""A Hugging Face image model on PyTorch, one copy per worker, on that worker's device: an image
+encoder (`embedding`: the pooled output, else the [CLS] token, L2-normalised; ViT, CLIP's vision
+tower, DINOv2...) or an image classifier (`classification`: `{"label", "score"}`).
+
+Images come as bytes, or as `{"image": base64}` (a data URL or plain base64), and are decoded and
+resized on the model's preprocessing thread, never on the event loop, in the micro-batches the
+preprocessor gathers (Pillow releases the GIL while it decodes). Before any pixel is decoded, the
+header is checked: the format must be one of `formats`, the image at most `max_image_bytes` (413) and
+`max_pixels` (413: a decompression bomb is refused before it expands), and not empty (400). A
+truncated or corrupt file is a 400 for that input alone.
+
+Compatibility of shapes: `image_sizes` are the buckets of images, as token counts are the buckets of
+text. An image goes to the smallest size that holds its longer side (the largest when none does) and is
+resized to that square (bilinear, as ViT's own processor resizes), rescaled and normalised with the
+model folder's `preprocessor_config.json` (mean, std). A batch holds one size only, so nothing is padded
+and no image is blown up past the next size; the cost of a size bucket is the upscaling of an image to
+its bucket's edge (at most to the next size up) against the batches split by size. The model runs at
+every size with its position embeddings interpolated (`interpolate_pos_encoding`); sizes must be
+multiples of its patch size.
+
+Options: `model_path` (required), `task`, `dtype` (float32, bfloat16, float16), `image_sizes` (default:
+the model's own `image_size`), `max_image_bytes` (default 20 MiB), `max_pixels` (default 40 million),
+`formats` (default JPEG, PNG, WEBP, GIF, BMP), `torch_threads`. Eager on every device (no CUDA graphs).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import PayloadTooLarge
+from . import Prepared, backend_factory
+from .transformer import resolve_device
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_TASKS = ("embedding", "classification")
+_OPTIONS = {"model_path", "task", "dtype", "image_sizes", "max_image_bytes", "max_pixels", "formats", "torch_threads"}
+_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
+
+
+def check_options(options: Mapping[str, Any]) -> None:
+    """What the backend refuses, found before anything is built."""
+    unknown = set(options) - _OPTIONS
+    if unknown:
+        raise ValueError(f"inferd.backends.vision: unknown options {sorted(unknown)}; known: {sorted(_OPTIONS)}")
+    if options.get("task", "embedding") not in _TASKS:
+        raise ValueError(f"task must be one of {', '.join(_TASKS)}, not {options['task']!r}")
+    if options.get("dtype", "float32") not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, not {options['dtype']!r}")
+    path = options.get("model_path")
+    if path is None or not Path(path).is_dir():
+        raise ValueError(f"model_path {path!r} not found: a local image model folder (config.json, weights, "
+                         "preprocessor_config.json)")
+    sizes = options.get("image_sizes")
+    if sizes is not None and (not sizes or any(type(s) is not int or s <= 0 for s in sizes)):
+        raise ValueError("image_sizes must be a list of positive integers (square edges in pixels)")
+
+
+def memory_bytes(options: Mapping[str, Any]) -> int:
+    """One worker's need: its weights as stored (halved for a half-precision dtype), plus a fifth."""
+    stored = sum(f.stat().st_size for f in Path(options["model_path"]).rglob("*")
+                 if f.suffix in (".safetensors", ".bin", ".pt"))
+    if options.get("dtype") in ("float16", "bfloat16"):
+        stored //= 2
+    return stored * 6 // 5
+
+
+class ImageModel:
+    """One worker's image model: `prepare_batch` on the way in (decode, check, resize, normalise), then
+    the batch function (pixel arrays of one size in, one output per image)."""
+
+    input_kind = "image"
+
+    def __init__(self, device: str, options: Mapping[str, Any]) -> None:
+        check_options(options)
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from PIL import Image
+        from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
+
+        self._image = Image
+        # Pillow warns past its own pixel limit as it opens a header; `max_pixels` is checked right after.
+        warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+        self.task = options.get("task", "embedding")
+        self.output_kind = self.task
+        if "torch_threads" in options:
+            torch.set_num_threads(int(options["torch_threads"]))
+        path = Path(options["model_path"])
+        self.device = resolve_device(device)
+        self.dtype = _DTYPES[options.get("dtype", "float32")]
+        config = AutoConfig.from_pretrained(path)
+        vision = getattr(config, "vision_config", config)  # (CLIP's whole config holds its vision tower's)
+        self.native_size = int(vision.image_size)
+        patch = int(getattr(vision, "patch_size", 1))
+        self.image_sizes = tuple(sorted(set(options.get("image_sizes") or [self.native_size])))
+        if any(size % patch for size in self.image_sizes):
+            raise ValueError(f"image_sizes {list(self.image_sizes)} must be multiples of the model's patch size {patch}")
+        self.patches = {size: (size // patch) ** 2 for size in self.image_sizes}
+        self.max_image_bytes = int(options.get("max_image_bytes", 20 << 20))
+        self.max_pixels = int(options.get("max_pixels", 40_000_000))
+        self.formats = tuple(f.upper() for f in options.get("formats", _FORMATS))
+        processing = _preprocessing(path)
+        self.rescale = processing["rescale_factor"]
+        self.mean = np.array(processing["image_mean"], dtype=np.float32).reshape(3, 1, 1)
+        self.std = np.array(processing["image_std"], dtype=np.float32).reshape(3, 1, 1)
+        if self.task == "embedding":
+            model = AutoModel.from_pretrained(path, dtype=self.dtype)
+            model = getattr(model, "vision_model", model)  # (a whole CLIP: its vision tower)
+        else:
+            model, loading = AutoModelForImageClassification.from_pretrained(path, dtype=self.dtype,
+                                                                            output_loading_info=True)
+            if loading["missing_keys"]:  # transformers would fill the head with random weights, and serve them
+                raise ValueError(f"{path} has no trained classification head; task = classification needs one")
+        self.model = model.to(self.device).eval()
+        self.labels = getattr(self.model.config, "id2label", None) or {}
+        self.compatibility = {"task": self.task, "dtype": options.get("dtype", "float32"), "device": str(self.device),
+                              "image_sizes": list(self.image_sizes), "resize": "bilinear, to the bucket's square",
+                              "mean": processing["image_mean"], "std": processing["image_std"]}
+        self.calls = 0
+
+    # ---- on the way in (the preprocessing thread) ------------------------------------------------
+
+    def prepare_batch(self, items: Sequence[Any]) -> list[Prepared | Exception]:
+        """Each image decoded, checked, resized to its size bucket and normalised (a (3, s, s) float32
+        array), or the Exception that answers that input alone."""
+        results: list[Prepared | Exception] = []
+        for item in items:
+            try:
+                results.append(self._prepared(self._bytes(item)))
+            except (ValueError, PayloadTooLarge) as exc:
+                results.append(exc)
+            except Exception as exc:  # noqa: BLE001 - whatever a decoder raises, this input alone is at fault
+                results.append(ValueError(f"image cannot be read ({type(exc).__name__}: {exc})"))
+        return results
+
+    def _bytes(self, item: Any) -> bytes:
+        if isinstance(item, (bytes, bytearray, memoryview)):
+            data = bytes(item)
+        elif isinstance(item, Mapping) and isinstance(item.get("image"), str):
+            text = item["image"]
+            if text.startswith("data:"):
+                header, _, text = text.partition(",")
+                if not header.endswith(";base64"):
+                    raise ValueError("an image data URL must be base64 (data:image/...;base64,...)")
+            if len(text) > (self.max_image_bytes + 2) // 3 * 4 + 4:
+                raise PayloadTooLarge(f"image is over this model's max_image_bytes ({self.max_image_bytes})")
+            try:
+                data = base64.b64decode(text, validate=True)
+            except (binascii.Error, ValueError):
+                raise ValueError("`image` is not valid base64") from None
+        else:
+            raise ValueError('this model takes images: {"image": "<base64 or data URL>"}')
+        if len(data) > self.max_image_bytes:
+            raise PayloadTooLarge(f"image is {len(data)} bytes; this model takes at most {self.max_image_bytes} (max_image_bytes)")
+        return data
+
+    def _prepared(self, data: bytes) -> Prepared:
+        Image = self._image
+        try:
+            image = Image.open(io.BytesIO(data), formats=self.formats)  # reads the header only
+        except Image.UnidentifiedImageError:
+            raise ValueError(f"not an image in an allowed format ({', '.join(self.formats)})") from None
+        except Image.DecompressionBombError:
+            raise PayloadTooLarge(f"image is over this model's max_pixels ({self.max_pixels})") from None
+        except (OSError, SyntaxError, ValueError) as exc:  # a header cut short or corrupt
+            raise ValueError(f"image data is truncated or corrupt ({exc})") from None
+        width, height = image.size
+        if width == 0 or height == 0:
+            raise ValueError(f"image is {width}x{height}: empty")
+        if width * height > self.max_pixels:
+            raise PayloadTooLarge(f"image is {width}x{height} = {width * height} pixels; this model takes at most "
+                                  f"{self.max_pixels} (max_pixels)")
+        longest = max(width, height)
+        bucket = next((i for i, size in enumerate(self.image_sizes) if size >= longest), len(self.image_sizes) - 1)
+        size = self.image_sizes[bucket]
+        try:
+            rgb = image.convert("RGB")  # decodes
+        except (OSError, SyntaxError, ValueError) as exc:  # truncated or corrupt data
+            raise ValueError(f"image data is truncated or corrupt ({exc})") from None
+        if rgb.size != (size, size):
+            rgb = rgb.resize((size, size), Image.Resampling.BILINEAR)
+        pixels = np.asarray(rgb, dtype=np.float32).transpose(2, 0, 1) * self.rescale
+        return Prepared((pixels - self.mean) / self.std, bucket, self.patches[size])
+
+    # ---- warm-up (the worker thread, before the model is ready) ----------------------------------
+
+    def warmup_batches(self) -> list[list[np.ndarray]]:
+        """One batch per size bucket."""
+        return [[np.zeros((3, size, size), dtype=np.float32)] * 2 for size in self.image_sizes]
+
+    # ---- the batch function (the worker thread) --------------------------------------------------
+
+    @torch.inference_mode()
+    def __call__(self, batch: list[np.ndarray]) -> list[Any]:
+        self.calls += 1
+        pixels = torch.from_numpy(np.stack(batch)).to(self.device, self.dtype)
+        resized = pixels.shape[-1] != self.native_size
+        out = self.model(pixel_values=pixels, interpolate_pos_encoding=resized)
+        if self.task == "classification":
+            probabilities = torch.softmax(out.logits.float(), dim=-1).cpu().numpy()
+            best = probabilities.argmax(axis=1)
+            return [{"label": self.labels.get(int(i), str(int(i))), "score": float(probabilities[row, i])}
+                    for row, i in enumerate(best)]
+        pooled = getattr(out, "pooler_output", None)
+        if pooled is None:
+            pooled = out.last_hidden_state[:, 0]
+        return list(torch.nn.functional.normalize(pooled.float(), p=2, dim=1).cpu().numpy())
+
+
+def _preprocessing(path: Path) -> dict[str, Any]:
+    """The rescale factor, mean and std of the model folder's preprocessor_config.json (ImageNet's 0.5
+    defaults, as ViT's processor has them, where it says nothing)."""
+    file = path / "preprocessor_config.json"
+    saved = json.loads(file.read_text()) if file.exists() else {}
+    return {
+        "rescale_factor": float(saved.get("rescale_factor", 1 / 255)) if saved.get("do_rescale", True) else 1.0,
+        "image_mean": list(saved.get("image_mean", (0.5, 0.5, 0.5))) if saved.get("do_normalize", True) else [0.0] * 3,
+        "image_std": list(saved.get("image_std", (0.5, 0.5, 0.5))) if saved.get("do_normalize", True) else [1.0] * 3,
+    }
+
+
+@backend_factory
+def create(device: str, options: Mapping[str, Any]) -> ImageModel:
+    return ImageModel(device, options)

@@ -1,0 +1,129 @@
+"""The image backend through the real server: a random-weight ViT made on the spot, images of mixed
+native sizes sent as base64 (plain and data URL) to /v1/embeddings and /v1/inference, each answer
+checked against transformers' own image processor and model called directly; hostile images refused
+alone, with the rest served."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+PIL = pytest.importorskip("PIL")
+
+from PIL import Image  # noqa: E402
+
+from inferd.config import ModelConfig  # noqa: E402
+
+from ..helpers import infer, running_server, sim_model  # noqa: E402
+
+SIZES = [16, 32, 48]  # the size buckets (multiples of the patch, 8)
+
+
+@pytest.fixture(scope="module")
+def vit(tmp_path_factory) -> str:
+    from transformers import ViTConfig, ViTImageProcessorPil, ViTModel
+
+    path = tmp_path_factory.mktemp("vit")
+    torch.manual_seed(0)
+    ViTModel(ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                       intermediate_size=64)).save_pretrained(path)
+    ViTImageProcessorPil(size={"height": 32, "width": 32}, image_mean=[0.48, 0.45, 0.40],
+                         image_std=[0.27, 0.26, 0.28]).save_pretrained(path)
+    return str(path)
+
+
+def image(width: int, height: int, seed: int, fmt: str = "PNG") -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format=fmt)
+    return out.getvalue()
+
+
+def b64(data: bytes, url: bool = False) -> str:
+    text = base64.b64encode(data).decode()
+    return f"data:image/png;base64,{text}" if url else text
+
+
+def expected(path: str, data: bytes) -> np.ndarray:
+    """transformers' processor (resized to the bucket an image of this size goes to) and model, directly."""
+    from transformers import ViTImageProcessorPil, ViTModel
+
+    img = Image.open(io.BytesIO(data)).convert("RGB")
+    size = next((s for s in SIZES if s >= max(img.size)), SIZES[-1])
+    processor = ViTImageProcessorPil.from_pretrained(path)
+    pixels = processor(images=img, size={"height": size, "width": size}, return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        pooled = ViTModel.from_pretrained(path).eval()(pixel_values=pixels, interpolate_pos_encoding=True).pooler_output
+    return torch.nn.functional.normalize(pooled, dim=1)[0].numpy()
+
+
+def vision(path: str, **options) -> ModelConfig:
+    return ModelConfig(name="vit", backend="inferd.backends.vision:create", max_batch_size=4, max_wait_ms=20,
+                       options={"model_path": path, "image_sizes": SIZES, **options})
+
+
+async def embeddings(http, url: str, body):
+    async with http.post(f"{url}/v1/embeddings", json=body) as resp:
+        return resp.status, await resp.json()
+
+
+async def test_images_of_mixed_sizes_are_embedded_as_the_model_called_directly(http, vit):
+    images = [image(w, h, seed, fmt) for seed, (w, h, fmt) in enumerate(
+        [(12, 12, "PNG"), (16, 10, "JPEG"), (30, 31, "PNG"), (32, 32, "WEBP"), (40, 47, "PNG"), (90, 60, "JPEG"),
+         (8, 8, "GIF"), (48, 20, "BMP")])]
+    async with running_server(vision(vit)) as srv:
+        one_call = embeddings(http, srv.url, {"model": "vit", "input": [{"image": b64(d, url=i % 2 == 0)}
+                                                                         for i, d in enumerate(images)]})
+        singles = [infer(http, srv.url, {"model": "vit", "input": {"image": b64(d)}}) for d in images]
+        raw = [infer(http, srv.url, d, params={"model": "vit"}, headers={"Content-Type": "image/png"}) for d in images]
+        (status, body), *answers = await asyncio.gather(one_call, *singles, *raw)
+        answers, raw_answers = answers[:len(images)], answers[len(images):]
+        served = srv.models["vit"]
+        async with http.get(f"{srv.url}/v1/models/vit") as resp:
+            described = await resp.json()
+    assert status == 200, body
+    for data, item, (single_status, single, _), (raw_status, raw_body, _) in zip(
+            images, body["data"], answers, raw_answers, strict=True):
+        want = expected(vit, data)
+        assert np.max(np.abs(np.array(item["embedding"], dtype=np.float32) - want)) < 1e-4
+        assert single_status == 200 and np.max(np.abs(np.array(single["output"], dtype=np.float32) - want)) < 1e-4
+        assert raw_status == 200 and np.max(np.abs(np.array(raw_body["output"], dtype=np.float32) - want)) < 1e-4
+    assert served.stats.requests_computed + served.shared.collapsed == 3 * len(images)
+    assert max(served.stats.batch_sizes) > 1  # batched
+    assert described["inputs"] == "image" and described["batch_key"]["image_sizes"] == SIZES
+
+
+async def test_hostile_images_are_refused_alone_and_the_rest_served(http, vit):
+    good = image(20, 20, 1)
+    bomb = io.BytesIO()
+    Image.new("1", (12_000, 12_000)).save(bomb, format="PNG")  # 144 million pixels in a few kB
+    truncated = image(40, 40, 2, "JPEG")[:200]
+    cases = {
+        "bomb": ({"image": b64(bomb.getvalue())}, 413, "max_pixels"),
+        "truncated": ({"image": b64(truncated)}, 400, "truncated or corrupt"),
+        "unknown format": ({"image": b64(b"%PDF-1.4 not an image at all")}, 400, "allowed format"),
+        "not base64": ({"image": "***"}, 400, "base64"),
+        "over the byte limit": ({"image": b64(image(120, 120, 3))}, 413, "max_image_bytes"),
+        "text to an image model": ("a sentence", 400, "takes image inputs"),
+        "format not allowed": ({"image": b64(image(10, 10, 4, "BMP"))}, 400, "allowed format"),
+    }
+    config = vision(vit, max_image_bytes=len(image(120, 120, 3)) - 1, max_pixels=40_000_000,
+                    formats=["PNG", "JPEG", "WEBP"])
+    async with running_server(config, sim_model("m")) as srv:
+        answers = await asyncio.gather(*(infer(http, srv.url, {"model": "vit", "input": value})
+                                         for value, _, _ in cases.values()),
+                                       *(infer(http, srv.url, {"model": "vit", "input": {"image": b64(good)}})
+                                         for _ in range(3)))
+        status, body, _ = await infer(http, srv.url, {"model": "m", "input": {"image": b64(good)}})
+        assert status == 400 and "takes text inputs, not image" in body["message"]
+    for (name, (_, code, words)), (status, body, _) in zip(cases.items(), answers):
+        assert status == code and words in body["message"], (name, status, body)
+    want = expected(vit, good)
+    for status, body, _ in answers[len(cases):]:
+        assert status == 200 and np.max(np.abs(np.array(body["output"], dtype=np.float32) - want)) < 1e-4
