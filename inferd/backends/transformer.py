@@ -74,9 +74,13 @@ def check_options(options: Mapping[str, Any]) -> None:
 def memory_bytes(options: Mapping[str, Any]) -> int:
     """One worker's need, for the memory check before a load: its weights as stored, plus a fifth for
     activations and the allocator (a half-precision `dtype` from full-precision files halves the weights)."""
-    path = Path(options.get("model_path") or default_model_path())
-    stored = sum(f.stat().st_size for f in path.rglob("*") if f.suffix in (".safetensors", ".bin", ".pt"))
-    if options.get("dtype") in ("float16", "bfloat16"):
+    return weights_need(Path(options.get("model_path") or default_model_path()), options.get("dtype"))
+
+
+def weights_need(folder: Path, dtype: str | None) -> int:
+    """A model folder's weights as stored (halved for a half-precision `dtype`), plus a fifth."""
+    stored = sum(f.stat().st_size for f in folder.rglob("*") if f.suffix in (".safetensors", ".bin", ".pt"))
+    if dtype in ("float16", "bfloat16"):
         stored //= 2
     return stored * 6 // 5
 

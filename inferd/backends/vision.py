@@ -40,7 +40,7 @@ import torch
 
 from ..errors import PayloadTooLarge
 from . import Prepared, backend_factory
-from .transformer import resolve_device
+from .transformer import resolve_device, weights_need
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TASKS = ("embedding", "classification")
@@ -68,11 +68,7 @@ def check_options(options: Mapping[str, Any]) -> None:
 
 def memory_bytes(options: Mapping[str, Any]) -> int:
     """One worker's need: its weights as stored (halved for a half-precision dtype), plus a fifth."""
-    stored = sum(f.stat().st_size for f in Path(options["model_path"]).rglob("*")
-                 if f.suffix in (".safetensors", ".bin", ".pt"))
-    if options.get("dtype") in ("float16", "bfloat16"):
-        stored //= 2
-    return stored * 6 // 5
+    return weights_need(Path(options["model_path"]), options.get("dtype"))
 
 
 class ImageModel:
