@@ -29,7 +29,7 @@ from ..observability.outcomes import Outcomes
 from ..observability.tracing import Tracing
 from .batch_calls import BatchCalls, CallStart, cache_allowed, call_timing, traced
 from .body_reader import BodyReader, json_object
-from .open_inference_wire import HEADER_LENGTH, INPUT, OUTPUT, infer_response, parse_infer
+from .open_inference_wire import HEADER_LENGTH, IMAGE_INPUT, INPUT, OUTPUT, infer_response, parse_infer
 from .request_ids import RequestIds
 from .responses import WholeResponse, dumps, error_response
 
@@ -105,7 +105,7 @@ class OpenInferenceApi:
         embedding = model.output_kind == "embedding"
         versions = list(self.models.served[model.name].versions) if model.name in self.models.served else [model.version]
         return {"name": model.name, "versions": versions, "platform": "inferd",
-                "inputs": [{"name": INPUT, "datatype": "BYTES", "shape": [-1]}],
+                "inputs": [{"name": _input_name(model), "datatype": "BYTES", "shape": [-1]}],
                 "outputs": [{"name": OUTPUT, "datatype": "FP32" if embedding else "BYTES",
                              "shape": [-1, -1] if embedding else [-1]}]}
 
@@ -130,11 +130,11 @@ class OpenInferenceApi:
         try:
             who = self.admission.identify(headers)
             tier, tenant = who.tier, who.tenant
-            call = parse_infer(await self.body.read(request), headers.get(HEADER_LENGTH))
+            call = parse_infer(await self.body.read(request), headers.get(HEADER_LENGTH), model.input_kind == "image")
             cap = model.config.max_inputs_per_call
-            if len(call.texts) > cap:
-                raise InvalidInput(f"`{INPUT}` holds {len(call.texts)} elements; model {model.name} takes at most {cap}")
-            items = self.calls.admit(model, start, call.texts, who, call.timeout_ms, cache_allowed(headers))
+            if len(call.inputs) > cap:
+                raise InvalidInput(f"the input holds {len(call.inputs)} elements; model {model.name} takes at most {cap}")
+            items = self.calls.admit(model, start, call.inputs, who, call.timeout_ms, cache_allowed(headers))
             outputs = await self.calls.answers(model, start, items, who)
         except InferdError as error:
             now = self.outcomes.record_error(request_id, model.name, tier, error, started, None, tenant, start.trace, version,
@@ -149,6 +149,10 @@ class OpenInferenceApi:
         return WholeResponse(200, body, (*headers, (HEADER_LENGTH, str(header_length))), content_type=b"application/octet-stream")
 
 
+def _input_name(model: BatchModel) -> str:
+    return IMAGE_INPUT if model.input_kind == "image" else INPUT
+
+
 def _triton_config(model: BatchModel) -> dict[str, Any]:
     """A model's settings in the shape of Triton's model configuration, as far as they mean the same."""
     config = model.config
@@ -156,7 +160,7 @@ def _triton_config(model: BatchModel) -> dict[str, Any]:
     return {"name": model.name, "platform": "inferd", "backend": config.backend, "version_policy": {"specific": {
             "versions": [int(model.version)] if model.version.isdigit() else []}},
             "max_batch_size": config.max_batch_size,
-            "input": [{"name": INPUT, "data_type": "TYPE_STRING", "dims": [1]}],
+            "input": [{"name": _input_name(model), "data_type": "TYPE_STRING", "dims": [1]}],
             "output": [{"name": OUTPUT, "data_type": "TYPE_FP32" if embedding else "TYPE_STRING", "dims": [-1 if embedding else 1]}],
             "dynamic_batching": {"max_queue_delay_microseconds": int(config.max_wait_ms * 1000),
                                  "default_queue_policy": {"default_timeout_microseconds": config.timeout_ms * 1000}},

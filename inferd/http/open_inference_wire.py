@@ -1,8 +1,10 @@
 """The wire format of the Open Inference Protocol (KServe v2, as Triton speaks it) for batch models:
 the infer request and response, with the binary tensor data extension tritonclient uses by default.
 
-A request carries one input tensor, `text`, of datatype BYTES and any shape (usually [N] or [N, 1]);
-its N elements become N inputs, each batched like a request of its own. The answer's one output tensor,
+A request carries one input tensor, `text` (`image` for an image model), of datatype BYTES and any
+shape (usually [N] or [N, 1]); its N elements become N inputs, each batched like a request of its own.
+An image model's elements stay bytes (the encoded images, best sent with the binary extension); one
+given as a JSON string is taken as base64. The answer's one output tensor,
 `output`, is FP32 of shape [N, D] for an embedding model and BYTES of shape [N] otherwise (a structured
 output, such as a label and score, as its JSON text). With the binary extension
 (`Inference-Header-Content-Length`), tensors travel after the JSON header as raw bytes: BYTES elements
@@ -23,7 +25,7 @@ from ..errors import InvalidInput
 from .body_reader import json_object
 from .responses import dumps
 
-INPUT, OUTPUT = "text", "output"
+INPUT, IMAGE_INPUT, OUTPUT = "text", "image", "output"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
@@ -32,12 +34,14 @@ class InferCall:
     """A parsed infer request."""
 
     id: str | None
-    texts: list[str]
+    inputs: list[Any]  # texts; for an image model, the images' bytes (or {"image": base64})
     timeout_ms: int | None  # from the `timeout` parameter (microseconds, as Triton's)
     binary_output: bool
 
 
-def parse_infer(body: bytes, header_length: str | None) -> InferCall:
+def parse_infer(body: bytes, header_length: str | None, images: bool = False) -> InferCall:
+    """The infer request; `images`: the model takes images (the input tensor is `image`, its elements
+    the images)."""
     head, blob = _split(body, header_length)
     data = json_object(head)
     call_id = data.get("id")
@@ -46,8 +50,15 @@ def parse_infer(body: bytes, header_length: str | None) -> InferCall:
     parameters = _table(data.get("parameters"), "parameters")
     inputs = data.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
-        raise InvalidInput(f"`inputs` must hold exactly one tensor, `{INPUT}`")
-    texts = _texts(inputs[0], blob)
+        raise InvalidInput(f"`inputs` must hold exactly one tensor, `{IMAGE_INPUT if images else INPUT}`")
+    elements = _elements(inputs[0], blob, IMAGE_INPUT if images else INPUT)
+    if images:
+        values: list[Any] = [e if isinstance(e, bytes) else {"image": e} for e in elements]
+    else:
+        try:
+            values = [e if isinstance(e, str) else e.decode() for e in elements]
+        except UnicodeDecodeError:
+            raise InvalidInput(f"`{INPUT}` holds bytes that are not UTF-8 text") from None
     binary = _flag(parameters, "binary_data_output", False)
     outputs = data.get("outputs")
     if outputs is not None:
@@ -57,7 +68,7 @@ def parse_infer(body: bytes, header_length: str | None) -> InferCall:
             if asked.get("name") != OUTPUT:
                 raise InvalidInput(f"unknown output {asked.get('name')!r}: this model has one, `{OUTPUT}`")
             binary = _flag(_table(asked.get("parameters"), "outputs[].parameters"), "binary_data", binary)
-    return InferCall(call_id, texts, _timeout_ms(parameters.get("timeout")), binary)
+    return InferCall(call_id, values, _timeout_ms(parameters.get("timeout")), binary)
 
 
 def _flag(table: dict[str, Any], key: str, default: bool) -> bool:
@@ -87,11 +98,11 @@ def _table(value: Any, where: str) -> dict[str, Any]:
     return value
 
 
-def _texts(tensor: dict[str, Any], blob: bytes) -> list[str]:
-    if tensor.get("name") != INPUT:
-        raise InvalidInput(f"unknown input {tensor.get('name')!r}: this model takes one, `{INPUT}`")
+def _elements(tensor: dict[str, Any], blob: bytes, name: str) -> list[str | bytes]:
+    if tensor.get("name") != name:
+        raise InvalidInput(f"unknown input {tensor.get('name')!r}: this model takes one, `{name}`")
     if tensor.get("datatype") != "BYTES":
-        raise InvalidInput(f"`{INPUT}` must be of datatype BYTES")
+        raise InvalidInput(f"`{name}` must be of datatype BYTES")
     shape = tensor.get("shape")
     if not isinstance(shape, list) or not shape or not all(type(d) is int and d >= 0 for d in shape):
         raise InvalidInput("`shape` must be a list of non-negative integers")
@@ -106,11 +117,8 @@ def _texts(tensor: dict[str, Any], blob: bytes) -> list[str]:
     else:
         elements = _flat(tensor.get("data"), shape)
         if len(elements) != count:
-            raise InvalidInput(f"`{INPUT}` has {len(elements)} elements; its shape {shape} says {count}")
-    try:
-        return [e if isinstance(e, str) else e.decode() for e in elements]
-    except UnicodeDecodeError:
-        raise InvalidInput(f"`{INPUT}` holds bytes that are not UTF-8 text") from None
+            raise InvalidInput(f"`{name}` has {len(elements)} elements; its shape {shape} says {count}")
+    return elements
 
 
 def _flat(data: Any, shape: list[int]) -> list[str | bytes]:

@@ -127,3 +127,25 @@ async def test_hostile_images_are_refused_alone_and_the_rest_served(http, vit):
     want = expected(vit, good)
     for status, body, _ in answers[len(cases):]:
         assert status == 200 and np.max(np.abs(np.array(body["output"], dtype=np.float32) - want)) < 1e-4
+
+
+async def test_tritonclient_sends_images_as_binary_bytes(vit):
+    """The Open Inference Protocol: the image model's input tensor is `image`, its BYTES elements the
+    encoded images (binary extension), answered as FP32 embeddings."""
+    triton = pytest.importorskip("tritonclient.http")
+    images = [image(w, h, seed) for seed, (w, h) in enumerate([(10, 14), (32, 32), (44, 30)])]
+    async with running_server(vision(vit)) as srv:
+        def talk():
+            client = triton.InferenceServerClient(srv.url.removeprefix("http://"))
+            tensor = triton.InferInput("image", [len(images)], "BYTES")
+            tensor.set_data_from_numpy(np.array(images, dtype=object), binary_data=True)
+            answer = client.infer("vit", [tensor]).as_numpy("output")
+            meta = client.get_model_metadata("vit")
+            client.close()
+            return answer, meta
+
+        answer, meta = await asyncio.to_thread(talk)
+    assert meta["inputs"][0]["name"] == "image"
+    assert answer.dtype == np.float32 and answer.shape == (3, 32)
+    for row, data in zip(answer, images, strict=True):
+        assert np.max(np.abs(row - expected(vit, data))) < 1e-4

@@ -11,7 +11,7 @@ from inferd.http.open_inference_wire import parse_infer
 
 def texts(shape: list[int], data: object) -> list[str]:
     body = orjson.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": shape, "data": data}]})
-    return parse_infer(body, None).texts
+    return parse_infer(body, None).inputs
 
 
 @pytest.mark.parametrize("shape, data, expected", [
