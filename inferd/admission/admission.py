@@ -62,7 +62,7 @@ class Admission:
         queue's sake. The caller awaits each request's `.future`."""
         config = model.config
         for value in values:
-            if len(value) > config.max_input_chars:
+            if len(value) > config.max_input_chars and type(value) is not bytes:  # (an image's limits are its model's)
                 raise InvalidInput(f"input is {len(value)} characters; model {model.name} accepts at most {config.max_input_chars}")
         self._check_open()
         now = time.monotonic()

@@ -25,6 +25,7 @@ class BodyReader:
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
         self.lifecycle = lifecycle
+
         self._ahead: dict[int, bytes | InferdError] = {}  # bodies read before their handler, by request
 
     async def read_ahead(self, request: web.BaseRequest) -> bytes | InferdError:
@@ -57,20 +58,25 @@ class BodyReader:
         return body
 
     async def _read_arriving(self, content: Any) -> bytes:
+        """The chunks as they come, joined once at the end: a bytearray grown chunk by chunk copied itself
+        over and over (it grows by an eighth), which for a 5.5 MB body was most of the loop's time."""
         lifecycle, limit = self.lifecycle, self.max_bytes
-        parts = bytearray(content.read_nowait())
+        parts = [content.read_nowait()]
+        size = len(parts[0])
         lifecycle.leave()
         try:
             async with asyncio.timeout(self.timeout_s):
-                while not content.is_eof() and len(parts) <= limit:
-                    parts += await content.readany()
+                while not content.is_eof() and size <= limit:
+                    chunk = await content.readany()
+                    parts.append(chunk)
+                    size += len(chunk)
         except TimeoutError:
             raise RequestTimeout(f"request body not received within {self.timeout_s:g} s") from None
         finally:
             lifecycle.enter()
         if lifecycle.draining:
             raise Draining("server is shutting down; retry on another instance", retry_after_ms=1000)
-        return bytes(parts)
+        return b"".join(parts)
 
 
 def json_object(body: bytes) -> dict[str, Any]:

@@ -169,9 +169,19 @@ def _refuse_what_the_model_cannot_honour(call: Any, model: BatchModel, inputs: l
         wrong = next((input_kind(item) for item in inputs if input_kind(item) != model.input_kind), None)
         if wrong is not None:
             raise InvalidInput(f"model {model.name} takes {model.input_kind} inputs, not {wrong}")
+    if isinstance(call, RerankCall):
+        _refuse_long_pairs(call, model)
     if isinstance(call, RerankCall) and call.truncate is False and model.config.options.get("truncate", True):
         raise InvalidInput(f"`truncate: false` is not served by model {model.name}: it truncates every pair to its "
                            "max_tokens (its option truncate = false refuses long pairs instead)")
+
+
+def _refuse_long_pairs(call: RerankCall, model: BatchModel) -> None:
+    """A pair's characters (query and document together) count against `max_input_chars`, as a text's do."""
+    cap = model.config.max_input_chars
+    longest = len(call.query) + max(len(document) for document in call.documents)
+    if longest > cap:
+        raise InvalidInput(f"a query and document are {longest} characters; model {model.name} accepts at most {cap}")
 
 
 def _embeddings_answer(call: EmbeddingsCall, vectors: list[Any], model: str, request_id: str, tokens: int) -> Any:

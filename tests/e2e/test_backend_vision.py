@@ -149,3 +149,12 @@ async def test_tritonclient_sends_images_as_binary_bytes(vit):
     assert answer.dtype == np.float32 and answer.shape == (3, 32)
     for row, data in zip(answer, images, strict=True):
         assert np.max(np.abs(row - expected(vit, data))) < 1e-4
+
+
+async def test_an_image_body_is_limited_by_the_image_limits_not_the_text_ones(http, vit):
+    """A raw image is bytes, not characters: max_input_chars (100,000 by default) does not apply to it."""
+    data = image(300, 300, 5)  # ~270 kB of noise
+    assert len(data) > 100_000
+    async with running_server(vision(vit)) as srv:
+        status, body, _ = await infer(http, srv.url, data, params={"model": "vit"}, headers={"Content-Type": "image/png"})
+    assert status == 200 and np.max(np.abs(np.array(body["output"], dtype=np.float32) - expected(vit, data))) < 1e-4

@@ -142,6 +142,8 @@ async def test_bad_rerank_calls_get_clear_errors(http, cross_encoder):
             assert status == 400 and message in answer["message"], (body, answer)
         status, answer = await post(http, srv.url, "/v1/rerank", {"model": "nope", "query": QUERY, "documents": ["a"]})
         assert status == 404 and answer["error"] == "MODEL_NOT_FOUND"
+        status, answer = await post(http, srv.url, "/v1/rerank", {"query": QUERY, "documents": ["x" * 100_000]})
+        assert status == 400 and "characters" in answer["message"]  # a pair counts against max_input_chars
         status, answer, _ = await infer(http, srv.url, {"model": "rr", "input": "a lone text"})
         assert status == 400 and "takes pair inputs, not text" in answer["message"]
 
