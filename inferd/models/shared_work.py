@@ -31,10 +31,19 @@ _IN_FLIGHT = (RequestState.PREPARING, RequestState.QUEUED, RequestState.TAKEN)
 
 
 def identity(raw: Any) -> Hashable | None:
-    """What makes two inputs one computation: the text itself, or the canonical JSON of anything else
-    (token ids); None for what JSON cannot write (then it is never shared)."""
-    if type(raw) is str:
+    """What makes two inputs one computation: the text itself; a (query, document) pair, or an image's
+    bytes or base64, tagged by kind (its hash, not a copy: a 5 MB image in canonical JSON cost the loop
+    a 5 MB serialisation); the canonical JSON of anything else (token ids); None for what JSON cannot
+    write (then it is never shared)."""
+    kind = type(raw)
+    if kind is str:
         return raw
+    if kind is tuple:
+        return ("pair", *raw)
+    if kind is bytes:
+        return ("image", raw)
+    if kind is dict and len(raw) == 1 and type(raw.get("image")) is str:
+        return ("image", raw["image"])
     try:
         return orjson.dumps(raw, option=orjson.OPT_SORT_KEYS)
     except TypeError:

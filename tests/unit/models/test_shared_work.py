@@ -42,6 +42,10 @@ def run_next_batch(served: BatchModel, outputs=None, error=None) -> list[str]:  
 def test_identity_is_the_text_itself_or_canonical_json():
     assert identity("abc") == "abc" and identity([1, 2]) == identity([1, 2]) != identity("[1,2]")
     assert identity({"b": 1, "a": 2}) == identity({"a": 2, "b": 1}) and identity(object()) is None
+    # Pairs and images by kind: never equal to a text, nor to each other's kind.
+    assert identity(("q", "d")) == identity(("q", "d")) != identity(("q", "e"))
+    assert identity({"image": "aGk="}) == ("image", "aGk=") != identity("aGk=")
+    assert identity(b"\x89PNG") == identity(b"\x89PNG") != identity(("image", "\x89PNG"))
 
 
 async def test_riders_get_the_leads_output_and_a_batch_holds_one_copy():
