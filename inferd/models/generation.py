@@ -25,6 +25,7 @@ from ..config import ModelConfig
 from ..errors import InvalidInput, NotReady, ServiceOverloaded, describe, retry_after_ms
 from ..observability.histogram import Histogram
 from ..observability.snapshots import GenerationSnapshot
+from .memory import check_fits
 
 log = logging.getLogger("inferd.generation")
 
@@ -49,10 +50,11 @@ class GenerationModel:
 
     kind = "generation"
 
-    def __init__(self, config: ModelConfig, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, config: ModelConfig, loop: asyncio.AbstractEventLoop, headroom_bytes: int = 0) -> None:
         self.config = config
         self.name = config.name
         self.loop = loop
+        self.headroom_bytes = headroom_bytes  # memory that stays free (`memory_headroom_mb`)
         self.metrics = GenerationMetrics()
         self.ready = False
         self.start_error: BaseException | None = None
@@ -80,6 +82,9 @@ class GenerationModel:
         engine = self.engine
         assert engine is not None
         try:
+            # Will it fit? (the weights and the KV cache; a refusal says how much is free, before vLLM
+            # takes the memory other models use)
+            await self.loop.run_in_executor(None, check_fits, self.config, self.headroom_bytes)
             await self.loop.run_in_executor(None, engine.start)  # seconds: keep /healthz answering
             warm = engine.sampling({"max_tokens": 2, "seed": 0})
             async for _ in engine.generate(engine.encode("warm up"), warm, f"warmup-{self.name}", 0):

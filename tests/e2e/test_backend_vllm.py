@@ -21,7 +21,7 @@ openai = pytest.importorskip("openai")
 from inferd.backends.tiny_llama import build_tiny_llama  # noqa: E402
 from inferd.config import AuthConfig, ModelConfig, TenantConfig, TierConfig, TracingConfig  # noqa: E402
 
-from ..helpers import running_server, until  # noqa: E402
+from ..helpers import running_server, sim_model, until  # noqa: E402
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -329,3 +329,20 @@ async def test_a_traced_generation_shows_its_stages_and_the_engines_request_id(s
     assert root.attributes["gen_ai.usage.output_tokens"] == answer["usage"]["completion_tokens"] == 6
     assert root.attributes["gen_ai.usage.input_tokens"] == answer["usage"]["prompt_tokens"]
     assert root.attributes["inferd.model"] == "tiny" and root.attributes["http.response.status_code"] == 200
+
+
+async def test_a_generation_model_that_would_not_fit_is_refused_before_its_engine_starts(tiny_model):
+    """The memory check before a load counts the KV cache: 1 PiB of it fits nowhere, and the refusal
+    comes before vLLM allocates anything, naming what is needed and what is free."""
+    from inferd.backends.vllm import memory_bytes
+
+    options = {"model_path": tiny_model, "dtype": "float32", "max_model_len": 256, "kv_cache_memory_bytes": 1 << 50}
+    assert memory_bytes({**options, "kv_cache_memory_bytes": 32 << 20}, cuda=False) > 32 << 20  # weights + KV cache
+    huge = ModelConfig(name="huge", kind="generation", backend="inferd.backends.vllm", options=options)
+    async with running_server(sim_model(latency_ms=5), huge, wait_ready=False) as srv:
+        model = srv.models.generation["huge"]
+        await until(lambda: model.start_error is not None, timeout_s=60)
+        assert "needs about" in str(model.start_error) and "MiB are free" in str(model.start_error)
+        assert model.engine is not None and not model.ready
+        async with aiohttp.ClientSession() as http, http.get(f"{srv.url}/readyz") as resp:
+            assert resp.status == 503

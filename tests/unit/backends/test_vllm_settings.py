@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferd.backends.vllm import check_options, engine_settings
+from inferd.backends.vllm import check_options, engine_settings, memory_bytes
 
 
 def test_cuda_keeps_cuda_graphs_and_sizes_the_kv_cache_by_vllms_own_rule(tmp_path):
@@ -31,3 +31,13 @@ def test_the_model_comes_from_model_path_only(tmp_path):
         check_options({"model_path": str(tmp_path), "engine_args": {"model": "/elsewhere"}})
     with pytest.raises(ValueError, match="table"):
         check_options({"model_path": str(tmp_path), "engine_args": ["enforce_eager"]})
+
+
+def test_the_memory_need_counts_the_weights_and_the_kv_cache(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 5000)
+    (tmp_path / "tokenizer.json").write_bytes(b"\0" * 999)  # (not weights)
+    options = {"model_path": str(tmp_path)}
+    assert memory_bytes(options, cuda=False) == 5000 * 6 // 5 + (64 << 20)  # the CPU build's 64 MiB KV cache
+    assert memory_bytes({**options, "kv_cache_memory_bytes": 1 << 30}, cuda=False) == 5000 * 6 // 5 + (1 << 30)
+    fixed = {**options, "engine_args": {"kv_cache_memory_bytes": 2 << 30}}
+    assert memory_bytes(fixed, cuda=True) == 5000 * 6 // 5 + (2 << 30)  # on CUDA too, when the KV cache is fixed
