@@ -158,3 +158,31 @@ async def test_an_image_body_is_limited_by_the_image_limits_not_the_text_ones(ht
     async with running_server(vision(vit)) as srv:
         status, body, _ = await infer(http, srv.url, data, params={"model": "vit"}, headers={"Content-Type": "image/png"})
     assert status == 200 and np.max(np.abs(np.array(body["output"], dtype=np.float32) - expected(vit, data))) < 1e-4
+
+
+async def test_an_image_classifier_answers_its_label_and_score(http, tmp_path):
+    """task = classification: a ViT classifier from a local folder, its label and score equal to
+    transformers' processor and model called directly."""
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessorPil
+
+    torch.manual_seed(3)
+    config = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                       intermediate_size=64, num_labels=3, id2label={0: "cat", 1: "dog", 2: "fox"},
+                       label2id={"cat": 0, "dog": 1, "fox": 2})
+    ViTForImageClassification(config).save_pretrained(tmp_path)
+    ViTImageProcessorPil(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    images = [image(w, h, seed) for seed, (w, h) in enumerate([(32, 32), (20, 28), (64, 40)], start=10)]
+    model = ModelConfig(name="vit", backend="inferd.backends.vision:create", max_batch_size=4, max_wait_ms=20,
+                        options={"model_path": str(tmp_path), "task": "classification"})
+    async with running_server(model) as srv:
+        answers = await asyncio.gather(*(infer(http, srv.url, {"model": "vit", "input": {"image": b64(d)}})
+                                         for d in images))
+    processor = ViTImageProcessorPil.from_pretrained(tmp_path)
+    direct = ViTForImageClassification.from_pretrained(tmp_path).eval()
+    for data, (status, body, _) in zip(images, answers, strict=True):
+        pixels = processor(images=Image.open(io.BytesIO(data)).convert("RGB"), return_tensors="pt")["pixel_values"]
+        with torch.no_grad():
+            probabilities = torch.softmax(direct(pixel_values=pixels).logits, dim=-1)[0]
+        best = int(probabilities.argmax())
+        assert status == 200 and body["output"]["label"] == config.id2label[best]
+        assert body["output"]["score"] == pytest.approx(float(probabilities[best]), abs=1e-5)
