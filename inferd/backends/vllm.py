@@ -37,7 +37,7 @@ _OPTIONS = {
     "model_path", "dtype", "max_model_len", "kv_cache_memory_bytes", "max_num_seqs",
     "max_tokens", "temperature", "top_p", "seed", "engine_args",
 }
-_PASSED_AS_GIVEN = ("frequency_penalty", "presence_penalty", "repetition_penalty", "top_k", "min_p")  # (checked by HTTP)
+_PASSED_AS_GIVEN = ("frequency_penalty", "presence_penalty", "repetition_penalty", "top_k", "min_p", "min_tokens")  # (checked by HTTP)
 DEFAULT_CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"

@@ -55,6 +55,7 @@ _GENERATION_FIELDS: dict[str, Any] = {key: _or_null(schema) for key, schema in {
     "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
     "repetition_penalty": {"type": "number", "exclusiveMinimum": 0, "maximum": 2},
     "top_k": {"type": "integer", "minimum": -1}, "min_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "min_tokens": {"type": "integer", "minimum": 0},
     "user": {"type": "string"},
 }.items()}
 _TIMEOUT = _or_null({"type": "integer", "minimum": 1, "description": "this request's deadline, capped at max_timeout_ms"})

@@ -24,6 +24,8 @@ def sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
         if not fits(value):
             raise InvalidInput(f"`{key}` must be {what}, got {str(value)[:40]}")
         overrides[key] = value
+    if "min_tokens" in overrides and overrides["min_tokens"] > overrides.get("max_tokens", math.inf):
+        raise InvalidInput(f"`min_tokens` must be at most `max_tokens` ({overrides['max_tokens']})")
     for key, (fits, what) in _LABELS.items():
         if body.get(key) is not None and not fits(body[key]):
             raise InvalidInput(f"`{key}` must be {what}, got {str(body[key])[:40]}")
@@ -57,5 +59,6 @@ _SAMPLING_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "repetition_penalty": (lambda v: _number(v) and 0 < v <= 2, "a number above 0, at most 2"),
     "top_k": (lambda v: _integer(v) and (v == -1 or v >= 0), "an integer >= 0 (0 or -1: off)"),
     "min_p": (lambda v: _number(v) and 0 <= v <= 1, "a number from 0 to 1"),
+    "min_tokens": (lambda v: _integer(v) and v >= 0, "an integer >= 0"),  # (vLLM's: no stop before this many)
 }
 _LABELS = {"user": (lambda v: isinstance(v, str), "a string")}  # OpenAI's, accepted and not used: checked all the same

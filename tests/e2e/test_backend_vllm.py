@@ -215,10 +215,19 @@ async def test_a_prompt_over_max_input_chars_is_refused_before_tokenising(server
 
 @pytest.mark.parametrize("field", [{"max_tokens": -1}, {"max_tokens": 0}, {"temperature": 1e308}, {"top_p": 5},
                                    {"stop": {}}, {"seed": "x"}, {"stream_options": "yes", "stream": True},
-                                   {"frequency_penalty": "x"}, {"top_k": -5}, {"min_p": 2}, {"user": 5}])
+                                   {"frequency_penalty": "x"}, {"top_k": -5}, {"min_p": 2}, {"user": 5},
+                                   {"min_tokens": -1}, {"min_tokens": 20, "max_tokens": 10}])
 async def test_bad_sampling_parameters_are_a_400_naming_the_field(server, client, field):
     status, body = await generate(client, server.url, {"input": "hi", "model": "tiny", **field})
     assert (status, body["error"]) == (400, "INVALID_INPUT") and f"`{next(iter(field))}`" in body["message"], body
+
+
+async def test_min_tokens_holds_generation_open(server, client):
+    """vLLM's `min_tokens`: no end of sequence or stop string before that many tokens."""
+    for n in (12, 16):
+        status, body = await generate(client, server.url, {"model": "tiny", "input": "count", "max_tokens": 16,
+                                                            "min_tokens": n, "stop": ["a", "e", " "]})
+        assert status == 200 and body["usage"]["completion_tokens"] >= n, body
 
 
 async def test_openai_endpoints_answer_errors_in_openais_shape(server):
