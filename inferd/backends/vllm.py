@@ -37,7 +37,8 @@ _OPTIONS = {
     "model_path", "dtype", "max_model_len", "kv_cache_memory_bytes", "max_num_seqs",
     "max_tokens", "temperature", "top_p", "seed", "engine_args",
 }
-_PASSED_AS_GIVEN = ("frequency_penalty", "presence_penalty", "repetition_penalty", "top_k", "min_p", "min_tokens")  # (checked by HTTP)
+_PASSED_AS_GIVEN = ("frequency_penalty", "presence_penalty", "repetition_penalty", "top_k", "min_p", "min_tokens",
+                    "logprobs")  # (checked by HTTP)
 DEFAULT_CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
@@ -113,6 +114,16 @@ class Delta:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None  # the new tokens', when the request asked for them
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """One generated token's log probability, and the most likely tokens at its place (best first)."""
+
+    token: str
+    logprob: float
+    top: list[tuple[str, float]]
 
 
 @dataclass
@@ -206,8 +217,9 @@ class VllmEngine:
             async for out in stream:
                 piece = out.outputs[0]
                 completion += len(piece.token_ids)
+                logprobs = None if piece.logprobs is None else _token_logprobs(piece, sampling.logprobs)
                 yield Delta(piece.text, len(piece.token_ids), out.finished, piece.finish_reason,
-                            len(prompt_ids), completion)
+                            len(prompt_ids), completion, logprobs)
                 if out.finished:
                     return
         finally:
@@ -220,6 +232,18 @@ class VllmEngine:
         if self.engine is None:
             return 0
         return self.engine.output_processor.get_num_unfinished_requests()
+
+
+def _token_logprobs(piece: Any, top_k: int) -> list[TokenLogprob]:
+    """vLLM's per-token {token id: Logprob} (the sampled token's, and the `top_k` best by rank) as
+    TokenLogprob, in the order the tokens were generated."""
+    tokens = []
+    for token_id, candidates in zip(piece.token_ids, piece.logprobs, strict=False):
+        chosen = candidates[token_id]
+        best = sorted((c for c in candidates.values() if c.rank is not None and c.rank <= top_k), key=lambda c: c.rank)
+        tokens.append(TokenLogprob(chosen.decoded_token or "", chosen.logprob,
+                                   [(c.decoded_token or "", c.logprob) for c in best]))
+    return tokens
 
 
 def _stat_logger_factory(stats: EngineStats):

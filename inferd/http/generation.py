@@ -63,7 +63,7 @@ class GenerationApi:
         body was read and the caller identified by the `/v1/inference` handler."""
         request_id, started = start.request_id, start.started
         body = call.body
-        def whole(text: str, last: Any) -> dict[str, Any]:
+        def whole(text: str, last: Any, tokens: list[Any]) -> dict[str, Any]:
             return {"output": text, "request_id": request_id, "model": model.name,
                     "latency_ms": round((time.monotonic() - started) * 1000, 3),
                     "finish_reason": last.finish_reason, "usage": _usage(last)}
@@ -103,16 +103,17 @@ class GenerationApi:
             self.outcomes.record_error(request_id, "-", tier, error, started, tenant=tenant)
             return error_response(error, request_id, close=self.lifecycle.draining, openai=True)
         answer = TextAnswer(call, model.name, int(time.time()))
+        body = {**body, "logprobs": call.logprobs}  # (the engine's: alternatives per token; None: none asked)
         prompt_ids = partial(model.prompt_ids, messages=call.messages) if call.chat else partial(model.prompt_ids, call.prompt)
         return await self._serve(request, model, body, who, start, call.chars, prompt_ids,
-                                 lambda text, last: answer.whole(text, last, _usage(last)),
+                                 lambda text, last, tokens: answer.whole(text, last, _usage(last), tokens),
                                  lambda text, last: answer.chunks(text, last, _usage(last)), openai=True)
 
     # ---- one generation, whole or streamed -------------------------------------------------------
 
     async def _serve(self, request: web.BaseRequest, model: GenerationModel, body: dict[str, Any], who: Identity,
                      start: CallStart, chars: int, prompt_ids: Callable[[], Awaitable[list[int]]],
-                     whole: Callable[[str, Any], dict], chunk: Callable[[str, Any], list[dict]], *,
+                     whole: Callable[[str, Any, list[Any]], dict], chunk: Callable[[str, Any], list[dict]], *,
                      openai: bool) -> web.StreamResponse:
         """`openai`: errors in OpenAI's shape, and a stream ends with `data: [DONE]`. A traced request's
         stages are noted on its trace as they end (`Generated`), for its span."""
@@ -136,6 +137,7 @@ class GenerationApi:
         streaming = bool(body.get("stream"))
         response: web.StreamResponse | None = None
         pieces: list[str] = []
+        tokens: list[Any] = []  # their logprobs, when asked
         last = None
         try:
             async with asyncio.timeout(timeout_s):
@@ -145,6 +147,8 @@ class GenerationApi:
                     last = delta
                     if not streaming:
                         pieces.append(delta.text)
+                        if delta.logprobs:
+                            tokens.extend(delta.logprobs)
                         continue
                     if response is None:
                         response = web.StreamResponse(headers={**_SSE_HEADERS, "X-Request-ID": request_id})
@@ -179,7 +183,7 @@ class GenerationApi:
             return response
         self.outcomes.record(request_id, model.name, tier, 200, "", started, tenant=tenant, trace=trace)
         if not streaming:
-            return WholeResponse(200, dumps(whole("".join(pieces), last)), (("X-Request-ID", request_id),))
+            return WholeResponse(200, dumps(whole("".join(pieces), last, tokens)), (("X-Request-ID", request_id),))
         if response is None:  # nothing was generated: still a well-formed stream
             response = web.StreamResponse(headers={**_SSE_HEADERS, "X-Request-ID": request_id})
             await response.prepare(request)

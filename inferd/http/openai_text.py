@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import InvalidInput
 
 # Fields the engine path cannot honour yet: refused with a 400 rather than silently ignored.
-_UNSUPPORTED = ("logprobs", "top_logprobs", "tools", "tool_choice", "functions", "function_call", "logit_bias",
+_UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "logit_bias",
                 "echo", "best_of", "suffix", "parallel_tool_calls")
 
 
@@ -26,6 +26,7 @@ class TextCall:
     messages: list[dict[str, str]] = field(default_factory=list)
     chars: int = 0
     include_usage: bool = False
+    logprobs: int | None = None  # how many most likely tokens to show beside each generated one; None: no logprobs
 
 
 def parse_text_call(body: dict[str, Any], chat: bool) -> TextCall:
@@ -39,17 +40,42 @@ def parse_text_call(body: dict[str, Any], chat: bool) -> TextCall:
         raise InvalidInput("only n = 1 is supported")
     options = body.get("stream_options")  # (its shape is checked with the sampling fields)
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
+    logprobs = _logprobs(body, chat)
     if chat:
         messages = [_message(m, i) for i, m in enumerate(_non_empty_list(body.get("messages")))]
         # every string that reaches the chat template counts against `max_input_chars`, roles too
         return TextCall(True, messages=messages, chars=sum(len(m["role"]) + len(m["content"]) for m in messages),
-                        include_usage=include_usage)
+                        include_usage=include_usage, logprobs=logprobs)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise InvalidInput("`prompt` must be a string (or a list holding one)")
-    return TextCall(False, prompt=prompt, chars=len(prompt), include_usage=include_usage)
+    return TextCall(False, prompt=prompt, chars=len(prompt), include_usage=include_usage, logprobs=logprobs)
+
+
+MAX_LOGPROBS = 20  # (vLLM's own default `max_logprobs`)
+
+
+def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
+    """How many alternatives to show per token, as each API asks: chat `logprobs: true` with
+    `top_logprobs: k`; completions `logprobs: k`. None: not asked."""
+    def count(key: str) -> int:
+        value = body[key]
+        if type(value) is not int or not 0 <= value <= MAX_LOGPROBS:
+            raise InvalidInput(f"`{key}` must be an integer from 0 to {MAX_LOGPROBS}")
+        return value
+
+    if not chat:
+        return None if body.get("logprobs") is None else count("logprobs")
+    asked = body.get("logprobs")
+    if asked not in (None, True, False):
+        raise InvalidInput("`logprobs` must be true or false")
+    if body.get("top_logprobs") is not None and asked is not True:
+        raise InvalidInput("`top_logprobs` needs `logprobs: true`")
+    if asked is not True:
+        return None
+    return 0 if body.get("top_logprobs") is None else count("top_logprobs")
 
 
 def _non_empty_list(value: Any) -> list[Any]:
@@ -83,9 +109,11 @@ class TextAnswer:
         self.id = ("chatcmpl-" if call.chat else "cmpl-") + os.urandom(12).hex()
         self.kind = "chat.completion" if call.chat else "text_completion"
         self._role_sent = False
+        self._text_offset = 0  # (the completions API's offsets run on across a stream's chunks)
 
-    def whole(self, text: str, last: Any, usage: dict[str, int]) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason if last else "stop", "logprobs": None}
+    def whole(self, text: str, last: Any, usage: dict[str, int], tokens: list[Any] | None = None) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason if last else "stop",
+                                  "logprobs": self._logprobs(tokens)}
         if self.call.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
@@ -95,7 +123,7 @@ class TextAnswer:
 
     def chunks(self, text: str, last: Any, usage: dict[str, int]) -> list[dict[str, Any]]:
         reason = last.finish_reason if last.finished else None
-        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": self._logprobs(last.logprobs)}
         if self.call.chat:
             delta: dict[str, str] = {}
             if not self._role_sent:
@@ -109,6 +137,23 @@ class TextAnswer:
         if last.finished and self.call.include_usage:
             events.append({**self._event([]), "usage": usage})
         return events
+
+    def _logprobs(self, tokens: list[Any] | None) -> dict[str, Any] | None:
+        """Tokens' logprobs in the shape of the call's API (chat's `content` list, or the completions
+        API's parallel lists with text offsets); None when the call did not ask."""
+        if self.call.logprobs is None or tokens is None:
+            return None
+        if self.call.chat:
+            return {"content": [{"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode()),
+                                 "top_logprobs": [{"token": s, "logprob": lp, "bytes": list(s.encode())} for s, lp in t.top]}
+                                for t in tokens]}
+        offsets, at = [], self._text_offset
+        for t in tokens:
+            offsets.append(at)
+            at += len(t.token)
+        self._text_offset = at
+        return {"tokens": [t.token for t in tokens], "token_logprobs": [t.logprob for t in tokens],
+                "top_logprobs": [dict(t.top) for t in tokens], "text_offset": offsets}
 
     def _event(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": f"{self.kind}.chunk" if self.call.chat else self.kind,

@@ -131,6 +131,7 @@ PATHS: dict[str, Any] = {
         "required": True, "content": {"application/json": {"schema": {
             "type": "object", "required": ["model", "prompt"],
             "properties": {"model": {"type": "string"}, "timeout_ms": _TIMEOUT, "n": {"const": 1},
+                           "logprobs": _or_null({"type": "integer", "minimum": 0, "maximum": 20}),
                            "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
                                                                      "minItems": 1, "maxItems": 1}]},
                            **_GENERATION_FIELDS}}}}}, **_OPENAI_TEXT}},
@@ -138,6 +139,8 @@ PATHS: dict[str, Any] = {
         "required": True, "content": {"application/json": {"schema": {
             "type": "object", "required": ["model", "messages"],
             "properties": {"model": {"type": "string"}, "timeout_ms": _TIMEOUT, "n": {"const": 1},
+                           "logprobs": _or_null({"type": "boolean"}),
+                           "top_logprobs": _or_null({"type": "integer", "minimum": 0, "maximum": 20}),
                            "messages": {"type": "array", "minItems": 1, "items": {
                                "type": "object", "required": ["role", "content"],
                                "properties": {"role": {"type": "string"}, "content": {"oneOf": [

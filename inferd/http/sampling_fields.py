@@ -60,5 +60,6 @@ _SAMPLING_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "top_k": (lambda v: _integer(v) and (v == -1 or v >= 0), "an integer >= 0 (0 or -1: off)"),
     "min_p": (lambda v: _number(v) and 0 <= v <= 1, "a number from 0 to 1"),
     "min_tokens": (lambda v: _integer(v) and v >= 0, "an integer >= 0"),  # (vLLM's: no stop before this many)
+    "logprobs": (lambda v: _integer(v) and 0 <= v <= 20, "an integer from 0 to 20"),  # (alternatives per token)
 }
 _LABELS = {"user": (lambda v: isinstance(v, str), "a string")}  # OpenAI's, accepted and not used: checked all the same

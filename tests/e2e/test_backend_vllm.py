@@ -274,7 +274,7 @@ async def test_openai_details_as_the_official_client_reads_them(server):
     assert [c.choices[0].delta.role for c in chunks if c.choices] == ["assistant"] + [None] * (len(chunks) - 2)
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4  # usage: a chunk of its own
     assert all(c.usage is None for c in chunks[:-1])
-    for refused in ({"logprobs": True}, {"tools": [{"type": "function", "function": {"name": "f"}}]},
+    for refused in ({"logit_bias": {"1": 5}}, {"tools": [{"type": "function", "function": {"name": "f"}}]},
                     {"response_format": {"type": "json_object"}}):
         with pytest.raises(openai.BadRequestError) as caught:
             await api.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], **refused)
@@ -355,3 +355,42 @@ async def test_a_generation_model_that_would_not_fit_is_refused_before_its_engin
         assert model.engine is not None and not model.ready
         async with aiohttp.ClientSession() as http, http.get(f"{srv.url}/readyz") as resp:
             assert resp.status == 503
+
+
+async def test_logprobs_in_each_apis_shape(server, client):
+    """Completions' `logprobs: k` and chat's `logprobs: true, top_logprobs: k`, whole and streamed: one
+    entry per generated token, k alternatives each, greedy decoding's token its first alternative."""
+    url, headers = server.url, bearer("enterprise")
+    # (the first request with logprobs may wait for a cold start of that path: a deadline of a minute)
+    base = {"model": "tiny", "max_tokens": 6, "min_tokens": 6, "temperature": 0, "timeout_ms": 60000}
+    async with client.post(f"{url}/v1/completions", json={**base, "prompt": "one two", "logprobs": 2},
+                           headers=headers) as resp:
+        completion = await resp.json()
+    assert resp.status == 200, completion
+    lp = completion["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 6
+    assert all(len(top) <= 2 and max(top.values()) == pytest.approx(chosen, abs=1e-4) for top, chosen
+               in zip(lp["top_logprobs"], lp["token_logprobs"]))  # greedy: the chosen one is the best
+    assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])
+    chat_body = {**base, "messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 3}
+    async with client.post(f"{url}/v1/chat/completions", json=chat_body, headers=headers) as resp:
+        chat = await resp.json()
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert len(content) == 6 and all(len(t["top_logprobs"]) == 3 and t["logprob"] <= 0 for t in content)
+    assert all(t["top_logprobs"][0]["logprob"] == pytest.approx(t["logprob"], abs=1e-4) for t in content)
+    assert all(t["bytes"] == list(t["token"].encode()) for t in content)
+    events = []
+    async with client.post(f"{url}/v1/chat/completions", json={**chat_body, "stream": True}, headers=headers) as resp:
+        async for line in resp.content:
+            if line.startswith(b"data: {"):
+                events.append(orjson.loads(line[6:]))
+    streamed = [t for e in events for c in e["choices"] if c.get("logprobs") for t in c["logprobs"]["content"]]
+    assert [t["token"] for t in streamed] == [t["token"] for t in content]  # the same greedy tokens, chunk by chunk
+    no_logprobs = {**base, "messages": [{"role": "user", "content": "hi"}]}
+    async with client.post(f"{url}/v1/chat/completions", json=no_logprobs, headers=headers) as resp:
+        assert (await resp.json())["choices"][0]["logprobs"] is None
+    for bad, words in (({"top_logprobs": 2}, "needs `logprobs: true`"), ({"logprobs": 3}, "`logprobs` must be true")):
+        async with client.post(f"{url}/v1/chat/completions", json={**no_logprobs, **bad}, headers=headers) as resp:
+            assert resp.status == 400 and words in (await resp.json())["error"]["message"]
+    async with client.post(f"{url}/v1/completions", json={**base, "prompt": "x", "logprobs": 21}, headers=headers) as resp:
+        assert resp.status == 400 and "`logprobs`" in (await resp.json())["error"]["message"]
