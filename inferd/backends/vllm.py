@@ -195,6 +195,11 @@ class VllmEngine:
 
         d = self.defaults
         seed = overrides.get("seed", d.seed)
+        structured = overrides.get("structured_outputs")
+        if structured is not None:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            structured = StructuredOutputsParams(**structured)
         return SamplingParams(
             max_tokens=int(overrides.get("max_tokens") or d.max_tokens),
             temperature=float(overrides.get("temperature", d.temperature)),
@@ -203,6 +208,7 @@ class VllmEngine:
             stop=overrides.get("stop"),
             ignore_eos=bool(overrides.get("ignore_eos", False)),
             output_kind=RequestOutputKind.DELTA,
+            structured_outputs=structured,
             **{key: overrides[key] for key in _PASSED_AS_GIVEN if key in overrides},
         )
 

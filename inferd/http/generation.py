@@ -103,7 +103,8 @@ class GenerationApi:
             self.outcomes.record_error(request_id, "-", tier, error, started, tenant=tenant)
             return error_response(error, request_id, close=self.lifecycle.draining, openai=True)
         answer = TextAnswer(call, model.name, int(time.time()))
-        body = {**body, "logprobs": call.logprobs}  # (the engine's: alternatives per token; None: none asked)
+        # (the engine's: alternatives per token, and the structured output asked; None: none)
+        body = {**body, "logprobs": call.logprobs, "structured_outputs": call.structured}
         prompt_ids = partial(model.prompt_ids, messages=call.messages) if call.chat else partial(model.prompt_ids, call.prompt)
         return await self._serve(request, model, body, who, start, call.chars, prompt_ids,
                                  lambda text, last, tokens: answer.whole(text, last, _usage(last), tokens),

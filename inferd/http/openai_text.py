@@ -27,31 +27,46 @@ class TextCall:
     chars: int = 0
     include_usage: bool = False
     logprobs: int | None = None  # how many most likely tokens to show beside each generated one; None: no logprobs
+    structured: dict[str, Any] | None = None  # `response_format` as vLLM's structured outputs; None: free text
 
 
 def parse_text_call(body: dict[str, Any], chat: bool) -> TextCall:
     for key in _UNSUPPORTED:
         if body.get(key) not in (None, False):
             raise InvalidInput(f"`{key}` is not supported by this server")
-    response_format = body.get("response_format")
-    if response_format not in (None, {"type": "text"}):
-        raise InvalidInput("`response_format` other than {\"type\": \"text\"} is not supported by this server")
     if body.get("n", 1) not in (1, None):
         raise InvalidInput("only n = 1 is supported")
     options = body.get("stream_options")  # (its shape is checked with the sampling fields)
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
-    logprobs = _logprobs(body, chat)
+    logprobs, structured = _logprobs(body, chat), _structured(body.get("response_format"))
     if chat:
         messages = [_message(m, i) for i, m in enumerate(_non_empty_list(body.get("messages")))]
         # every string that reaches the chat template counts against `max_input_chars`, roles too
         return TextCall(True, messages=messages, chars=sum(len(m["role"]) + len(m["content"]) for m in messages),
-                        include_usage=include_usage, logprobs=logprobs)
+                        include_usage=include_usage, logprobs=logprobs, structured=structured)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise InvalidInput("`prompt` must be a string (or a list holding one)")
-    return TextCall(False, prompt=prompt, chars=len(prompt), include_usage=include_usage, logprobs=logprobs)
+    return TextCall(False, prompt=prompt, chars=len(prompt), include_usage=include_usage, logprobs=logprobs,
+                    structured=structured)
+
+
+def _structured(response_format: Any) -> dict[str, Any] | None:
+    """OpenAI's `response_format` as vLLM's structured outputs: `json_object` (any JSON object) or
+    `json_schema` (`{"json_schema": {"name", "schema"}}`: output that validates against the schema)."""
+    if response_format is None or response_format == {"type": "text"}:
+        return None
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise InvalidInput("`response_format.json_schema.schema` must be a JSON schema (an object)")
+        return {"json": spec["schema"]}
+    raise InvalidInput('`response_format.type` must be "text", "json_object" or "json_schema"')
 
 
 MAX_LOGPROBS = 20  # (vLLM's own default `max_logprobs`)

@@ -56,8 +56,10 @@ _GENERATION_FIELDS: dict[str, Any] = {key: _or_null(schema) for key, schema in {
     "repetition_penalty": {"type": "number", "exclusiveMinimum": 0, "maximum": 2},
     "top_k": {"type": "integer", "minimum": -1}, "min_p": {"type": "number", "minimum": 0, "maximum": 1},
     "min_tokens": {"type": "integer", "minimum": 0},
+    "structured_outputs": {"type": "object", "description": "vLLM's: one of json, regex, choice, grammar, json_object"},
     "user": {"type": "string"},
 }.items()}
+_RESPONSE_FORMAT = _or_null({"type": "object", "description": "text, json_object, or json_schema with its schema"})
 _TIMEOUT = _or_null({"type": "integer", "minimum": 1, "description": "this request's deadline, capped at max_timeout_ms"})
 _MODEL = _or_null({"type": "string", "description": "default: the first configured model"})
 # One Server-Sent Event: `data` a JSON chunk (or [DONE]); `event: error` for a failure mid-stream.
@@ -132,6 +134,7 @@ PATHS: dict[str, Any] = {
             "type": "object", "required": ["model", "prompt"],
             "properties": {"model": {"type": "string"}, "timeout_ms": _TIMEOUT, "n": {"const": 1},
                            "logprobs": _or_null({"type": "integer", "minimum": 0, "maximum": 20}),
+                           "response_format": _RESPONSE_FORMAT,
                            "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
                                                                      "minItems": 1, "maxItems": 1}]},
                            **_GENERATION_FIELDS}}}}}, **_OPENAI_TEXT}},
@@ -141,6 +144,7 @@ PATHS: dict[str, Any] = {
             "properties": {"model": {"type": "string"}, "timeout_ms": _TIMEOUT, "n": {"const": 1},
                            "logprobs": _or_null({"type": "boolean"}),
                            "top_logprobs": _or_null({"type": "integer", "minimum": 0, "maximum": 20}),
+                           "response_format": _RESPONSE_FORMAT,
                            "messages": {"type": "array", "minItems": 1, "items": {
                                "type": "object", "required": ["role", "content"],
                                "properties": {"role": {"type": "string"}, "content": {"oneOf": [

@@ -275,7 +275,7 @@ async def test_openai_details_as_the_official_client_reads_them(server):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4  # usage: a chunk of its own
     assert all(c.usage is None for c in chunks[:-1])
     for refused in ({"logit_bias": {"1": 5}}, {"tools": [{"type": "function", "function": {"name": "f"}}]},
-                    {"response_format": {"type": "json_object"}}):
+                    {"response_format": {"type": "xml"}}):
         with pytest.raises(openai.BadRequestError) as caught:
             await api.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], **refused)
         assert next(iter(refused)) in caught.value.message
@@ -394,3 +394,24 @@ async def test_logprobs_in_each_apis_shape(server, client):
             assert resp.status == 400 and words in (await resp.json())["error"]["message"]
     async with client.post(f"{url}/v1/completions", json={**base, "prompt": "x", "logprobs": 21}, headers=headers) as resp:
         assert resp.status == 400 and "`logprobs`" in (await resp.json())["error"]["message"]
+
+
+async def test_structured_outputs_hold_the_output_to_a_schema_or_a_choice(server, client):
+    """`response_format` json_schema (OpenAI's) and vLLM's `structured_outputs` choice: even a random-weight
+    model's output then parses and validates."""
+    url, headers = server.url, bearer("enterprise")
+    schema = {"type": "string", "enum": ["red", "green", "blue"]}
+    body = {"model": "tiny", "max_tokens": 24, "timeout_ms": 60000, "messages": [{"role": "user", "content": "colour?"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "colour", "schema": schema}}}
+    async with client.post(f"{url}/v1/chat/completions", json=body, headers=headers) as resp:
+        answer = await resp.json()
+    assert resp.status == 200, answer
+    assert orjson.loads(answer["choices"][0]["message"]["content"]) in schema["enum"]
+    status, chosen = await generate(client, url, {"model": "tiny", "input": "pick", "max_tokens": 8, "timeout_ms": 60000,
+                                                  "structured_outputs": {"choice": ["yes", "no"]}}, headers)
+    assert status == 200 and chosen["output"] in ("yes", "no"), chosen
+    for bad in ({"type": "xml"}, {"type": "json_schema", "json_schema": {"name": "x"}}):
+        async with client.post(f"{url}/v1/chat/completions", json={**body, "response_format": bad}, headers=headers) as resp:
+            assert resp.status == 400 and "response_format" in (await resp.json())["error"]["message"]
+    status, refused = await generate(client, url, {"model": "tiny", "input": "x", "structured_outputs": {"xml": 1}}, headers)
+    assert status == 400 and "`structured_outputs`" in refused["message"]
