@@ -43,9 +43,10 @@ from . import Prepared, backend_factory
 from .static_shapes import DEFAULT_BATCH_SIZES, ShapedForward, ShapeGrid, collate
 from .text_inputs import InputTooLong, TextInputs
 
-__all__ = ["InputTooLong", "TextModel", "create", "default_model_path"]
+__all__ = ["DTYPES", "InputTooLong", "TextModel", "check_choices", "create", "default_model_path", "resolve_device",
+           "weights_need"]
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TASKS = ("embedding", "classification", "rerank")
 _OPTIONS = {"model_path", "task", "dtype", "max_tokens", "truncate", "bucket_edges", "cuda_graphs",
             "graph_batch_sizes", "torch_threads"}
@@ -59,16 +60,22 @@ def default_model_path() -> str:
 
 def check_options(options: Mapping[str, Any]) -> None:
     """What the backend refuses, found before anything is built."""
-    unknown = set(options) - _OPTIONS
-    if unknown:
-        raise ValueError(f"inferd.backends.transformer: unknown options {sorted(unknown)}; known: {sorted(_OPTIONS)}")
-    if options.get("task", "embedding") not in _TASKS:
-        raise ValueError(f"task must be one of {', '.join(_TASKS)}, not {options['task']!r}")
-    if options.get("dtype", "float32") not in _DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, not {options['dtype']!r}")
+    check_choices(options, "inferd.backends.transformer", _OPTIONS, _TASKS)
     path = options.get("model_path")
     if path is not None and not Path(path).is_dir():
         raise ValueError(f"model_path {path!r} not found: a local model folder (config.json, tokenizer, weights)")
+
+
+def check_choices(options: Mapping[str, Any], module: str, known: set[str], tasks: Sequence[str]) -> None:
+    """The checks a PyTorch backend's options share (this one's and `vision`'s): no unknown option, a
+    known `task` and `dtype`."""
+    unknown = set(options) - known
+    if unknown:
+        raise ValueError(f"{module}: unknown options {sorted(unknown)}; known: {sorted(known)}")
+    if options.get("task", "embedding") not in tasks:
+        raise ValueError(f"task must be one of {', '.join(tasks)}, not {options['task']!r}")
+    if options.get("dtype", "float32") not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, not {options['dtype']!r}")
 
 
 def memory_bytes(options: Mapping[str, Any]) -> int:
@@ -115,7 +122,7 @@ class TextModel:
         path = options.get("model_path") or default_model_path()
         self.device = resolve_device(device)
         self.on_cuda = self.device.type == "cuda"
-        dtype = _DTYPES[options.get("dtype", "float32")]
+        dtype = DTYPES[options.get("dtype", "float32")]
         self.max_tokens = int(options.get("max_tokens", 256))
         self.truncate = bool(options.get("truncate", True))
         edges = sorted({int(e) for e in options.get("bucket_edges", (16, 32, 64, 128, 256)) if int(e) < self.max_tokens})

@@ -40,9 +40,8 @@ import torch
 
 from ..errors import PayloadTooLarge
 from . import Prepared, backend_factory
-from .transformer import resolve_device, weights_need
+from .transformer import DTYPES, check_choices, resolve_device, weights_need
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TASKS = ("embedding", "classification")
 _OPTIONS = {"model_path", "task", "dtype", "image_sizes", "max_image_bytes", "max_pixels", "formats", "torch_threads"}
 _FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
@@ -50,13 +49,7 @@ _FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
 
 def check_options(options: Mapping[str, Any]) -> None:
     """What the backend refuses, found before anything is built."""
-    unknown = set(options) - _OPTIONS
-    if unknown:
-        raise ValueError(f"inferd.backends.vision: unknown options {sorted(unknown)}; known: {sorted(_OPTIONS)}")
-    if options.get("task", "embedding") not in _TASKS:
-        raise ValueError(f"task must be one of {', '.join(_TASKS)}, not {options['task']!r}")
-    if options.get("dtype", "float32") not in _DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, not {options['dtype']!r}")
+    check_choices(options, "inferd.backends.vision", _OPTIONS, _TASKS)
     path = options.get("model_path")
     if path is None or not Path(path).is_dir():
         raise ValueError(f"model_path {path!r} not found: a local image model folder (config.json, weights, "
@@ -92,7 +85,7 @@ class ImageModel:
             torch.set_num_threads(int(options["torch_threads"]))
         path = Path(options["model_path"])
         self.device = resolve_device(device)
-        self.dtype = _DTYPES[options.get("dtype", "float32")]
+        self.dtype = DTYPES[options.get("dtype", "float32")]
         config = AutoConfig.from_pretrained(path)
         vision = getattr(config, "vision_config", config)  # (CLIP's whole config holds its vision tower's)
         self.native_size = int(vision.image_size)
