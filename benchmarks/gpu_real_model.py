@@ -74,7 +74,7 @@ def main() -> int:
     for name in args.models.split(","):
         print(f"\n== {name}", flush=True)
         m = models[name]()
-        served = serve_and_load(name, m, args.device, 3 if quick else args.duration)
+        served = serve_and_load(name, m, args.device, 3 if quick else args.duration, out)
         sizes = sorted({1, max(1, round(served["batched"]["mean_batch"] or 1)), m["max_batch"]})
         direct = direct_curve(m, args.device, sizes, quick)
         mean = max(1, round(served["batched"]["mean_batch"] or 1))
@@ -92,6 +92,15 @@ def main() -> int:
     print(table(results))
     shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+STARTED = time.monotonic()
+
+
+def progress(what: str) -> None:
+    """One line per step with the seconds since the start: a device's budget runs out mid-run, and the
+    printed steps say where the time went."""
+    print(f"[{time.monotonic() - STARTED:7.1f} s] {what}", flush=True)
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -143,7 +152,7 @@ def make_bert_large(work: Path, minilm: str, tiny: bool) -> str:
 
 def options(m: dict[str, Any], graphs: bool = True) -> dict[str, Any]:
     return {"model_path": m["path"], "dtype": m["dtype"], "max_tokens": m["max_tokens"], "bucket_edges": m["edges"],
-            "cuda_graphs": graphs}
+            "cuda_graphs": graphs, "graph_batch_sizes": graph_sizes(m["max_batch"])}
 
 
 def direct_curve(m: dict[str, Any], device: str, sizes: list[int], quick: bool) -> dict[str, Any]:
@@ -152,8 +161,10 @@ def direct_curve(m: dict[str, Any], device: str, sizes: list[int], quick: bool) 
 
     curves: dict[str, Any] = {}
     for label, graphs in (("eager", False), ("graphed", True)):
+        progress(f"direct {label}: loading, warm-up")
         model = TextModel(device, options(m, graphs))
         model.warmup()
+        progress(f"direct {label}: measuring {sizes}")
         rows = [model.tokenize(m["text"].format(i=i)) for i in range(max(sizes))]
         curve = {}
         for size in sizes:
@@ -190,22 +201,34 @@ model_path = "{m['path']}"
 dtype = "{m['dtype']}"
 max_tokens = {m['max_tokens']}
 bucket_edges = [{edges}]
+graph_batch_sizes = {graph_sizes(max_batch)}
 """
 
 
-def serve_and_load(name: str, m: dict[str, Any], device: str, seconds: int) -> dict[str, Any]:
+def graph_sizes(max_batch: int) -> list[int]:
+    """The captured batch sizes up to the largest batch the run uses: each graph of a large model costs
+    seconds of warm-up, and sizes above `max_batch_size` are never replayed."""
+    from inferd.backends.static_shapes import DEFAULT_BATCH_SIZES
+
+    return sorted({size for size in DEFAULT_BATCH_SIZES if size < max_batch} | {max_batch})
+
+
+def serve_and_load(name: str, m: dict[str, Any], device: str, seconds: int, out: Path) -> dict[str, Any]:
     served: dict[str, Any] = {}
     duration = str(seconds)
     processes = "2" if seconds < 5 else "8"
     for label, max_batch in (("batched", m["max_batch"]), ("unbatched", 1)):
-        with inferd(config_toml(m, device, max_batch)) as (url, pid):
+        progress(f"{name} {label}: starting the server (max_batch_size {max_batch})")
+        with inferd(config_toml(m, device, max_batch), out / f"server_{name}_{label}.log") as (url, pid):
             warmup = get_json(f"{url}/v1/models")["data"][0].get("warmup", {})
+            progress(f"{name} {label}: ready, warm-up {json.dumps(warmup)[:300]}")
             body = Path(tempfile.mkstemp(suffix=".json")[1])
             body.write_text(json.dumps({"model": "model", "input": m["text"]}))
             clients = str(m["clients"] if label == "batched" else 64)
             with GpuSampler(device) as gpu:
                 result = bench(url + "/v1/inference", body, clients, duration, processes)
             served[label] = summary(result, gpu.mean(), warmup)
+            progress(f"{name} {label}: {json.dumps(served[label])[:400]}")
             if label == "batched" and name.startswith("minilm"):
                 items = [m["text"].format(i=i) for i in range(32)]
                 body.write_text(json.dumps({"model": "model", "input": items}))
@@ -238,26 +261,33 @@ def bench(url: str, body: Path, clients: str, duration: str, processes: str) -> 
 
 
 class inferd:  # noqa: N801 - a context manager named for what it runs
-    def __init__(self, config: str) -> None:
+    """The server in a child process; everything it prints goes to `log` as it comes (flushed per line:
+    a run cut off by the device's budget still shows how far the server got)."""
+
+    def __init__(self, config: str, log: Path) -> None:
         self.config = config
+        self.log = log
 
     def __enter__(self) -> tuple[str, int]:
         self.file = Path(tempfile.mkstemp(suffix=".toml")[1])
         self.file.write_text(self.config)
         self.proc = subprocess.Popen([sys.executable, "-m", "inferd", "serve", "--config", str(self.file), "--port", "0",
-                                      "--log-level", "WARNING"], cwd=REPO, stdout=subprocess.PIPE,
+                                      "--log-level", "INFO"], cwd=REPO, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         assert self.proc.stdout is not None
         said: list[str] = []
+        sink = self.log.open("a")
         for line in self.proc.stdout:
             said.append(line)
+            sink.write(f"[{time.monotonic() - STARTED:7.1f} s] {line}")
+            sink.flush()
             match = re.search(r"inferd listening on (http://\S+)", line)
             if match:
                 url = match.group(1)
                 break
         else:
             raise RuntimeError("inferd did not start:\n" + "".join(said[-40:]))
-        threading.Thread(target=self.proc.stdout.read, daemon=True).start()
+        threading.Thread(target=self._copy, args=(self.proc.stdout, sink), daemon=True).start()
         give_up = time.monotonic() + 600
         while time.monotonic() < give_up:
             try:
@@ -267,6 +297,12 @@ class inferd:  # noqa: N801 - a context manager named for what it runs
             except OSError:
                 time.sleep(0.2)
         raise TimeoutError("inferd never became ready")
+
+    @staticmethod
+    def _copy(lines: Any, sink: Any) -> None:
+        for line in lines:
+            sink.write(f"[{time.monotonic() - STARTED:7.1f} s] {line}")
+            sink.flush()
 
     def __exit__(self, *exc: object) -> None:
         self.proc.send_signal(signal.SIGTERM)
