@@ -167,7 +167,7 @@ class BatchModel:
                                         retry_after_ms=self.retry_after_ms(tier), reason="queue_full")
             for i in fresh:  # (the cache was asked above: now only an earlier input of this call can lead)
                 taken[i] = (self.from_shared_work(ids[i], values[i], timeout_s, tier, tenant, use_cache=False)
-                            or self.submit(ids[i], values[i], timeout_s, tier, tenant))
+                            or self.submit(ids[i], values[i], timeout_s, tier, tenant, call=request_id))
         except BaseException:
             for request in taken:  # all or none: what was taken is withdrawn
                 if request is not None:
@@ -202,14 +202,18 @@ class BatchModel:
         return request
 
     def submit(
-        self, request_id: str, raw: Any, timeout_s: float, tier: str = "default", tenant: str = "anonymous"
+        self, request_id: str, raw: Any, timeout_s: float, tier: str = "default", tenant: str = "anonymous",
+        call: str | None = None,
     ) -> PendingRequest:
         """Take one admitted input: it is prepared (off the loop when the backend has `prepare_batch`),
         then queued, unless it would not finish in time (`timeliness`). The caller awaits `.future`.
+        `call`: the id of the multi-input call it is one input of (its inputs take turns with the
+        tenant's other calls in the queue).
         Raises InvalidInput or ServiceOverloaded when that is known at once; otherwise the future
         carries it."""
         now = self._clock()
         request = self._new_request(request_id, raw, now, timeout_s, tier, tenant)
+        request.call = call
         if self.shared.enabled:
             request.key = self.shared.key_of(raw, tenant)
         if self.preprocessor is not None:

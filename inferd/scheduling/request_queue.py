@@ -1,9 +1,13 @@
-"""One length bucket's waiting requests: one queue per tier, and inside a tier one FIFO per tenant.
+"""One length bucket's waiting requests: one queue per tier, and inside a tier one queue per tenant.
 
 A batch is filled from the highest tier down; inside a tier, tenants take turns (round robin), so one
-tenant's burst cannot take every slot of a batch. A request that has waited past its tier's
-`promote_after` is served before any tier order (the starvation guard). A batch stops at its size limit
-and at its token budget (a request without a token count costs one).
+tenant's burst cannot take every slot of a batch. Inside a tenant, its calls take turns too: a call of
+one input is one entry of the tenant's FIFO, and the inputs of a multi-input call (/v1/embeddings,
+/v1/rerank, a v2 tensor) wait together as one entry that gives up one input per turn and goes back to
+the end, so a 10-document call is not served after every pair of the 100-document calls queued before
+it. A request that has waited past its tier's `promote_after` is served before any tier order (the
+starvation guard). A batch stops at its size limit and at its token budget (a request without a token
+count costs one).
 
 Not thread-safe by itself: the batcher holds its lock around every call. Cancelled and expired
 requests stay in their deque as tombstones until they reach its head, so a client going away costs
@@ -27,23 +31,101 @@ from .policy import BucketView
 _QUEUED = RequestState.QUEUED
 
 
+class _Call:
+    """The waiting inputs of one multi-input call: one entry of its tenant's queue."""
+
+    __slots__ = ("call", "items")
+
+    def __init__(self, call: str) -> None:
+        self.call = call
+        self.items: deque[PendingRequest] = deque()
+
+    def head(self) -> PendingRequest | None:
+        items = self.items
+        while items and items[0].state is not _QUEUED:
+            items.popleft()
+        return items[0] if items else None
+
+    def newest(self) -> PendingRequest | None:
+        items = self.items
+        while items and items[-1].state is not _QUEUED:
+            items.pop()
+        return items[-1] if items else None
+
+
 class _TierQueue:
-    __slots__ = ("name", "rank", "promote_after_s", "tenants", "turns", "live", "tenant_live")
+    __slots__ = ("name", "rank", "promote_after_s", "tenants", "turns", "calls", "live", "tenant_live")
 
     def __init__(self, name: str, rank: int, promote_after_s: float | None) -> None:
         self.name = name
         self.rank = rank
         self.promote_after_s = promote_after_s
-        self.tenants: dict[str, deque[PendingRequest]] = {}
+        self.tenants: dict[str, deque[PendingRequest | _Call]] = {}  # a call's entry is in its tenant's deque
         self.turns: deque[str] = deque()  # tenants with (possibly) waiting requests, in turn order
+        self.calls: dict[tuple[str, str], _Call] = {}  # (tenant, call) -> its entry, while in the deque
         self.live = 0
         self.tenant_live: dict[str, int] = {}  # waiting requests per tenant
 
     def head(self, tenant: str) -> PendingRequest | None:
+        """The tenant's next request to serve (a tombstone or a spent call at the front is dropped)."""
         items = self.tenants[tenant]
-        while items and items[0].state is not _QUEUED:
+        while items:
+            first = items[0]
+            if isinstance(first, _Call):
+                request = first.head()
+                if request is not None:
+                    return request
+                del self.calls[(tenant, first.call)]
+            elif first.state is _QUEUED:
+                return first
             items.popleft()
-        return items[0] if items else None
+        return None
+
+    def pop(self, tenant: str) -> PendingRequest:
+        """Take the request `head(tenant)` returned; a call with inputs left goes to the end of the
+        tenant's queue (its next input waits for the tenant's other calls' turns)."""
+        items = self.tenants[tenant]
+        first = items.popleft()
+        if not isinstance(first, _Call):
+            return first
+        request = first.items.popleft()
+        if first.items:
+            items.append(first)
+        else:
+            del self.calls[(tenant, first.call)]
+        return request
+
+    def newest(self, tenant: str) -> PendingRequest | None:
+        """The request the tenant's turn order reaches last (a spent call at the back is dropped)."""
+        items = self.tenants.get(tenant)
+        while items:
+            last = items[-1]
+            if isinstance(last, _Call):
+                request = last.newest()
+                if request is not None:
+                    return request
+                del self.calls[(tenant, last.call)]
+            elif last.state is _QUEUED:
+                return last
+            items.pop()
+        return None
+
+    def unlink(self, request: PendingRequest) -> None:
+        """Take a queued `request` out of wherever it sits (linear: only for the rare promotion)."""
+        entry = self.calls.get((request.tenant, request.call)) if request.call is not None else None
+        if entry is not None and request in entry.items:
+            entry.items.remove(request)
+        else:
+            self.tenants[request.tenant].remove(request)
+
+    def each(self) -> Iterator[PendingRequest]:
+        """Every request in the tier's queues, tombstones included."""
+        for items in self.tenants.values():
+            for entry in items:
+                if isinstance(entry, _Call):
+                    yield from entry.items
+                else:
+                    yield entry
 
     def heads(self) -> Iterator[PendingRequest]:
         for tenant in list(self.turns):
@@ -91,7 +173,14 @@ class RequestQueue:
 
     def append(self, request: PendingRequest) -> None:
         tier, items = self._tenant_queue(request, front=False)
-        items.append(request)
+        if request.call is None:
+            items.append(request)
+        else:  # one input of a multi-input call: into the call's entry (a new one at the end if it has none)
+            entry = tier.calls.get((request.tenant, request.call))
+            if entry is None:
+                entry = tier.calls[(request.tenant, request.call)] = _Call(request.call)
+                items.append(entry)
+            entry.items.append(request)
         self._joined(tier, request)
 
     def appendleft(self, requests: list[PendingRequest]) -> None:
@@ -141,26 +230,22 @@ class RequestQueue:
         self._left(tier, request)
         items = tier.tenants.get(request.tenant)
         if items is not None and len(items) > 64 and len(items) > 4 * tier.live:
-            tier.tenants[request.tenant] = deque(r for r in items if r.state is _QUEUED)
+            tier.tenants[request.tenant] = deque(e for e in items if isinstance(e, _Call) or e.state is _QUEUED)
         return True
 
     def promote(self, request: PendingRequest, tier: str) -> None:
         """Move a waiting request to a higher `tier`'s queue (the end of its tenant's FIFO there): an
         identical request of that tier now waits on its computation (collapsing)."""
         old = self._by_name[request.tier]
-        old.tenants[request.tenant].remove(request)  # (linear, and rare: only when a higher tier attaches)
+        old.unlink(request)  # (linear, and rare: only when a higher tier attaches)
         self._left(old, request)
         request.tier = tier
-        new, items = self._tenant_queue(request, front=False)
-        items.append(request)
-        self._joined(new, request)
+        self.append(request)
 
     def newest_of(self, tier: str, tenant: str) -> PendingRequest | None:
-        """The tenant's most recent waiting request in `tier` (the first to shed: it has waited least)."""
-        items = self._by_name[tier].tenants.get(tenant)
-        while items and items[-1].state is not _QUEUED:
-            items.pop()
-        return items[-1] if items else None
+        """The tenant's waiting request in `tier` that its turn order reaches last (the first to shed: the
+        most recent, or the last input of a call served in turns)."""
+        return self._by_name[tier].newest(tenant)
 
     def oldest(self) -> PendingRequest | None:
         """The longest-waiting live request (its age drives the linger)."""
@@ -226,7 +311,7 @@ class RequestQueue:
         if self._promoting:
             self._take_promoted(batch, now)
         for tier in self._tiers:
-            if tier.live and len(tier.turns) == 1:
+            if tier.live and len(tier.turns) == 1 and not tier.calls:
                 self._take_fifo(tier, now, batch)
             while tier.live and batch.open:
                 tenant = tier.turns[0]
@@ -237,7 +322,7 @@ class RequestQueue:
                     continue
                 if not batch.fits(head):
                     return batch.taken
-                tier.tenants[tenant].popleft()
+                tier.pop(tenant)
                 tier.turns.rotate(-1)
                 self._claim(tier, head, now, batch)
             if not batch.open:
@@ -285,7 +370,7 @@ class RequestQueue:
                     head = tier.head(tenant)
                     if head is None or head.enqueued_at > cutoff or not batch.fits(head):
                         break
-                    tier.tenants[tenant].popleft()
+                    tier.pop(tenant)
                     self._claim(tier, head, now, batch)
 
     def _claim(self, tier: _TierQueue, request: PendingRequest, now: float, batch: BatchFilling) -> None:
@@ -299,11 +384,11 @@ class RequestQueue:
     def drain(self) -> Iterator[PendingRequest]:
         """Remove and yield every live request (shutdown, breaker)."""
         for tier in self._tiers:
-            for items in tier.tenants.values():
-                for request in items:
-                    if request.state is _QUEUED:
-                        request.state = RequestState.CANCELLED
-                        self._left(tier, request)
-                        yield request
+            for request in list(tier.each()):
+                if request.state is _QUEUED:
+                    request.state = RequestState.CANCELLED
+                    self._left(tier, request)
+                    yield request
             tier.tenants.clear()
             tier.turns.clear()
+            tier.calls.clear()

@@ -130,6 +130,31 @@ async def test_a_client_that_leaves_takes_its_queued_items_with_it(http):
     assert not {"gone1", "gone2", "gone3"} & set(computed)
 
 
+async def test_a_small_call_takes_turns_with_the_big_calls_queued_before_it(http):
+    """Fairness between one tenant's calls: each call gives one input per turn, so the small call's
+    inputs run in the first batches rather than after every input of the big calls (FIFO: the last)."""
+    async with running_server(fake(latency_ms=300, max_batch_size=4)) as srv:
+        served = srv.models["emb"]
+        busy = asyncio.create_task(post(http, srv.url, {"model": "emb", "input": "busy"}))
+        await until(lambda: served.workers[0].current is not None)  # the worker is inside a 300 ms call
+        calls, done = {}, []
+
+        async def call(name: str, n: int) -> None:
+            status, body = await post(http, srv.url, {"model": "emb", "input": [f"{name}{i}" for i in range(n)]})
+            assert status == 200 and [d["embedding"] for d in body["data"]] == [chars(f"{name}{i}") for i in range(n)]
+            done.append(name)
+
+        for name, n, depth in (("a", 8, 8), ("b", 8, 16), ("s", 4, 20)):  # queued in this order
+            calls[name] = asyncio.create_task(call(name, n))
+            await until(lambda depth=depth: served.batcher.depth == depth)
+        await asyncio.gather(busy, *calls.values())
+        ran = list(served.workers[0].backend.gpu.computed)  # in computation order (its warm-up input first)
+    computed = ran[ran.index("busy") + 1:]
+    assert sorted(computed) == sorted([f"a{i}" for i in range(8)] + [f"b{i}" for i in range(8)] + [f"s{i}" for i in range(4)])
+    assert max(computed.index(f"s{i}") for i in range(4)) < 12  # within the first 3 batches (FIFO: 16-19)
+    assert done[0] == "s"
+
+
 async def test_a_call_past_its_deadline_gets_a_504_in_openai_shape(http):
     async with running_server(fake(latency_ms=300, max_batch_size=1)) as srv:
         served = srv.models["emb"]

@@ -1,4 +1,5 @@
-"""The per-bucket queue: FIFO per tenant, tiers, round robin, removal, promotion."""
+"""The per-bucket queue: FIFO per tenant, tiers, round robin of tenants and of a tenant's calls, removal,
+promotion."""
 
 from inferd.messages import PendingRequest, RequestState
 from inferd.scheduling.request_queue import RequestQueue
@@ -120,3 +121,98 @@ def test_a_member_that_would_be_late_anyway_does_not_hold_the_batch_back():
     for i in range(8):  # no curve (nothing measured yet): only the size limit
         q.append(request(i, due=100.001))
     assert len(q.take(5, now=100.0)) == 5
+
+
+def call_inputs(name: str, n: int, start: int, **kw) -> list[PendingRequest]:  # type: ignore[no-untyped-def]
+    """The `n` inputs of one multi-input call `name` (request ids name.0, name.1...)."""
+    return [PendingRequest(f"{name}.{i}", f"{name}{i}", enqueued_at=float(start + i), deadline=1e9, future=None,  # type: ignore[arg-type]
+                           call=name, **kw) for i in range(n)]
+
+
+def ids(requests: list[PendingRequest]) -> list[str]:
+    return [r.request_id for r in requests]
+
+
+def test_the_calls_of_one_tenant_take_turns_a_small_call_is_not_served_after_the_big_ones():
+    q = RequestQueue()
+    for r in (*call_inputs("big1", 100, 0), *call_inputs("big2", 100, 100), *call_inputs("small", 3, 200)):
+        q.append(r)
+    single = request(300)
+    q.append(single)
+    assert ids(q.take(8, now=0)) == ["big1.0", "big2.0", "small.0", "r300", "big1.1", "big2.1", "small.1", "big1.2"]
+    assert ids(q.take(4, now=0)) == ["big2.2", "small.2", "big1.3", "big2.3"]  # then only the big calls, in turns
+    assert q.live == 200 - 8
+    assert ids(q.take(200, now=0)) == [f"big{k}.{i}" for i in range(4, 100) for k in (1, 2)]
+    assert q.live == 0 and q.take(1, now=0) == []
+    assert not q._by_name["default"].calls  # every call's entry left with its last input
+
+
+def test_calls_take_turns_inside_their_tenant_and_tenants_still_take_turns():
+    q = RequestQueue()
+    for r in call_inputs("a", 4, 0, tenant="heavy"):
+        q.append(r)
+    for r in call_inputs("b", 4, 10, tenant="heavy"):
+        q.append(r)
+    q.append(request(20, tenant="light"))
+    q.append(request(21, tenant="light"))
+    assert ids(q.take(6, now=0)) == ["a.0", "r20", "b.0", "r21", "a.1", "b.1"]
+
+
+def test_a_calls_withdrawn_inputs_are_never_taken_and_its_entry_goes():
+    q = RequestQueue()
+    withdrawn = call_inputs("gone", 5, 0)
+    for r in (*withdrawn, *call_inputs("kept", 2, 10)):
+        q.append(r)
+    for r in withdrawn:
+        assert q.remove(r, RequestState.CANCELLED)
+    assert q.live == 2 and q.oldest() is not None and q.oldest().request_id == "kept.0"
+    assert ids(q.take(10, now=0)) == ["kept.0", "kept.1"]
+    assert not q._by_name["default"].calls and q.live == 0
+
+
+def test_shedding_takes_what_the_turn_order_reaches_last_and_drain_finds_every_input():
+    q = RequestQueue()
+    inputs = call_inputs("c", 3, 0)
+    for r in inputs:
+        q.append(r)
+    q.append(request(10))
+    assert q.newest_of("default", "anonymous").request_id == "r10"
+    q.take(2, now=0)  # c.0, then r10: the call is the only entry left
+    assert q.newest_of("default", "anonymous") is inputs[2]
+    assert q.remove(inputs[2], RequestState.REJECTED)
+    assert q.newest_of("default", "anonymous") is inputs[1]
+    assert list(q.drain()) == [inputs[1]] and q.live == 0 and inputs[1].state is RequestState.CANCELLED
+
+
+def test_a_calls_input_promoted_to_a_higher_tier_moves_alone():
+    q = RequestQueue(TIERS)
+    inputs = call_inputs("c", 3, 0, tier="free")
+    for r in inputs:
+        q.append(r)
+    q.promote(inputs[1], "paid")
+    assert q.live_by_tier() == {"enterprise": 0, "paid": 1, "free": 2}
+    assert ids(q.take(3, now=0.1)) == ["c.1", "c.0", "c.2"]
+
+
+def test_a_batch_put_back_goes_first_even_when_its_inputs_belong_to_a_call():
+    q = RequestQueue()
+    inputs = call_inputs("c", 4, 0)
+    for r in inputs:
+        q.append(r)
+    taken = q.take(2, now=0)
+    q.appendleft(taken)  # its worker died: the batch runs again, first
+    assert ids(q.take(4, now=0)) == ["c.0", "c.1", "c.2", "c.3"]
+    assert not q._by_name["default"].calls  # the call's entry left with its last input
+
+
+def test_without_calls_one_tenants_fast_path_and_the_turns_give_the_same_order():
+    fast, turns = RequestQueue(), RequestQueue()
+    for i in range(20):
+        fast.append(request(i, deadline=5 if i % 7 == 3 else 1e9))
+        turns.append(request(i, deadline=5 if i % 7 == 3 else 1e9))
+    turns.append(request(99, tenant="other"))  # a second tenant: the general path
+    assert turns.remove(turns.newest_of("default", "other"), RequestState.CANCELLED)  # ...with nothing of its own
+    for q in (fast, turns):
+        q.remove(q.newest_of("default", "anonymous"), RequestState.CANCELLED)
+    assert ids(fast.take(8, now=10)) == ids(turns.take(8, now=10))
+    assert ids(fast.take(100, now=10)) == ids(turns.take(100, now=10))
