@@ -106,15 +106,18 @@ class EngineStats:
 
 @dataclass
 class Delta:
-    """One step of a generation: new text, and how it ended when it did."""
+    """One step of one of a request's choices (`n` of them, 1 unless asked): new text, and how the
+    choice ended when it did; `done` on the request's last delta."""
 
     text: str
     token_count: int
-    finished: bool
+    finished: bool  # this choice ended
     finish_reason: str | None = None
     prompt_tokens: int = 0
-    completion_tokens: int = 0
+    completion_tokens: int = 0  # the request's so far, all choices together
     logprobs: list[TokenLogprob] | None = None  # the new tokens', when the request asked for them
+    index: int = 0  # which choice
+    done: bool = False  # every choice ended
 
 
 @dataclass(slots=True)
@@ -201,6 +204,7 @@ class VllmEngine:
 
             structured = StructuredOutputsParams(**structured)
         return SamplingParams(
+            n=int(overrides.get("n", 1)),
             max_tokens=int(overrides.get("max_tokens") or d.max_tokens),
             temperature=float(overrides.get("temperature", d.temperature)),
             top_p=float(overrides.get("top_p", d.top_p)),
@@ -221,11 +225,19 @@ class VllmEngine:
         stream = self.engine.generate({"prompt_token_ids": prompt_ids}, sampling, request_id, priority=priority)
         try:
             async for out in stream:
-                piece = out.outputs[0]
-                completion += len(piece.token_ids)
-                logprobs = None if piece.logprobs is None else _token_logprobs(piece, sampling.logprobs)
-                yield Delta(piece.text, len(piece.token_ids), out.finished, piece.finish_reason,
-                            len(prompt_ids), completion, logprobs)
+                # (with n > 1, vLLM's parallel sampling gives the choices that moved, each with its index)
+                deltas = []
+                for piece in out.outputs:
+                    completion += len(piece.token_ids)
+                    logprobs = None if piece.logprobs is None else _token_logprobs(piece, sampling.logprobs)
+                    deltas.append(Delta(piece.text, len(piece.token_ids), piece.finish_reason is not None,
+                                        piece.finish_reason, len(prompt_ids), completion, logprobs, piece.index))
+                if out.finished:
+                    if not deltas:  # (nothing new in the last step: still a last delta that says so)
+                        deltas.append(Delta("", 0, True, None, len(prompt_ids), completion))
+                    deltas[-1].done = deltas[-1].finished = True
+                for delta in deltas:
+                    yield delta
                 if out.finished:
                     return
         finally:

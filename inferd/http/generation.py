@@ -29,7 +29,7 @@ from ..observability.tracing import Generated
 from .batch_calls import CallStart, call_start
 from .body_reader import BodyReader, json_object
 from .inference_body import InferenceCall, timeout_ms
-from .openai_text import TextAnswer, parse_text_call
+from .openai_text import Choice, TextAnswer, parse_text_call
 from .request_ids import RequestIds
 from .responses import WholeResponse, dumps, error_response
 from .sampling_fields import sampling_fields
@@ -63,14 +63,14 @@ class GenerationApi:
         body was read and the caller identified by the `/v1/inference` handler."""
         request_id, started = start.request_id, start.started
         body = call.body
-        def whole(text: str, last: Any, tokens: list[Any]) -> dict[str, Any]:
-            return {"output": text, "request_id": request_id, "model": model.name,
+        def whole(choices: list[Choice], last: Any) -> dict[str, Any]:
+            return {"output": choices[0].text, "request_id": request_id, "model": model.name,
                     "latency_ms": round((time.monotonic() - started) * 1000, 3),
-                    "finish_reason": last.finish_reason, "usage": _usage(last)}
+                    "finish_reason": choices[0].finish_reason, "usage": _usage(last)}
 
         def chunk(text: str, last: Any) -> list[dict[str, Any]]:
             event: dict[str, Any] = {"delta": text, "request_id": request_id}
-            if last.finished:
+            if last.done:
                 event.update(done=True, finish_reason=last.finish_reason, usage=_usage(last))
             return [event]
 
@@ -107,21 +107,24 @@ class GenerationApi:
         body = {**body, "logprobs": call.logprobs, "structured_outputs": call.structured}
         prompt_ids = partial(model.prompt_ids, messages=call.messages) if call.chat else partial(model.prompt_ids, call.prompt)
         return await self._serve(request, model, body, who, start, call.chars, prompt_ids,
-                                 lambda text, last, tokens: answer.whole(text, last, _usage(last), tokens),
+                                 lambda choices, last: answer.whole(choices, _usage(last)),
                                  lambda text, last: answer.chunks(text, last, _usage(last)), openai=True)
 
     # ---- one generation, whole or streamed -------------------------------------------------------
 
     async def _serve(self, request: web.BaseRequest, model: GenerationModel, body: dict[str, Any], who: Identity,
                      start: CallStart, chars: int, prompt_ids: Callable[[], Awaitable[list[int]]],
-                     whole: Callable[[str, Any, list[Any]], dict], chunk: Callable[[str, Any], list[dict]], *,
+                     whole: Callable[[list[Choice], Any], dict], chunk: Callable[[str, Any], list[dict]], *,
                      openai: bool) -> web.StreamResponse:
-        """`openai`: errors in OpenAI's shape, and a stream ends with `data: [DONE]`. A traced request's
-        stages are noted on its trace as they end (`Generated`), for its span."""
+        """`openai`: errors in OpenAI's shape, a stream ends with `data: [DONE]`, and `n` choices may be
+        asked (inferd's own shape has one output). A traced request's stages are noted on its trace as
+        they end (`Generated`), for its span."""
         tier, tenant, request_id, started, trace = who.tier, who.tenant, start.request_id, start.started, start.trace
         stages: Generated | None = None
         try:
             overrides = sampling_fields(body)
+            if not openai and overrides.get("n", 1) != 1:
+                raise InvalidInput("`n` above 1 (several choices) is for /v1/completions and /v1/chat/completions")
             ticket = self.admission.admit_generation(model, who, timeout_ms(body), chars)  # before any tokenising
             if trace is not None:
                 trace.model, trace.tier, trace.tenant = model.name, tier, tenant
@@ -137,8 +140,8 @@ class GenerationApi:
         deltas = model.stream(ids, sampling, ticket.priority, stages.engine_request_id if stages is not None else None)
         streaming = bool(body.get("stream"))
         response: web.StreamResponse | None = None
-        pieces: list[str] = []
-        tokens: list[Any] = []  # their logprobs, when asked
+        pieces: dict[int, list[str]] = {}  # by choice
+        made: dict[int, Choice] = {}  # by choice: how it ended, its tokens' logprobs when asked
         last = None
         try:
             async with asyncio.timeout(timeout_s):
@@ -147,9 +150,14 @@ class GenerationApi:
                         _note(stages, delta)
                     last = delta
                     if not streaming:
-                        pieces.append(delta.text)
+                        choice = made.get(delta.index)
+                        if choice is None:
+                            choice, pieces[delta.index] = made.setdefault(delta.index, Choice(tokens=[])), []
+                        pieces[delta.index].append(delta.text)
                         if delta.logprobs:
-                            tokens.extend(delta.logprobs)
+                            choice.tokens.extend(delta.logprobs)  # type: ignore[union-attr]
+                        if delta.finished:
+                            choice.finish_reason = delta.finish_reason
                         continue
                     if response is None:
                         response = web.StreamResponse(headers={**_SSE_HEADERS, "X-Request-ID": request_id})
@@ -184,7 +192,10 @@ class GenerationApi:
             return response
         self.outcomes.record(request_id, model.name, tier, 200, "", started, tenant=tenant, trace=trace)
         if not streaming:
-            return WholeResponse(200, dumps(whole("".join(pieces), last, tokens)), (("X-Request-ID", request_id),))
+            for index, choice in made.items():
+                choice.text = "".join(pieces[index])
+            choices = [made.get(i) or Choice(tokens=[]) for i in range(overrides.get("n", 1))]
+            return WholeResponse(200, dumps(whole(choices, last)), (("X-Request-ID", request_id),))
         if response is None:  # nothing was generated: still a well-formed stream
             response = web.StreamResponse(headers={**_SSE_HEADERS, "X-Request-ID": request_id})
             await response.prepare(request)

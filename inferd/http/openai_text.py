@@ -34,8 +34,6 @@ def parse_text_call(body: dict[str, Any], chat: bool) -> TextCall:
     for key in _UNSUPPORTED:
         if body.get(key) not in (None, False):
             raise InvalidInput(f"`{key}` is not supported by this server")
-    if body.get("n", 1) not in (1, None):
-        raise InvalidInput("only n = 1 is supported")
     options = body.get("stream_options")  # (its shape is checked with the sampling fields)
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
     logprobs, structured = _logprobs(body, chat), _structured(body.get("response_format"))
@@ -113,6 +111,15 @@ def _message(message: Any, i: int) -> dict[str, str]:
     return {"role": message["role"], "content": content}
 
 
+@dataclass(slots=True)
+class Choice:
+    """One of a request's choices, whole: its text, how it ended, its tokens' logprobs (when asked)."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    tokens: list[Any] | None = None
+
+
 class TextAnswer:
     """Builds the answer of one call: whole, or chunk by chunk (the role in the first delta only, the
     usage in a final chunk of its own with no choices when `stream_options.include_usage`)."""
@@ -123,37 +130,43 @@ class TextAnswer:
         self.created = created
         self.id = ("chatcmpl-" if call.chat else "cmpl-") + os.urandom(12).hex()
         self.kind = "chat.completion" if call.chat else "text_completion"
-        self._role_sent = False
-        self._text_offset = 0  # (the completions API's offsets run on across a stream's chunks)
+        self._role_sent: set[int] = set()  # the choices whose first delta went (it carries the role)
+        self._text_offset: dict[int, int] = {}  # (the completions API's offsets run on across a stream's chunks)
 
-    def whole(self, text: str, last: Any, usage: dict[str, int], tokens: list[Any] | None = None) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason if last else "stop",
-                                  "logprobs": self._logprobs(tokens)}
-        if self.call.chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
+    def whole(self, choices: list[Choice], usage: dict[str, int]) -> dict[str, Any]:
+        answers = []
+        for index, made in enumerate(choices):
+            choice: dict[str, Any] = {"index": index, "finish_reason": made.finish_reason or "stop",
+                                      "logprobs": self._logprobs(made.tokens, index)}
+            if self.call.chat:
+                choice["message"] = {"role": "assistant", "content": made.text}
+            else:
+                choice["text"] = made.text
+            answers.append(choice)
         return {"id": self.id, "object": self.kind, "created": self.created, "model": self.model,
-                "choices": [choice], "usage": usage}
+                "choices": answers, "usage": usage}
 
     def chunks(self, text: str, last: Any, usage: dict[str, int]) -> list[dict[str, Any]]:
+        """The events of one delta of one choice (`last.index`); after the request's last, the usage."""
+        index = last.index
         reason = last.finish_reason if last.finished else None
-        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": self._logprobs(last.logprobs)}
+        choice: dict[str, Any] = {"index": index, "finish_reason": reason, "logprobs": self._logprobs(last.logprobs, index)}
         if self.call.chat:
             delta: dict[str, str] = {}
-            if not self._role_sent:
-                delta["role"], self._role_sent = "assistant", True
+            if index not in self._role_sent:
+                delta["role"] = "assistant"
+                self._role_sent.add(index)
             if text or not last.finished:
                 delta["content"] = text
             choice["delta"] = delta
         else:
             choice["text"] = text
         events = [self._event([choice])]
-        if last.finished and self.call.include_usage:
+        if last.done and self.call.include_usage:
             events.append({**self._event([]), "usage": usage})
         return events
 
-    def _logprobs(self, tokens: list[Any] | None) -> dict[str, Any] | None:
+    def _logprobs(self, tokens: list[Any] | None, index: int) -> dict[str, Any] | None:
         """Tokens' logprobs in the shape of the call's API (chat's `content` list, or the completions
         API's parallel lists with text offsets); None when the call did not ask."""
         if self.call.logprobs is None or tokens is None:
@@ -162,11 +175,11 @@ class TextAnswer:
             return {"content": [{"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode()),
                                  "top_logprobs": [{"token": s, "logprob": lp, "bytes": list(s.encode())} for s, lp in t.top]}
                                 for t in tokens]}
-        offsets, at = [], self._text_offset
+        offsets, at = [], self._text_offset.get(index, 0)
         for t in tokens:
             offsets.append(at)
             at += len(t.token)
-        self._text_offset = at
+        self._text_offset[index] = at
         return {"tokens": [t.token for t in tokens], "token_logprobs": [t.logprob for t in tokens],
                 "top_logprobs": [dict(t.top) for t in tokens], "text_offset": offsets}
 

@@ -60,6 +60,7 @@ _GENERATION_FIELDS: dict[str, Any] = {key: _or_null(schema) for key, schema in {
     "user": {"type": "string"},
 }.items()}
 _RESPONSE_FORMAT = _or_null({"type": "object", "description": "text, json_object, or json_schema with its schema"})
+_CHOICES = _or_null({"type": "integer", "minimum": 1, "maximum": 16, "description": "choices to generate for the prompt"})
 _TIMEOUT = _or_null({"type": "integer", "minimum": 1, "description": "this request's deadline, capped at max_timeout_ms"})
 _MODEL = _or_null({"type": "string", "description": "default: the first configured model"})
 # One Server-Sent Event: `data` a JSON chunk (or [DONE]); `event: error` for a failure mid-stream.
@@ -132,7 +133,7 @@ PATHS: dict[str, Any] = {
     "/v1/completions": {"post": {"summary": "OpenAI's text completions (generation models)", "requestBody": {
         "required": True, "content": {"application/json": {"schema": {
             "type": "object", "required": ["model", "prompt"],
-            "properties": {"model": {"type": "string"}, "timeout_ms": _TIMEOUT, "n": {"const": 1},
+            "properties": {"model": {"type": "string"}, "timeout_ms": _TIMEOUT, "n": _CHOICES,
                            "logprobs": _or_null({"type": "integer", "minimum": 0, "maximum": 20}),
                            "response_format": _RESPONSE_FORMAT,
                            "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
@@ -141,7 +142,7 @@ PATHS: dict[str, Any] = {
     "/v1/chat/completions": {"post": {"summary": "OpenAI's chat completions (generation models)", "requestBody": {
         "required": True, "content": {"application/json": {"schema": {
             "type": "object", "required": ["model", "messages"],
-            "properties": {"model": {"type": "string"}, "timeout_ms": _TIMEOUT, "n": {"const": 1},
+            "properties": {"model": {"type": "string"}, "timeout_ms": _TIMEOUT, "n": _CHOICES,
                            "logprobs": _or_null({"type": "boolean"}),
                            "top_logprobs": _or_null({"type": "integer", "minimum": 0, "maximum": 20}),
                            "response_format": _RESPONSE_FORMAT,

@@ -37,6 +37,7 @@ def sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
     return overrides
 
 
+MAX_CHOICES = 16  # `n`: each choice is a sequence of its own in the engine's batch (OpenAI allows 128)
 _STRUCTURED = frozenset({"json", "regex", "choice", "grammar", "json_object"})
 
 
@@ -49,6 +50,7 @@ def _integer(value: Any) -> bool:
 
 
 _SAMPLING_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "n": (lambda v: _integer(v) and 1 <= v <= MAX_CHOICES, f"an integer from 1 to {MAX_CHOICES}"),  # (choices per prompt)
     "max_tokens": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
     "temperature": (lambda v: _number(v) and 0 <= v <= 2, "a number from 0 to 2"),
     "top_p": (lambda v: _number(v) and 0 < v <= 1, "a number above 0, at most 1"),

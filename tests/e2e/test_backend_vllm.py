@@ -415,3 +415,34 @@ async def test_structured_outputs_hold_the_output_to_a_schema_or_a_choice(server
             assert resp.status == 400 and "response_format" in (await resp.json())["error"]["message"]
     status, refused = await generate(client, url, {"model": "tiny", "input": "x", "structured_outputs": {"xml": 1}}, headers)
     assert status == 400 and "`structured_outputs`" in refused["message"]
+
+
+async def test_n_choices_whole_and_streamed_with_the_official_client(server, client):
+    """`n = 2`: two choices, each sampled with its own seed (vLLM's parallel sampling: seed + index), the
+    usage counting both; streamed, each choice's chunks carry its index and add up to its whole text."""
+    api = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=KEYS["enterprise"], max_retries=0)
+    ask = dict(model="tiny", prompt="Two answers", max_tokens=8, seed=11, temperature=1.0, n=2, extra_body={"min_tokens": 8})
+    whole = await api.completions.create(**ask)
+    assert [c.index for c in whole.choices] == [0, 1] and all(c.finish_reason == "length" for c in whole.choices)
+    assert whole.usage.completion_tokens == 16 and whole.choices[0].text != whole.choices[1].text
+    texts: dict[int, str] = {0: "", 1: ""}
+    usage = None
+    async for chunk in await api.completions.create(**ask, stream=True, stream_options={"include_usage": True}):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+        usage = chunk.usage or usage
+    assert texts == {0: whole.choices[0].text, 1: whole.choices[1].text} and usage.completion_tokens == 16
+    roles: dict[int, list[str | None]] = {0: [], 1: []}
+    chat = dict(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=5, seed=2, n=2, extra_body={"min_tokens": 5})
+    async for chunk in await api.chat.completions.create(**chat, stream=True):
+        for c in chunk.choices:
+            roles[c.index].append(c.delta.role)
+    assert all(seen[0] == "assistant" and not any(seen[1:]) for seen in roles.values())  # the role once per choice
+    assert len((await api.chat.completions.create(**chat)).choices) == 2
+    await api.close()
+    headers = bearer("enterprise")
+    too_many = {"model": "tiny", "prompt": "x", "n": 17}
+    async with client.post(f"{server.url}/v1/completions", json=too_many, headers=headers) as resp:
+        assert resp.status == 400 and "`n`" in (await resp.json())["error"]["message"]
+    status, refused = await generate(client, server.url, {"model": "tiny", "input": "x", "n": 2}, headers)
+    assert status == 400 and "`n`" in refused["message"]

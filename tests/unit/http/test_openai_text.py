@@ -19,3 +19,22 @@ def test_every_string_that_reaches_the_chat_template_counts_roles_too():
 def test_a_message_without_a_string_role_is_a_400():
     with pytest.raises(InvalidInput):
         parse_text_call({"messages": [{"role": 5, "content": "x"}]}, chat=True)
+
+
+def test_the_chunks_of_two_choices_carry_their_index_the_role_once_each_and_the_usage_after_the_last():
+    from inferd.backends.vllm import Delta
+    from inferd.http.openai_text import Choice, TextAnswer
+
+    answer = TextAnswer(parse_text_call({"messages": [{"role": "user", "content": "hi"}],
+                                         "stream_options": {"include_usage": True}}, chat=True), "m", 0)
+    usage = {"prompt_tokens": 1, "completion_tokens": 4, "total_tokens": 5}
+    steps = [Delta("a", 1, False, index=0), Delta("b", 1, False, index=1), Delta("c", 1, True, "length", index=1),
+             Delta("d", 1, True, "stop", index=0, done=True)]
+    events = [e for step in steps for e in answer.chunks(step.text, step, usage)]
+    choices = [e["choices"][0] for e in events if e["choices"]]
+    assert [(c["index"], c["delta"].get("role"), c["delta"]["content"], c["finish_reason"]) for c in choices] == [
+        (0, "assistant", "a", None), (1, "assistant", "b", None), (1, None, "c", "length"), (0, None, "d", "stop")]
+    assert [e.get("usage") for e in events] == [None, None, None, None, usage]  # once, after the request's last delta
+    whole = answer.whole([Choice("ad", "stop"), Choice("bc", "length")], usage)
+    assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in whole["choices"]] == [
+        (0, "ad", "stop"), (1, "bc", "length")]
