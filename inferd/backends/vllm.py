@@ -8,9 +8,10 @@ own figures (running and waiting requests, KV-cache usage) for /metrics.
 
 Options (`[models.options]` of a model with `kind = "generation"`): `model_path` (a local folder),
 `dtype`, `max_model_len`, `kv_cache_memory_bytes`, `max_num_seqs`, sampling defaults `max_tokens`,
-`temperature`, `top_p`, `seed`, and `engine_args` (any AsyncEngineArgs field, which wins over inferd's
-defaults: e.g. `gpu_memory_utilization`, `enable_prefix_caching`, `enable_chunked_prefill`,
-`tensor_parallel_size`, `enforce_eager`).
+`temperature`, `top_p`, `seed`, `tool_call_parser` (a vLLM tool parser, e.g. "hermes": what reads the
+model's own tool calls for `tool_choice: "auto"`; see `vllm_tools`), and `engine_args` (any
+AsyncEngineArgs field, which wins over inferd's defaults: e.g. `gpu_memory_utilization`,
+`enable_prefix_caching`, `enable_chunked_prefill`, `tensor_parallel_size`, `enforce_eager`).
 
 Defaults follow the device, as vLLM's own server does: on CUDA, CUDA graphs on (vLLM's decode depends
 on them) and the KV cache sized by `gpu_memory_utilization` (vLLM's 0.9) unless `kv_cache_memory_bytes`
@@ -35,12 +36,12 @@ _ENVIRONMENT = (("HF_HUB_OFFLINE", "1"), ("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_
 
 _OPTIONS = {
     "model_path", "dtype", "max_model_len", "kv_cache_memory_bytes", "max_num_seqs",
-    "max_tokens", "temperature", "top_p", "seed", "engine_args",
+    "max_tokens", "temperature", "top_p", "seed", "engine_args", "tool_call_parser",
 }
 _PASSED_AS_GIVEN = ("frequency_penalty", "presence_penalty", "repetition_penalty", "top_k", "min_p", "min_tokens",
-                    "logprobs")  # (checked by HTTP)
+                    "logprobs", "skip_special_tokens")  # (checked by HTTP)
 DEFAULT_CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] or '' }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
 
@@ -106,8 +107,7 @@ class EngineStats:
 
 @dataclass
 class Delta:
-    """One step of one of a request's choices (`n` of them, 1 unless asked): new text, and how the
-    choice ended when it did; `done` on the request's last delta."""
+    """One step of one of a request's `n` choices: new text, how the choice ended; `done`: the request's last."""
 
     text: str
     token_count: int
@@ -166,10 +166,15 @@ class VllmEngine:
 
         stats = self.stats
         settings = engine_settings(self.options, cuda=torch.cuda.is_available())
-        known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
-        unknown = sorted(set(settings) - known)
+        fields = {f.name: f for f in dataclasses.fields(AsyncEngineArgs)}
+        unknown = sorted(set(settings) - set(fields))
         if unknown:
             raise ValueError(f"inferd.backends.vllm: `engine_args` names no AsyncEngineArgs field: {unknown}")
+        settings.update({k: _config_of(fields[k], v) for k, v in settings.items() if isinstance(v, Mapping)})
+        if self.options.get("tool_call_parser") is not None:
+            from .vllm_tools import check_parser
+
+            check_parser(str(self.options["tool_call_parser"]))
         args = AsyncEngineArgs(**settings)
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(stats)])
         self.tokenizer = self.engine.get_tokenizer()
@@ -186,11 +191,17 @@ class VllmEngine:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text)["input_ids"])
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    def encode_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding
             ids = ids["input_ids"]
         return list(ids)
+
+    def tool_plan(self, body: dict[str, Any]) -> Any:
+        """A chat request's tools as vLLM reads them (`vllm_tools.plan`); None when it names none."""
+        from .vllm_tools import plan
+
+        return plan(body, self.options.get("tool_call_parser"), self.tokenizer)
 
     def sampling(self, overrides: Mapping[str, Any]) -> Any:
         from vllm import SamplingParams
@@ -250,6 +261,12 @@ class VllmEngine:
         if self.engine is None:
             return 0
         return self.engine.output_processor.get_num_unfinished_requests()
+
+
+def _config_of(spec: dataclasses.Field, table: Mapping[str, Any]) -> Any:
+    """A table for a config field (e.g. `structured_outputs_config`) as that config class, else as given."""
+    default = spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
+    return type(default)(**table) if dataclasses.is_dataclass(default) else dict(table)
 
 
 def _token_logprobs(piece: Any, top_k: int) -> list[TokenLogprob]:

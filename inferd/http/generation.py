@@ -99,13 +99,21 @@ class GenerationApi:
             if model is None:
                 raise ModelNotFound(f"no generation model named {name!r}; see GET /v1/models")
             call = parse_text_call(body, chat)
+            tools = model.tool_plan(body) if chat else None
+            if tools is not None and tools.forced and call.structured is not None:
+                raise InvalidInput("`response_format` and a forced `tool_choice` cannot both hold the output")
         except InferdError as error:
             self.outcomes.record_error(request_id, "-", tier, error, started, tenant=tenant)
             return error_response(error, request_id, close=self.lifecycle.draining, openai=True)
-        answer = TextAnswer(call, model.name, int(time.time()))
-        # (the engine's: alternatives per token, and the structured output asked; None: none)
-        body = {**body, "logprobs": call.logprobs, "structured_outputs": call.structured}
-        prompt_ids = partial(model.prompt_ids, messages=call.messages) if call.chat else partial(model.prompt_ids, call.prompt)
+        answer = TextAnswer(call, model.name, int(time.time()), tools)
+        # (the engine's: alternatives per token, and the structured output asked, a forced tool choice's
+        # among them; None: none)
+        structured = {"json": tools.schema} if tools is not None and tools.forced else call.structured
+        body = {**body, "logprobs": call.logprobs, "structured_outputs": structured}
+        if tools is not None and tools.keep_special_tokens:  # (the tool parser reads tags the tokenizer calls special)
+            body["skip_special_tokens"] = False
+        prompt_ids = (partial(model.prompt_ids, messages=call.messages, tools=tools.tools if tools is not None else None)
+                      if call.chat else partial(model.prompt_ids, call.prompt))
         return await self._serve(request, model, body, who, start, call.chars, prompt_ids,
                                  lambda choices, last: answer.whole(choices, _usage(last)),
                                  lambda text, last: answer.chunks(text, last, _usage(last)), openai=True)

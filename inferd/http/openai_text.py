@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInput
 
+if TYPE_CHECKING:
+    from ..models.generation import ToolPlan
+
 # Fields the engine path cannot honour yet: refused with a 400 rather than silently ignored.
-_UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "logit_bias",
-                "echo", "best_of", "suffix", "parallel_tool_calls")
+_UNSUPPORTED = ("functions", "function_call", "logit_bias", "echo", "best_of", "suffix")
+_CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls")
 
 
 @dataclass(slots=True)
@@ -23,7 +26,7 @@ class TextCall:
 
     chat: bool
     prompt: str = ""
-    messages: list[dict[str, str]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
     chars: int = 0
     include_usage: bool = False
     logprobs: int | None = None  # how many most likely tokens to show beside each generated one; None: no logprobs
@@ -34,13 +37,16 @@ def parse_text_call(body: dict[str, Any], chat: bool) -> TextCall:
     for key in _UNSUPPORTED:
         if body.get(key) not in (None, False):
             raise InvalidInput(f"`{key}` is not supported by this server")
+    for key in () if chat else _CHAT_ONLY:
+        if body.get(key) is not None:
+            raise InvalidInput(f"`{key}` is for /v1/chat/completions")
     options = body.get("stream_options")  # (its shape is checked with the sampling fields)
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
     logprobs, structured = _logprobs(body, chat), _structured(body.get("response_format"))
     if chat:
         messages = [_message(m, i) for i, m in enumerate(_non_empty_list(body.get("messages")))]
         # every string that reaches the chat template counts against `max_input_chars`, roles too
-        return TextCall(True, messages=messages, chars=sum(len(m["role"]) + len(m["content"]) for m in messages),
+        return TextCall(True, messages=messages, chars=sum(_chars(m) for m in messages),
                         include_usage=include_usage, logprobs=logprobs, structured=structured)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
@@ -97,8 +103,10 @@ def _non_empty_list(value: Any) -> list[Any]:
     return value
 
 
-def _message(message: Any, i: int) -> dict[str, str]:
-    """One chat message; `content` a string or a list of text parts (joined), as OpenAI's clients send."""
+def _message(message: Any, i: int) -> dict[str, Any]:
+    """One chat message; `content` a string or a list of text parts (joined), as OpenAI's clients send;
+    an assistant's `tool_calls` (its content may then be null) and a tool's `tool_call_id` go on to the
+    chat template as given."""
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise InvalidInput(f"`messages[{i}]` must be an object with a string `role`")
     content = message.get("content")
@@ -106,9 +114,32 @@ def _message(message: Any, i: int) -> dict[str, str]:
         if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
             raise InvalidInput(f"`messages[{i}].content`: only text parts ({{\"type\": \"text\", \"text\": ...}}) are supported")
         content = "".join(p["text"] for p in content)
-    if not isinstance(content, str):
+    calls = message.get("tool_calls")
+    if calls is not None and not (isinstance(calls, list) and all(_is_call(c) for c in calls)):
+        raise InvalidInput(f"`messages[{i}].tool_calls` must be a list of {{id, type, function: {{name, arguments}}}}")
+    if not isinstance(content, str) and not (content is None and calls):
         raise InvalidInput(f"`messages[{i}].content` must be a string or a list of text parts")
-    return {"role": message["role"], "content": content}
+    kept: dict[str, Any] = {"role": message["role"], "content": content}
+    if calls:
+        kept["tool_calls"] = calls
+    for key in ("tool_call_id", "name"):
+        if message.get(key) is not None:
+            if not isinstance(message[key], str):
+                raise InvalidInput(f"`messages[{i}].{key}` must be a string")
+            kept[key] = message[key]
+    return kept
+
+
+def _is_call(call: Any) -> bool:
+    function = call.get("function") if isinstance(call, dict) else None
+    return isinstance(function, dict) and isinstance(function.get("name"), str) and isinstance(function.get("arguments"), str)
+
+
+def _chars(message: dict[str, Any]) -> int:
+    """What a message brings to the chat template, in characters (its tool calls' names and arguments too)."""
+    calls = message.get("tool_calls") or ()
+    return (len(message["role"]) + len(message["content"] or "") + len(message.get("tool_call_id", ""))
+            + sum(len(c["function"]["name"]) + len(c["function"]["arguments"]) for c in calls))
 
 
 @dataclass(slots=True)
@@ -124,10 +155,13 @@ class TextAnswer:
     """Builds the answer of one call: whole, or chunk by chunk (the role in the first delta only, the
     usage in a final chunk of its own with no choices when `stream_options.include_usage`)."""
 
-    def __init__(self, call: TextCall, model: str, created: int) -> None:
+    def __init__(self, call: TextCall, model: str, created: int, tools: ToolPlan | None = None) -> None:
         self.call = call
         self.model = model
         self.created = created
+        self.tools = tools if tools is not None and tools.reads_calls else None  # (its output read for calls)
+        self._held: dict[int, list[str]] = {}  # with tools, by choice: its text until it ends
+        self._held_tokens: dict[int, list[Any]] = {}
         self.id = ("chatcmpl-" if call.chat else "cmpl-") + os.urandom(12).hex()
         self.kind = "chat.completion" if call.chat else "text_completion"
         self._role_sent: set[int] = set()  # the choices whose first delta went (it carries the role)
@@ -138,7 +172,11 @@ class TextAnswer:
         for index, made in enumerate(choices):
             choice: dict[str, Any] = {"index": index, "finish_reason": made.finish_reason or "stop",
                                       "logprobs": self._logprobs(made.tokens, index)}
-            if self.call.chat:
+            if self.tools is not None:
+                content, calls = self.tools.read(made.text)
+                choice["message"] = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+                choice["finish_reason"] = self.tools.finish_reason(choice["finish_reason"], calls)
+            elif self.call.chat:
                 choice["message"] = {"role": "assistant", "content": made.text}
             else:
                 choice["text"] = made.text
@@ -147,8 +185,11 @@ class TextAnswer:
                 "choices": answers, "usage": usage}
 
     def chunks(self, text: str, last: Any, usage: dict[str, int]) -> list[dict[str, Any]]:
-        """The events of one delta of one choice (`last.index`); after the request's last, the usage."""
+        """The events of one delta of one choice (`last.index`); after the request's last, the usage.
+        With tools, a choice is read for calls whole: it comes in one chunk when it ends."""
         index = last.index
+        if self.tools is not None:
+            return self._tool_chunks(text, last, usage)
         reason = last.finish_reason if last.finished else None
         choice: dict[str, Any] = {"index": index, "finish_reason": reason, "logprobs": self._logprobs(last.logprobs, index)}
         if self.call.chat:
@@ -162,6 +203,24 @@ class TextAnswer:
         else:
             choice["text"] = text
         events = [self._event([choice])]
+        if last.done and self.call.include_usage:
+            events.append({**self._event([]), "usage": usage})
+        return events
+
+    def _tool_chunks(self, text: str, last: Any, usage: dict[str, int]) -> list[dict[str, Any]]:
+        index = last.index
+        self._held.setdefault(index, []).append(text)
+        if last.logprobs:
+            self._held_tokens.setdefault(index, []).extend(last.logprobs)
+        if not last.finished:
+            return []
+        assert self.tools is not None
+        content, calls = self.tools.read("".join(self._held.pop(index)))
+        delta: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(calls)]
+        events = [self._event([{"index": index, "delta": delta, "logprobs": self._logprobs(self._held_tokens.pop(index, []), index),
+                                "finish_reason": self.tools.finish_reason(last.finish_reason, calls)}])]
         if last.done and self.call.include_usage:
             events.append({**self._event([]), "usage": usage})
         return events

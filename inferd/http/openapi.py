@@ -60,6 +60,9 @@ _GENERATION_FIELDS: dict[str, Any] = {key: _or_null(schema) for key, schema in {
     "user": {"type": "string"},
 }.items()}
 _RESPONSE_FORMAT = _or_null({"type": "object", "description": "text, json_object, or json_schema with its schema"})
+_TOOL = {"type": "object", "required": ["type", "function"], "properties": {
+    "type": {"const": "function"}, "function": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string"}, "description": {"type": "string"}, "parameters": {"type": "object"}}}}}
 _CHOICES = _or_null({"type": "integer", "minimum": 1, "maximum": 16, "description": "choices to generate for the prompt"})
 _TIMEOUT = _or_null({"type": "integer", "minimum": 1, "description": "this request's deadline, capped at max_timeout_ms"})
 _MODEL = _or_null({"type": "string", "description": "default: the first configured model"})
@@ -146,12 +149,20 @@ PATHS: dict[str, Any] = {
                            "logprobs": _or_null({"type": "boolean"}),
                            "top_logprobs": _or_null({"type": "integer", "minimum": 0, "maximum": 20}),
                            "response_format": _RESPONSE_FORMAT,
+                           "tools": _or_null({"type": "array", "items": _TOOL}),
+                           "tool_choice": _or_null({"oneOf": [{"enum": ["none", "auto", "required"]}, {
+                               "type": "object", "required": ["type", "function"], "properties": {
+                                   "type": {"const": "function"}, "function": {
+                                       "type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}}]}),
+                           "parallel_tool_calls": _or_null({"type": "boolean"}),
                            "messages": {"type": "array", "minItems": 1, "items": {
                                "type": "object", "required": ["role", "content"],
                                "properties": {"role": {"type": "string"}, "content": {"oneOf": [
-                                   {"type": "string"}, {"type": "array", "items": {
+                                   {"type": "string"}, {"type": "null"}, {"type": "array", "items": {
                                        "type": "object", "required": ["type", "text"],
-                                       "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]}}}},
+                                       "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]},
+                                   "tool_calls": {"type": "array", "items": {"type": "object"}},
+                                   "tool_call_id": {"type": "string"}}}},
                            **_GENERATION_FIELDS}}}}}, **_OPENAI_TEXT}},
     "/healthz": _get("the process is up", {"type": "object", "required": ["status"]}),
     "/readyz": {"get": {"summary": "ready for traffic: serving, and every model ready", "responses": {

@@ -66,6 +66,7 @@ _SAMPLING_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "min_p": (lambda v: _number(v) and 0 <= v <= 1, "a number from 0 to 1"),
     "min_tokens": (lambda v: _integer(v) and v >= 0, "an integer >= 0"),  # (vLLM's: no stop before this many)
     "logprobs": (lambda v: _integer(v) and 0 <= v <= 20, "an integer from 0 to 20"),  # (alternatives per token)
+    "skip_special_tokens": (lambda v: isinstance(v, bool), "true or false"),  # (vLLM's: special tokens in the text)
     # vLLM's own extra field (its server takes it too): one of json, regex, choice, grammar, json_object
     "structured_outputs": (lambda v: isinstance(v, dict) and len(v) == 1 and set(v) <= _STRUCTURED,
                            "an object with one of choice, grammar, json, json_object, regex"),

@@ -21,6 +21,8 @@ from functools import partial
 from typing import Any
 
 from ..backends.vllm import Delta, EngineStats, VllmEngine
+from ..backends.vllm_tools import ToolPlan
+from ..backends.vllm_tools import preload as preload_tools
 from ..config import ModelConfig
 from ..errors import InvalidInput, NotReady, ServiceOverloaded, describe, retry_after_ms
 from ..observability.histogram import Histogram
@@ -91,6 +93,8 @@ class GenerationModel:
                 pass
             self.ready = True
             log.info("generation model %s ready", self.name)
+            # vLLM's request model and tool parsers (seconds to import), before the first request with tools
+            self.loop.run_in_executor(None, preload_tools)
         except Exception as exc:  # noqa: BLE001 - reported by /readyz
             log.error("generation model %s failed to start: %s", self.name, describe(exc))
             log.debug("generation model %s start-up failure", self.name, exc_info=True)
@@ -133,7 +137,8 @@ class GenerationModel:
     def waiting_tokens(self) -> int:
         return self._waiting_tokens
 
-    async def prompt_ids(self, text: str | None = None, messages: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+    async def prompt_ids(self, text: str | None = None, messages: Sequence[Mapping[str, Any]] | None = None,
+                         tools: list[dict[str, Any]] | None = None) -> list[int]:
         """A prompt's token ids (a chat's, through its template), from the tokenizing thread: a long prompt
         never stalls the loop. Gives back the place `check_capacity` reserved: the caller hands the ids
         to `stream` with no await between, so the request is counted as waiting throughout.
@@ -141,7 +146,7 @@ class GenerationModel:
         take the waiting prompt tokens past their bound (unless nothing else waits)."""
         engine = self.engine
         assert engine is not None
-        encode = partial(engine.encode_chat, messages) if messages is not None else partial(engine.encode, text or "")
+        encode = partial(engine.encode_chat, messages, tools) if messages is not None else partial(engine.encode, text or "")
         try:
             ids = await self.loop.run_in_executor(self._tokenizing, encode)
         finally:
@@ -153,6 +158,16 @@ class GenerationModel:
         if len(ids) >= engine.max_model_len:
             raise InvalidInput(f"prompt is {len(ids)} tokens; model {self.name} takes fewer than {engine.max_model_len}")
         return ids
+
+    def tool_plan(self, body: dict[str, Any]) -> ToolPlan | None:
+        """A chat request's `tools` and `tool_choice`, read as vLLM reads them (`backends.vllm_tools`);
+        None when it names none. InvalidInput where vLLM's server would refuse them."""
+        if not self.ready or self.engine is None:
+            raise NotReady(f"model {self.name} is starting", retry_after_ms=1000)
+        try:
+            return self.engine.tool_plan(body)
+        except ValueError as exc:
+            raise InvalidInput(f"tools: {exc}") from None
 
     def sampling(self, overrides: Mapping[str, Any]) -> Any:
         """The engine's sampling parameters for a request's own fields; InvalidInput when it refuses them."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import time
 
 import aiohttp
@@ -45,7 +46,9 @@ async def server(tiny_model):
     model = ModelConfig(
         name="tiny", kind="generation", backend="inferd.backends.vllm", max_waiting_requests=2, timeout_ms=20000,
         options={"model_path": tiny_model, "dtype": "float32", "max_model_len": 256, "kv_cache_memory_bytes": 32 << 20,
-                 "max_num_seqs": 4, "max_tokens": 16},
+                 "max_num_seqs": 4, "max_tokens": 16, "tool_call_parser": "hermes",
+                 # (a config table, as vLLM's CLI takes JSON; compact JSON: a random model would pad with whitespace)
+                 "engine_args": {"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}},
     )
     config = dict(
         auth=AuthConfig(enabled=True, anonymous_tier="free"),
@@ -274,7 +277,7 @@ async def test_openai_details_as_the_official_client_reads_them(server):
     assert [c.choices[0].delta.role for c in chunks if c.choices] == ["assistant"] + [None] * (len(chunks) - 2)
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4  # usage: a chunk of its own
     assert all(c.usage is None for c in chunks[:-1])
-    for refused in ({"logit_bias": {"1": 5}}, {"tools": [{"type": "function", "function": {"name": "f"}}]},
+    for refused in ({"logit_bias": {"1": 5}}, {"functions": [{"name": "f"}]},  # (the legacy form of tools)
                     {"response_format": {"type": "xml"}}):
         with pytest.raises(openai.BadRequestError) as caught:
             await api.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], **refused)
@@ -446,3 +449,83 @@ async def test_n_choices_whole_and_streamed_with_the_official_client(server, cli
         assert resp.status == 400 and "`n`" in (await resp.json())["error"]["message"]
     status, refused = await generate(client, server.url, {"model": "tiny", "input": "x", "n": 2}, headers)
     assert status == 400 and "`n`" in refused["message"]
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Lima"]}}, "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"]}}}
+
+
+async def test_tool_calls_forced_by_name_or_required_with_the_official_client(server):
+    """A named `tool_choice` and "required" hold even a random-weight model's output to the tools'
+    schemas (vLLM's structured outputs): the calls parse, name a given tool, carry valid arguments;
+    streamed, the client's accumulated tool-call deltas give the same call."""
+    api = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=KEYS["enterprise"], max_retries=0)
+    ask = dict(model="tiny", messages=[{"role": "user", "content": "weather?"}], tools=[WEATHER, TIME], max_tokens=120,
+               seed=1, timeout=60)
+    named = await api.chat.completions.create(**ask, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    (call,) = named.choices[0].message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    assert json.loads(call.function.arguments)["city"] in ("Oslo", "Lima") and named.choices[0].finish_reason == "stop"
+    required = await api.chat.completions.create(**ask, tool_choice="required", parallel_tool_calls=False)
+    engine = server.models.generation["tiny"].engine.engine
+    assert engine.vllm_config.structured_outputs_config.disable_any_whitespace  # the engine_args table reached it
+    (call,) = required.choices[0].message.tool_calls  # parallel_tool_calls false: exactly one
+    arguments = json.loads(call.function.arguments)
+    assert (call.function.name, set(arguments)) in (("get_weather", {"city"}), ("get_time", {"zone"}))
+    assert required.choices[0].finish_reason == "tool_calls"
+    streamed: dict[int, dict] = {}
+    async for chunk in await api.chat.completions.create(**ask, tool_choice={"type": "function", "function": {
+            "name": "get_time"}}, stream=True):
+        for delta_call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            held = streamed.setdefault(delta_call.index, {"name": "", "arguments": ""})
+            held["name"] += delta_call.function.name or ""
+            held["arguments"] += delta_call.function.arguments or ""
+    assert [c["name"] for c in streamed.values()] == ["get_time"]
+    assert json.loads(streamed[0]["arguments"])["zone"] in ("UTC", "CET")
+    # the conversation goes on: the assistant's call and the tool's answer go back in the messages
+    history = [{"role": "user", "content": "weather?"},
+               {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+               {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+    follow = await api.chat.completions.create(model="tiny", messages=history, tools=[WEATHER, TIME], tool_choice="none",
+                                               max_tokens=4)
+    assert follow.choices[0].message.tool_calls is None and follow.usage.completion_tokens >= 1
+    await api.close()
+
+
+async def test_tool_choice_auto_reads_the_models_own_calls_with_vllms_parser(server, client):
+    """"auto" with the model's `tool_call_parser` (hermes here): the random model writes no
+    <tool_call> tag, so its text is the content; the same parser reads a hermes-format text into calls."""
+    url, headers = server.url, bearer("enterprise")
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "weather?"}], "tools": [WEATHER], "max_tokens": 6}
+    async with client.post(f"{url}/v1/chat/completions", json={**body, "tool_choice": "auto"}, headers=headers) as resp:
+        answer = await resp.json()
+    assert resp.status == 200, answer
+    assert "tool_calls" not in answer["choices"][0]["message"] and answer["choices"][0]["finish_reason"] == "length"
+    plan = server.models.generation["tiny"].tool_plan({"tools": [WEATHER], "tool_choice": "auto"})
+    said = 'Let me look. <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    content, calls = plan.read(said)
+    assert content == "Let me look. " and [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Oslo"})]
+    assert plan.finish_reason("stop", calls) == "tool_calls"
+    from inferd.backends.vllm_tools import check_parser
+
+    with pytest.raises(ValueError, match="no vLLM tool parser"):  # a misspelt `tool_call_parser` fails the model's start
+        check_parser("hermess")
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tools": [{"type": "function"}]}, "tools.0.function"),
+    ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "assistant", "content": None}]}, "content"),
+])
+async def test_bad_tool_requests_are_a_400_naming_what_is_wrong(server, client, bad, words):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER], **bad}
+    async with client.post(f"{server.url}/v1/chat/completions", json=body, headers=bearer("enterprise")) as resp:
+        error = (await resp.json())["error"]
+    assert resp.status == 400 and words in error["message"], error
+    async with client.post(f"{server.url}/v1/completions", json={"model": "tiny", "prompt": "x", "tools": [WEATHER]},
+                           headers=bearer("enterprise")) as resp:
+        assert resp.status == 400 and "/v1/chat/completions" in (await resp.json())["error"]["message"]
