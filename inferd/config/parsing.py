@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from ..typed_tables import ConfigError, check_types, field_names, reject_unknown
 from .settings import (
     DEFAULT_TIER_PRIORITIES,
+    AdapterConfig,
     AuthConfig,
     ModelConfig,
     ServerConfig,
@@ -181,6 +182,8 @@ def parse_model(raw: Any) -> ModelConfig:
         raise ConfigError("each [[models]] entry must be a table")
     where = f"[[models]] {raw.get('name', '?')!r}"
     reject_unknown(raw, field_names(ModelConfig), where)
+    adapters = _parse_adapters(raw.get("adapters", []), where)
+    raw = {k: v for k, v in raw.items() if k != "adapters"}
     check_types(raw, ModelConfig, where)
     for key in ("name", "backend"):
         if not isinstance(raw.get(key), str) or not raw[key]:
@@ -191,12 +194,32 @@ def parse_model(raw: Any) -> ModelConfig:
             values[key] = tuple(values[key])
     if values.get("devices") and "workers" not in values:
         values["workers"] = len(values["devices"])
-    model = ModelConfig(**values)
+    model = ModelConfig(**values, adapters=adapters)
     _check_model(model, where)
     return model
 
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+
+def _parse_adapters(raw: Any, where: str) -> tuple[AdapterConfig, ...]:
+    """[[models.adapters]]: each a name and a folder, the names distinct."""
+    if not isinstance(raw, list) or not all(isinstance(a, dict) for a in raw):
+        raise ConfigError(f"{where}: `adapters` must be [[models.adapters]] tables")
+    adapters = []
+    for table in raw:
+        at = f"{where} adapter {table.get('name', '?')!r}"
+        reject_unknown(table, field_names(AdapterConfig), at)
+        check_types(table, AdapterConfig, at)
+        if not all(isinstance(table.get(key), str) and table[key] for key in ("name", "path")):
+            raise ConfigError(f"{at}: `name` and `path` are required strings")
+        if not _NAME.fullmatch(table["name"]):
+            raise ConfigError(f"{at}: `name` must be letters, digits and . _ : - (at most 128)")
+        adapters.append(AdapterConfig(**table))
+    names = [a.name for a in adapters]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{where}: each adapter name once: {names}")
+    return tuple(adapters)
 
 
 def _check_model(m: ModelConfig, where: str) -> None:
@@ -205,6 +228,10 @@ def _check_model(m: ModelConfig, where: str) -> None:
                      "breaker_cooldown_ms", "max_waiting_requests", "max_waiting_prompt_tokens")
     if m.kind not in ("batch", "generation"):
         raise ConfigError(f"{where}: `kind` must be batch or generation")
+    if m.adapters and m.kind != "generation":
+        raise ConfigError(f"{where}: only generation models have adapters")
+    if m.name in {a.name for a in m.adapters}:
+        raise ConfigError(f"{where}: an adapter cannot take its model's name")
     for key in (*positive_ints, "slo_ms", "max_batch_tokens"):  # (types were checked against the fields)
         value = getattr(m, key)
         if value is not None and value <= 0:

@@ -8,6 +8,16 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class AdapterConfig:
+    """A LoRA adapter of a generation model: requests name it as their `model` (or `model@adapter`)
+    and it runs in the base engine's batches (vLLM's multi-LoRA)."""
+
+    name: str
+    path: str  # a local folder in PEFT's layout (adapter_config.json, adapter_model.safetensors)
+    pinned: bool = False  # kept loaded on the device, never evicted for another adapter
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """One served model: its batch function and how requests are batched for it."""
 
@@ -42,6 +52,7 @@ class ModelConfig:
     cache_ttl_s: float = 300.0  # how long a cached output is served
     cache_scope: str = "tenant"  # "tenant": each tenant its own entries; "shared": one for all
     options: Mapping[str, Any] = field(default_factory=dict)
+    adapters: tuple[AdapterConfig, ...] = ()  # generation: its LoRA adapters ([[models.adapters]])
 
     @property
     def worker_devices(self) -> tuple[str, ...]:

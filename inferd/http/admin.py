@@ -8,6 +8,10 @@ unload one. The steps themselves, and what they guarantee, are `models.rollout`'
     PUT    /v1/admin/models/{name}/traffic            the split, e.g. {"1": 90, "2": 10}
     DELETE /v1/admin/models/{name}/versions/{version} drain and unload a version (202; the model's last
                                                        one only with ?last=true, else 409)
+    GET    /v1/admin/models/{name}/adapters           a generation model's LoRA adapters
+    POST   /v1/admin/models/{name}/adapters           load one: {"name", "path", "pinned"} (200 once loaded)
+    DELETE /v1/admin/models/{name}/adapters/{adapter} unload one (202): refused to new requests at once,
+                                                       removed once the requests using it have finished
 """
 
 from __future__ import annotations
@@ -74,6 +78,8 @@ class AdminApi:
                 await rollouts.check(config)  # (its module imported off the loop: torch takes seconds)
                 state = _state(config.name, rollouts.load(config))
                 return json_response({**state, "inherited": sorted(inherited)}, request_id, status=202)
+            if parts[1] == "adapters":
+                return await self._adapters(request, parts, request_id)
             if parts[1] == "traffic":
                 weights = json_object(await self.body.read(request))
                 rollouts.set_traffic(parts[0], weights)
@@ -84,14 +90,34 @@ class AdminApi:
             return error_response(error, request_id)
 
 
+    async def _adapters(self, request: web.BaseRequest, parts: list[str], request_id: str) -> web.StreamResponse:
+        model = self.rollouts.models.generation.get(parts[0])
+        if model is None:
+            raise NotFound(f"no generation model named {parts[0]!r}")
+        adapters = model.adapters
+        if request.method == "GET":
+            return json_response({"model": model.name, "adapters": adapters.describe()}, request_id)
+        if request.method == "DELETE":
+            adapters.unload(parts[2])
+            return json_response({"model": model.name, "adapter": parts[2], "state": "unloading"}, request_id, status=202)
+        table = json_object(await self.body.read(request))
+        name, path, pinned = table.get("name"), table.get("path"), table.get("pinned", False)
+        if not (isinstance(name, str) and name and isinstance(path, str) and isinstance(pinned, bool)) or "@" in name:
+            raise InvalidInput('an adapter is {"name": string (no @), "path": a folder, "pinned": true or false}')
+        adapter = await adapters.load(name, path, pinned)
+        return json_response({"model": model.name, **adapter.describe(model.name), "state": "loaded"}, request_id)
+
+
 def _method_for(parts: list[str]) -> tuple[str, ...] | None:
     """The methods a path under /v1/admin/models takes (None: no such path)."""
     if not parts:
         return ("GET", "POST")
     if len(parts) == 2 and parts[1] == "traffic":
         return ("PUT",)
-    if len(parts) == 3 and parts[1] == "versions":
+    if len(parts) == 3 and parts[1] in ("versions", "adapters"):
         return ("DELETE",)
+    if len(parts) == 2 and parts[1] == "adapters":
+        return ("GET", "POST")
     return None
 
 

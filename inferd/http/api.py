@@ -69,7 +69,7 @@ class HttpApi:
         self.created = int(time.time())  # `created` of every model in GET /v1/models (OpenAI's list shape)
         generation = None
         if models.generation:
-            generation = GenerationApi(models=models.generation, admission=admission, outcomes=outcomes,
+            generation = GenerationApi(models=models, admission=admission, outcomes=outcomes,
                                        lifecycle=lifecycle, ids=self.ids, body=body)
         inference = InferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle, ids=self.ids,
                                  body=body, generation=generation)
@@ -193,6 +193,7 @@ class HttpApi:
     async def list_models(self, request: web.BaseRequest) -> web.StreamResponse:
         """Every model, in a shape the OpenAI client's models.list() also reads (id, object, created)."""
         data = [self._model_entry(name) for name in (*self.models.batch, *self.models.generation)]
+        data += [{"created": self.created, **entry} for entry in self.models.adapter_entries()]
         return json_response({"object": "list", "data": data}, self.ids.pick(request.headers.get("X-Request-ID")))
 
     async def model(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -200,6 +201,9 @@ class HttpApi:
         request_id = self.ids.pick(request.headers.get("X-Request-ID"))
         name = request.rel_url.raw_path.removeprefix("/v1/models/")  # (as sent; in absolute form too)
         if name not in self.models.batch and name not in self.models.generation:
+            adapter = next((entry for entry in self.models.adapter_entries() if entry["id"] == name), None)
+            if adapter is not None:
+                return json_response({"created": self.created, **adapter}, request_id)
             return error_response(ModelNotFound(f"no model named {name!r}; see GET /v1/models"), request_id, openai=True)
         return json_response(self._model_entry(name), request_id)
 

@@ -35,7 +35,9 @@ from .responses import WholeResponse, dumps, error_response
 from .sampling_fields import sampling_fields
 
 if TYPE_CHECKING:
+    from ..models.adapters import Adapter
     from ..models.generation import GenerationModel
+    from ..models.registry import Models
 
 log = logging.getLogger("inferd.generation")
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Server": "inferd"}
@@ -45,7 +47,7 @@ class GenerationApi:
     """Handlers for the generation models."""
 
     def __init__(
-        self, *, models: dict[str, GenerationModel], admission: Admission, outcomes: Outcomes, lifecycle: Lifecycle,
+        self, *, models: Models, admission: Admission, outcomes: Outcomes, lifecycle: Lifecycle,
         ids: RequestIds, body: BodyReader,
     ) -> None:
         self.models = models
@@ -58,7 +60,7 @@ class GenerationApi:
     # ---- the three request shapes ----------------------------------------------------------------
 
     async def inference(self, request: web.BaseRequest, model: GenerationModel, call: InferenceCall, who: Identity,
-                        start: CallStart) -> web.StreamResponse:
+                        start: CallStart, adapter: Adapter | None = None) -> web.StreamResponse:
         """inferd's own shape: {"input": text} -> {"output": text}, or SSE with {"stream": true}. The
         body was read and the caller identified by the `/v1/inference` handler."""
         request_id, started = start.request_id, start.started
@@ -75,7 +77,7 @@ class GenerationApi:
             return [event]
 
         return await self._serve(request, model, body, who, start, len(call.input),
-                                 partial(model.prompt_ids, call.input), whole, chunk, openai=False)
+                                 partial(model.prompt_ids, call.input), whole, chunk, openai=False, adapter=adapter)
 
     async def completions(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
         return await self._openai(request, chat=False, start=start)
@@ -95,9 +97,10 @@ class GenerationApi:
             name = body.get("model")
             if not isinstance(name, str):
                 raise InvalidInput("`model` is required and must be a string; see GET /v1/models")
-            model = self.models.get(name)
-            if model is None:
+            routed = self.models.route_generation(name)
+            if routed is None:
                 raise ModelNotFound(f"no generation model named {name!r}; see GET /v1/models")
+            model, adapter = routed
             call = parse_text_call(body, chat)
             tools = model.tool_plan(body) if chat else None
             if tools is not None and tools.forced and call.structured is not None:
@@ -105,7 +108,7 @@ class GenerationApi:
         except InferdError as error:
             self.outcomes.record_error(request_id, "-", tier, error, started, tenant=tenant)
             return error_response(error, request_id, close=self.lifecycle.draining, openai=True)
-        answer = TextAnswer(call, model.name, int(time.time()), tools)
+        answer = TextAnswer(call, name, int(time.time()), tools)  # (the model as named: an adapter's name too)
         # (the engine's: alternatives per token, and the structured output asked, a forced tool choice's
         # among them; None: none)
         structured = {"json": tools.schema} if tools is not None and tools.forced else call.structured
@@ -116,17 +119,31 @@ class GenerationApi:
                       if call.chat else partial(model.prompt_ids, call.prompt))
         return await self._serve(request, model, body, who, start, call.chars, prompt_ids,
                                  lambda choices, last: answer.whole(choices, _usage(last)),
-                                 lambda text, last: answer.chunks(text, last, _usage(last)), openai=True)
+                                 lambda text, last: answer.chunks(text, last, _usage(last)), openai=True, adapter=adapter)
 
     # ---- one generation, whole or streamed -------------------------------------------------------
 
     async def _serve(self, request: web.BaseRequest, model: GenerationModel, body: dict[str, Any], who: Identity,
                      start: CallStart, chars: int, prompt_ids: Callable[[], Awaitable[list[int]]],
                      whole: Callable[[list[Choice], Any], dict], chunk: Callable[[str, Any], list[dict]], *,
-                     openai: bool) -> web.StreamResponse:
+                     openai: bool, adapter: Adapter | None = None) -> web.StreamResponse:
         """`openai`: errors in OpenAI's shape, a stream ends with `data: [DONE]`, and `n` choices may be
-        asked (inferd's own shape has one output). A traced request's stages are noted on its trace as
-        they end (`Generated`), for its span."""
+        asked (inferd's own shape has one output). `adapter`: the LoRA adapter it goes through, counted
+        as in use from here (no await since it was routed) to the end, so an unload waits for it."""
+        if adapter is None:
+            return await self._generate(request, model, body, who, start, chars, prompt_ids, whole, chunk, openai, None)
+        adapter.enter()
+        try:
+            return await self._generate(request, model, body, who, start, chars, prompt_ids, whole, chunk, openai, adapter)
+        finally:
+            adapter.leave()
+
+    async def _generate(self, request: web.BaseRequest, model: GenerationModel, body: dict[str, Any], who: Identity,
+                        start: CallStart, chars: int, prompt_ids: Callable[[], Awaitable[list[int]]],
+                        whole: Callable[[list[Choice], Any], dict], chunk: Callable[[str, Any], list[dict]],
+                        openai: bool, adapter: Adapter | None) -> web.StreamResponse:
+        """One generation, whole or streamed (see `_serve`). A traced request's stages are noted on its
+        trace as they end (`Generated`), for its span."""
         tier, tenant, request_id, started, trace = who.tier, who.tenant, start.request_id, start.started, start.trace
         stages: Generated | None = None
         try:
@@ -145,7 +162,8 @@ class GenerationApi:
         timeout_s = ticket.timeout_s
         if stages is not None:
             stages.tokenized_at, stages.prompt_tokens = time.monotonic(), len(ids)
-        deltas = model.stream(ids, sampling, ticket.priority, stages.engine_request_id if stages is not None else None)
+        deltas = model.stream(ids, sampling, ticket.priority, stages.engine_request_id if stages is not None else None,
+                              adapter)
         streaming = bool(body.get("stream"))
         response: web.StreamResponse | None = None
         pieces: dict[int, list[str]] = {}  # by choice

@@ -74,10 +74,11 @@ class InferenceApi:
             name = call.model or self.models.default
             model = self.models.route(name, call.version)
             if model is None:
-                if self.generation is not None and name in self.models.generation:
+                routed = self.models.route_generation(name, call.version) if self.generation is not None else None
+                if routed is not None:
                     if type(call.input) is not str:
                         raise InvalidInput(f"model {name} generates from a text prompt, not an image")
-                    return await self.generation.inference(request, self.models.generation[name], call, who, start)
+                    return await self.generation.inference(request, routed[0], call, who, start, routed[1])  # type: ignore[union-attr]
                 raise ModelNotFound(f"no model named {name!r}; see GET /v1/models")
             model_name, version = model.name, model.version
             if (type(call.input) is not str or model.input_kind != "text") and model.ready and \

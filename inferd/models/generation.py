@@ -27,6 +27,7 @@ from ..config import ModelConfig
 from ..errors import InvalidInput, NotReady, ServiceOverloaded, describe, retry_after_ms
 from ..observability.histogram import Histogram
 from ..observability.snapshots import GenerationSnapshot
+from .adapters import Adapter, Adapters
 from .memory import check_fits
 
 log = logging.getLogger("inferd.generation")
@@ -62,9 +63,10 @@ class GenerationModel:
         self.start_error: BaseException | None = None
         self.engine: VllmEngine | None = None
         try:
-            self.engine = VllmEngine(config.options)
+            self.engine = VllmEngine(config.options, adapters=len(config.adapters))
         except ValueError as exc:  # a configuration mistake: this model's start-up failure, said once
             self.start_error = exc
+        self.adapters = Adapters(self.name, self.engine)  # its LoRA adapters, by name
         self.waiting: dict[str, int] = {}  # engine request id -> prompt tokens, until its first token
         self.preparing = 0  # admitted, being tokenised: places reserved among the waiting
         self.running = 0
@@ -88,6 +90,8 @@ class GenerationModel:
             # takes the memory other models use)
             await self.loop.run_in_executor(None, check_fits, self.config, self.headroom_bytes)
             await self.loop.run_in_executor(None, engine.start)  # seconds: keep /healthz answering
+            for adapter in self.config.adapters:  # (one that cannot load fails the model's start, said once)
+                await self.adapters.load(adapter.name, adapter.path, adapter.pinned)
             warm = engine.sampling({"max_tokens": 2, "seed": 0})
             async for _ in engine.generate(engine.encode("warm up"), warm, f"warmup-{self.name}", 0):
                 pass
@@ -193,8 +197,9 @@ class GenerationModel:
         return f"{self.name}-{next(self._engine_ids)}"
 
     async def stream(self, prompt_ids: list[int], sampling: Any, priority: int,
-                     request_id: str | None = None) -> AsyncIterator[Delta]:
-        """Deltas for one request, accounted as waiting until its first token, then running."""
+                     request_id: str | None = None, adapter: Adapter | None = None) -> AsyncIterator[Delta]:
+        """Deltas for one request (through `adapter`, one of `adapters`, when given), accounted as
+        waiting until its first token, then running."""
         assert self.engine is not None
         request_id = request_id or self.engine_request_id()
         started = time.monotonic()
@@ -204,7 +209,8 @@ class GenerationModel:
         first_at = last_at = 0.0
         tokens = 0
         try:
-            async for delta in self.engine.generate(prompt_ids, sampling, request_id, priority):
+            lora = adapter.engine_request if adapter is not None else None
+            async for delta in self.engine.generate(prompt_ids, sampling, request_id, priority, lora):
                 now = time.monotonic()
                 if not first_at:
                     first_at = now
@@ -253,6 +259,7 @@ class GenerationModel:
             "ready": self.ready,
             **({"error": describe(self.start_error)} if self.start_error is not None else {}),
             "max_model_len": self.engine.max_model_len if self.engine is not None else None,
+            "adapters": sorted(self.adapters.loaded),
             "max_waiting_requests": self.config.max_waiting_requests,
             "max_waiting_prompt_tokens": self.config.max_waiting_prompt_tokens,
             "stats": {

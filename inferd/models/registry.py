@@ -5,7 +5,7 @@ API, a config reload: `rollout`); routing reads it per request."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InferdError, InvalidInput, NotReady
 from ..observability.snapshots import BatchModelSnapshot, GenerationSnapshot
@@ -13,6 +13,7 @@ from .batch_model import BatchModel
 from .versions import ServedModel, VersionState
 
 if TYPE_CHECKING:
+    from .adapters import Adapter
     from .generation import GenerationModel
 
 
@@ -50,6 +51,28 @@ class Models:
         if version is None and not served.traffic and any(v.state is VersionState.LOADING for v in served.versions.values()):
             raise NotReady(f"model {name} is loading", retry_after_ms=1000)
         return served.pick(version)
+
+    def route_generation(self, spec: str, adapter: str | None = None) -> tuple[GenerationModel, Adapter | None] | None:
+        """The generation model (and LoRA adapter) a request for `spec` goes to: `name`, `name@adapter`
+        (or `adapter` given apart), or an adapter's own name, as vLLM's server takes it. None when no
+        generation model answers to it; ModelNotFound for an adapter its model does not have."""
+        name, at, named = spec.partition("@")
+        if at:
+            if adapter is not None and adapter != named:
+                raise InvalidInput(f"`model` says adapter {named!r} and `version` says {adapter!r}")
+            adapter = named
+        model = self.generation.get(name)
+        if model is not None:
+            return model, None if adapter is None else model.adapters.get(adapter)
+        if adapter is None:
+            for model in self.generation.values():
+                if name in model.adapters.loaded:
+                    return model, model.adapters.loaded[name]
+        return None
+
+    def adapter_entries(self) -> list[dict[str, Any]]:
+        """Every generation model's adapters, as `GET /v1/models` lists them (each with its `parent`)."""
+        return [entry for model in self.generation.values() for entry in model.adapters.describe()]
 
     def __getitem__(self, spec: str) -> BatchModel | GenerationModel:
         name, at, version = spec.partition("@")

@@ -72,6 +72,13 @@ def test_workers_default_to_auto_devices():
         (lambda r: r.update(server=5), r"\[server\] must be a table"),
         (lambda r: r.update(tracing="on"), r"\[tracing\] must be a table"),
         (lambda r: r.update(tiers={"free": {"slo_ms": 0}}), "slo_ms"),
+        (lambda r: r["models"][0].update(adapters=[{"name": "a", "path": "/a"}]), "only generation models have adapters"),
+        (lambda r: r["models"][0].update(kind="generation", adapters=[{"name": "a", "path": "/a"}] * 2), "each adapter name once"),
+        (lambda r: r["models"][0].update(kind="generation", adapters=[{"name": r["models"][0]["name"], "path": "/a"}]),
+         "cannot take its model's name"),
+        (lambda r: r["models"][0].update(kind="generation", adapters=[{"name": "a", "path": "/a", "rank": 8}]), "unknown keys"),
+        (lambda r: r["models"][0].update(kind="generation", adapters=[{"name": "a@b", "path": "/a"}]), "`name` must be"),
+        (lambda r: r["models"][0].update(kind="generation", adapters={"name": "a"}), "adapters"),
     ],
 )
 def test_bad_configs_are_refused_with_a_clear_message(mutate, message):
@@ -134,3 +141,10 @@ def test_every_toml_snippet_of_the_readme_is_a_valid_config_as_written():
         raw = tomllib.loads(snippet)
         raw.setdefault("models", [{"name": "m", "backend": "inferd.backends.sim:create"}])
         parse_config(raw)
+
+
+def test_a_generation_models_adapters_are_read_in_order():
+    raw = {"models": [{**MINIMAL["models"][0], "kind": "generation",
+                       "adapters": [{"name": "sql", "path": "/lora/sql", "pinned": True}, {"name": "chat", "path": "/lora/chat"}]}]}
+    (model,) = parse_config(raw).models
+    assert [(a.name, a.path, a.pinned) for a in model.adapters] == [("sql", "/lora/sql", True), ("chat", "/lora/chat", False)]

@@ -1,0 +1,109 @@
+"""A generation model's LoRA adapters: loaded into its engine (at start, or by the admin API), named by
+requests as their `model` (or `model@adapter`), counted while requests use them, and unloaded only once
+the last of those has finished, so an unload under load loses nothing: from the moment it is asked, new
+requests for the adapter get a 404, and the ones already admitted run to their end through it."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..backends.vllm import VllmEngine
+from ..errors import InvalidInput, ModelNotFound, VersionConflict, describe
+
+log = logging.getLogger("inferd.generation")
+
+
+@dataclass(eq=False)
+class Adapter:
+    """One loaded adapter: its engine request (`LoRARequest`) and the requests using it now."""
+
+    name: str
+    path: str
+    pinned: bool
+    engine_request: Any
+    running: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while no request uses it
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+
+    def enter(self) -> None:
+        self.running += 1
+        self.idle.clear()
+
+    def leave(self) -> None:
+        self.running -= 1
+        if not self.running:
+            self.idle.set()
+
+    def describe(self, model: str) -> dict[str, Any]:
+        return {"id": self.name, "object": "model", "owned_by": "inferd", "parent": model, "kind": "adapter",
+                "root": self.path, "pinned": self.pinned, "running": self.running}
+
+
+class Adapters:
+    """The adapters of one model's engine, by name."""
+
+    def __init__(self, model: str, engine: VllmEngine | None) -> None:
+        self.model = model
+        self.engine = engine
+        self.loaded: dict[str, Adapter] = {}
+        self._ids = itertools.count(1)  # vLLM's adapter ids: unique per engine, never reused
+        self._names_taken: set[str] = set()  # loaded or still unloading: a name is free again once it is gone
+        self.unloading: set[asyncio.Task] = set()  # (held: the loop keeps only weak references to tasks)
+
+    def get(self, name: str) -> Adapter:
+        """The adapter a request names; ModelNotFound (404) when it has none by that name."""
+        adapter = self.loaded.get(name)
+        if adapter is None:
+            raise ModelNotFound(f"model {self.model} has no adapter {name!r}; see GET /v1/models")
+        return adapter
+
+    async def load(self, name: str, path: str, pinned: bool = False) -> Adapter:
+        engine = self.engine
+        if engine is None or not engine.lora_enabled:
+            raise VersionConflict(f"model {self.model} was started without LoRA: configure [[models.adapters]] or "
+                           "`engine_args.enable_lora = true`")
+        if name in self._names_taken or name == self.model:
+            raise VersionConflict(f"model {self.model} already has an adapter (or itself) named {name!r}")
+        if len(self._names_taken) >= engine.adapter_room:  # (those still unloading hold their slot too)
+            raise VersionConflict(f"model {self.model} holds {engine.adapter_room} adapters at most "
+                                  "(`engine_args.max_loras`); unload one first")
+        if not Path(path).is_dir():
+            raise InvalidInput(f"adapter {name!r}: {path!r} is not a folder (adapter_config.json and its weights)")
+        self._names_taken.add(name)
+        try:
+            request = await engine.add_adapter(name, next(self._ids), path, pinned)
+        except Exception as exc:  # noqa: BLE001 - the adapter's files or shape are at fault: the caller's 400
+            self._names_taken.discard(name)
+            raise InvalidInput(f"adapter {name!r} cannot be loaded: {describe(exc)}") from None
+        adapter = self.loaded[name] = Adapter(name, path, pinned, request)
+        log.info("model %s: adapter %s loaded from %s", self.model, name, path)
+        return adapter
+
+    def unload(self, name: str) -> asyncio.Task:
+        """Stop admitting requests for the adapter now; the returned task removes it from the engine once
+        the requests using it have finished."""
+        adapter = self.get(name)
+        del self.loaded[name]
+        task = asyncio.get_running_loop().create_task(self._remove(adapter), name=f"unload-{self.model}-{name}")
+        self.unloading.add(task)
+        task.add_done_callback(self.unloading.discard)
+        return task
+
+    async def _remove(self, adapter: Adapter) -> None:
+        await adapter.idle.wait()
+        try:
+            if self.engine is not None and self.engine.engine is not None:
+                await self.engine.remove_adapter(adapter.engine_request.lora_int_id)
+        finally:
+            self._names_taken.discard(adapter.name)
+        log.info("model %s: adapter %s unloaded", self.model, adapter.name)
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [adapter.describe(self.model) for adapter in self.loaded.values()]
