@@ -209,18 +209,38 @@ class TextAnswer:
 
     def _tool_chunks(self, text: str, last: Any, usage: dict[str, int]) -> list[dict[str, Any]]:
         index = last.index
+        assert self.tools is not None
+        if self.tools.choice == "named":  # the text is the call's arguments: streamed as they come
+            return self._named_call_chunks(text, last, usage)
         self._held.setdefault(index, []).append(text)
         if last.logprobs:
             self._held_tokens.setdefault(index, []).extend(last.logprobs)
         if not last.finished:
             return []
-        assert self.tools is not None
         content, calls = self.tools.read("".join(self._held.pop(index)))
         delta: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(calls)]
         events = [self._event([{"index": index, "delta": delta, "logprobs": self._logprobs(self._held_tokens.pop(index, []), index),
                                 "finish_reason": self.tools.finish_reason(last.finish_reason, calls)}])]
+        if last.done and self.call.include_usage:
+            events.append({**self._event([]), "usage": usage})
+        return events
+
+    def _named_call_chunks(self, text: str, last: Any, usage: dict[str, int]) -> list[dict[str, Any]]:
+        """A forced function's call, streamed: its id and name in the choice's first chunk, then its
+        arguments as the model writes them (as OpenAI streams a call)."""
+        index = last.index
+        call: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
+        delta: dict[str, Any] = {"tool_calls": [call]}
+        if index not in self._role_sent:
+            self._role_sent.add(index)
+            delta["role"] = "assistant"
+            call.update(id=f"call_{os.urandom(12).hex()}", type="function")
+            call["function"]["name"] = self.tools.name  # type: ignore[union-attr]
+        reason = self.tools.finish_reason(last.finish_reason, [call]) if last.finished else None  # type: ignore[union-attr]
+        events = [self._event([{"index": index, "delta": delta, "logprobs": self._logprobs(last.logprobs, index),
+                                "finish_reason": reason}])]
         if last.done and self.call.include_usage:
             events.append({**self._event([]), "usage": usage})
         return events

@@ -476,14 +476,18 @@ async def test_tool_calls_forced_by_name_or_required_with_the_official_client(se
     assert (call.function.name, set(arguments)) in (("get_weather", {"city"}), ("get_time", {"zone"}))
     assert required.choices[0].finish_reason == "tool_calls"
     streamed: dict[int, dict] = {}
+    pieces = 0
     async for chunk in await api.chat.completions.create(**ask, tool_choice={"type": "function", "function": {
             "name": "get_time"}}, stream=True):
         for delta_call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
-            held = streamed.setdefault(delta_call.index, {"name": "", "arguments": ""})
+            held = streamed.setdefault(delta_call.index, {"name": "", "arguments": "", "id": ""})
             held["name"] += delta_call.function.name or ""
             held["arguments"] += delta_call.function.arguments or ""
-    assert [c["name"] for c in streamed.values()] == ["get_time"]
+            held["id"] += delta_call.id or ""
+            pieces += 1
+    assert [c["name"] for c in streamed.values()] == ["get_time"] and streamed[0]["id"].startswith("call_")
     assert json.loads(streamed[0]["arguments"])["zone"] in ("UTC", "CET")
+    assert pieces > 3  # the arguments streamed as the model wrote them, not in one piece at the end
     # the conversation goes on: the assistant's call and the tool's answer go back in the messages
     history = [{"role": "user", "content": "weather?"},
                {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
