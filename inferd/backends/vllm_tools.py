@@ -5,7 +5,8 @@ vLLM's own code wherever it has it:
   refused where `vllm serve` refuses it, with its reason;
 - a forced choice (a named function, or "required") holds the output to the JSON schema that vLLM's
   `get_json_schema_from_tools` gives (as structured outputs): the function's arguments, or a list of
-  `{name, parameters}`; the calls are read back from that JSON, as vLLM's server reads them;
+  `{name, parameters}`; the calls are read back from that JSON, as vLLM's server reads them (streamed
+  as they parse, by vLLM's own streaming reader);
 - "auto" leaves the model free and reads its own tool-call format with the vLLM tool parser that the
   model's `tool_call_parser` option names (e.g. "hermes"), as `vllm serve --enable-auto-tool-choice
   --tool-call-parser NAME` does; without one, "auto" with tools is refused, as vLLM's server refuses it.
@@ -55,8 +56,20 @@ class ToolPlan:
 
     @property
     def reads_calls(self) -> bool:
-        """Whether the output is read for calls (then a stream gives each choice whole, at its end)."""
+        """Whether the output is read for calls."""
         return self.choice != "none"
+
+    def stream_required(self, previous: str, current: str) -> list[dict[str, Any]]:
+        """"required": the `tool_calls` deltas that the text from `previous` to `current` completes, in
+        OpenAI's streamed shape (a call's id and name first, then its arguments as written): vLLM's
+        own `extract_required_tool_call_streaming`, which reads them off the two texts alone."""
+        from vllm.tool_parsers.streaming import extract_required_tool_call_streaming
+
+        delta, _ = extract_required_tool_call_streaming(previous_text=previous, current_text=current,
+                                                        tool_call_idx=None, tool_call_id_type="random")
+        if delta is None or not delta.tool_calls:
+            return []
+        return [call.model_dump(exclude_none=True) for call in delta.tool_calls]
 
     def read(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
         """The content and the tool calls in OpenAI's shape (`id`, `type`, `function.name`,

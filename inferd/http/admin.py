@@ -5,7 +5,8 @@ unload one. The steps themselves, and what they guarantee, are `models.rollout`'
     POST   /v1/admin/models                           load a version: a [[models]] table as JSON (202); what
                                                        it leaves out is its model's serving version's
                                                        (listed as `inherited`)
-    PUT    /v1/admin/models/{name}/traffic            the split, e.g. {"1": 90, "2": 10}
+    PUT    /v1/admin/models/{name}/traffic            the split, e.g. {"1": 90, "2": 10}; for a generation
+                                                       model, over itself and its adapters: {"llama": 90, "sql": 10}
     DELETE /v1/admin/models/{name}/versions/{version} drain and unload a version (202; the model's last
                                                        one only with ?last=true, else 409)
     GET    /v1/admin/models/{name}/adapters           a generation model's LoRA adapters
@@ -80,6 +81,10 @@ class AdminApi:
                 return json_response({**state, "inherited": sorted(inherited)}, request_id, status=202)
             if parts[1] == "adapters":
                 return await self._adapters(request, parts, request_id)
+            if parts[1] == "traffic" and parts[0] in rollouts.models.generation:  # (the split over its adapters)
+                adapters = rollouts.models.generation[parts[0]].adapters
+                adapters.set_traffic(json_object(await self.body.read(request)))
+                return json_response({"name": parts[0], "traffic": adapters.traffic}, request_id)
             if parts[1] == "traffic":
                 weights = json_object(await self.body.read(request))
                 rollouts.set_traffic(parts[0], weights)
@@ -96,7 +101,8 @@ class AdminApi:
             raise NotFound(f"no generation model named {parts[0]!r}")
         adapters = model.adapters
         if request.method == "GET":
-            return json_response({"model": model.name, "adapters": adapters.describe()}, request_id)
+            return json_response({"model": model.name, "adapters": adapters.describe(), "traffic": adapters.traffic},
+                                 request_id)
         if request.method == "DELETE":
             adapters.unload(parts[2])
             return json_response({"model": model.name, "adapter": parts[2], "state": "unloading"}, request_id, status=202)

@@ -160,6 +160,7 @@ class GenerationApi:
             self.outcomes.record_error(request_id, model.name, tier, error, started, tenant=tenant, trace=trace)
             return error_response(error, request_id, close=self.lifecycle.draining, openai=openai)
         timeout_s = ticket.timeout_s
+        served = adapter.name if adapter is not None else model.config.version  # (which answered: an adapter, a split's pick)
         if stages is not None:
             stages.tokenized_at, stages.prompt_tokens = time.monotonic(), len(ids)
         deltas = model.stream(ids, sampling, ticket.priority, stages.engine_request_id if stages is not None else None,
@@ -186,7 +187,7 @@ class GenerationApi:
                             choice.finish_reason = delta.finish_reason
                         continue
                     if response is None:
-                        response = web.StreamResponse(headers={**_SSE_HEADERS, "X-Request-ID": request_id})
+                        response = web.StreamResponse(headers={**_SSE_HEADERS, "X-Request-ID": request_id, "X-Model-Version": served})
                         await response.prepare(request)
                     await response.write(b"".join(b"data: " + dumps(event) + b"\n\n" for event in chunk(delta.text, delta)))
         except TimeoutError:
@@ -221,9 +222,9 @@ class GenerationApi:
             for index, choice in made.items():
                 choice.text = "".join(pieces[index])
             choices = [made.get(i) or Choice(tokens=[]) for i in range(overrides.get("n", 1))]
-            return WholeResponse(200, dumps(whole(choices, last)), (("X-Request-ID", request_id),))
+            return WholeResponse(200, dumps(whole(choices, last)), (("X-Request-ID", request_id), ("X-Model-Version", served)))
         if response is None:  # nothing was generated: still a well-formed stream
-            response = web.StreamResponse(headers={**_SSE_HEADERS, "X-Request-ID": request_id})
+            response = web.StreamResponse(headers={**_SSE_HEADERS, "X-Request-ID": request_id, "X-Model-Version": served})
             await response.prepare(request)
         if openai:
             await response.write(b"data: [DONE]\n\n")

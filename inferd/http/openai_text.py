@@ -162,6 +162,7 @@ class TextAnswer:
         self.tools = tools if tools is not None and tools.reads_calls else None  # (its output read for calls)
         self._held: dict[int, list[str]] = {}  # with tools, by choice: its text until it ends
         self._held_tokens: dict[int, list[Any]] = {}
+        self._called: set[int] = set()  # with "required", streamed: the choices whose calls began
         self.id = ("chatcmpl-" if call.chat else "cmpl-") + os.urandom(12).hex()
         self.kind = "chat.completion" if call.chat else "text_completion"
         self._role_sent: set[int] = set()  # the choices whose first delta went (it carries the role)
@@ -212,6 +213,8 @@ class TextAnswer:
         assert self.tools is not None
         if self.tools.choice == "named":  # the text is the call's arguments: streamed as they come
             return self._named_call_chunks(text, last, usage)
+        if self.tools.choice == "required":  # the calls, streamed as they parse
+            return self._required_call_chunks(text, last, usage)
         self._held.setdefault(index, []).append(text)
         if last.logprobs:
             self._held_tokens.setdefault(index, []).extend(last.logprobs)
@@ -239,6 +242,30 @@ class TextAnswer:
             call.update(id=f"call_{os.urandom(12).hex()}", type="function")
             call["function"]["name"] = self.tools.name  # type: ignore[union-attr]
         reason = self.tools.finish_reason(last.finish_reason, [call]) if last.finished else None  # type: ignore[union-attr]
+        events = [self._event([{"index": index, "delta": delta, "logprobs": self._logprobs(last.logprobs, index),
+                                "finish_reason": reason}])]
+        if last.done and self.call.include_usage:
+            events.append({**self._event([]), "usage": usage})
+        return events
+
+    def _required_call_chunks(self, text: str, last: Any, usage: dict[str, int]) -> list[dict[str, Any]]:
+        index = last.index
+        held = self._held.setdefault(index, [])
+        previous = "".join(held)
+        held.append(text)
+        calls = self.tools.stream_required(previous, previous + text)  # type: ignore[union-attr]
+        delta: dict[str, Any] = {"tool_calls": calls} if calls else {}
+        if index not in self._role_sent:
+            self._role_sent.add(index)
+            delta["role"] = "assistant"
+        if calls:
+            self._called.add(index)
+        reason = None
+        if last.finished:
+            reason = self.tools.finish_reason(last.finish_reason, [{}] if index in self._called else [])  # type: ignore[union-attr]
+            del self._held[index]
+        if not delta and not last.finished and not last.logprobs:
+            return []
         events = [self._event([{"index": index, "delta": delta, "logprobs": self._logprobs(last.logprobs, index),
                                 "finish_reason": reason}])]
         if last.done and self.call.include_usage:

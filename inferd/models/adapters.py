@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,8 @@ class Adapters:
         self._ids = itertools.count(1)  # vLLM's adapter ids: unique per engine, never reused
         self._names_taken: set[str] = set()  # loaded or still unloading: a name is free again once it is gone
         self.unloading: set[asyncio.Task] = set()  # (held: the loop keeps only weak references to tasks)
+        self.traffic: dict[str, float] = {}  # requests naming the model itself, split: {model or adapter: weight}
+        self._random = random.Random()
 
     def get(self, name: str) -> Adapter:
         """The adapter a request names; ModelNotFound (404) when it has none by that name."""
@@ -86,11 +89,35 @@ class Adapters:
         log.info("model %s: adapter %s loaded from %s", self.model, name, path)
         return adapter
 
+    def set_traffic(self, weights: dict[str, float]) -> None:
+        """How requests that name the model itself are split between it (its own name) and its adapters
+        (e.g. a canary of a fine-tune); {} or the model alone: all to the model."""
+        for name, weight in weights.items():
+            if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not 0 <= weight < float("inf"):
+                raise InvalidInput(f"traffic weights are numbers >= 0, got {weight!r} for {name}")
+            if name != self.model and name not in self.loaded:
+                raise VersionConflict(f"model {self.model} has no adapter {name!r} loaded to take traffic")
+        if not sum(weights.values()) > 0:
+            raise InvalidInput("traffic weights must add up to more than 0")
+        self.traffic = {name: float(w) for name, w in weights.items() if w > 0}
+        log.info("model %s traffic: %s", self.model, self.traffic)
+
+    def pick(self) -> Adapter | None:
+        """Where a request naming the model itself goes: the model (None) or an adapter, by `traffic`."""
+        if not self.traffic:
+            return None
+        name = self._random.choices(list(self.traffic), weights=list(self.traffic.values()))[0]
+        return self.loaded.get(name)
+
     def unload(self, name: str) -> asyncio.Task:
-        """Stop admitting requests for the adapter now; the returned task removes it from the engine once
-        the requests using it have finished."""
+        """Stop admitting requests for the adapter now (its share of the traffic goes back to the others,
+        or to the model); the returned task removes it from the engine once the requests using it have
+        finished."""
         adapter = self.get(name)
         del self.loaded[name]
+        self.traffic.pop(name, None)
+        if self.traffic and not sum(self.traffic.values()) > 0:
+            self.traffic = {}
         task = asyncio.get_running_loop().create_task(self._remove(adapter), name=f"unload-{self.model}-{name}")
         self.unloading.add(task)
         task.add_done_callback(self.unloading.discard)

@@ -63,7 +63,7 @@ class Models:
             adapter = named
         model = self.generation.get(name)
         if model is not None:
-            return model, None if adapter is None else model.adapters.get(adapter)
+            return model, model.adapters.pick() if adapter is None else model.adapters.get(adapter)
         if adapter is None:
             for model in self.generation.values():
                 if name in model.adapters.loaded:

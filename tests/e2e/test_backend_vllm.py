@@ -488,6 +488,19 @@ async def test_tool_calls_forced_by_name_or_required_with_the_official_client(se
     assert [c["name"] for c in streamed.values()] == ["get_time"] and streamed[0]["id"].startswith("call_")
     assert json.loads(streamed[0]["arguments"])["zone"] in ("UTC", "CET")
     assert pieces > 3  # the arguments streamed as the model wrote them, not in one piece at the end
+    streamed, pieces, reasons = {}, 0, []
+    async for chunk in await api.chat.completions.create(**ask, tool_choice="required", parallel_tool_calls=False,
+                                                         stream=True):
+        for choice in chunk.choices:
+            reasons.append(choice.finish_reason)
+            for delta_call in choice.delta.tool_calls or []:
+                held = streamed.setdefault(delta_call.index, {"name": "", "arguments": ""})
+                held["name"] += delta_call.function.name or ""
+                held["arguments"] += delta_call.function.arguments or ""
+                pieces += 1
+    (call_streamed,) = streamed.values()  # "required", streamed as it parses (vLLM's reader)
+    assert call_streamed["name"] in ("get_weather", "get_time") and json.loads(call_streamed["arguments"])
+    assert pieces > 2 and reasons[-1] == "tool_calls"
     # the conversation goes on: the assistant's call and the tool's answer go back in the messages
     history = [{"role": "user", "content": "weather?"},
                {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},

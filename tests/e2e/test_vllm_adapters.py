@@ -141,3 +141,23 @@ async def test_an_adapter_loaded_and_unloaded_under_load_loses_nothing(server, h
         assert resp.status == 409 and "at most" in (await resp.json())["message"]  # max_loras = 3
     async with http.get(url, headers=ADMIN) as resp:
         assert sorted(a["id"] for a in (await resp.json())["adapters"]) == ["alpha", "beta", "delta"]
+
+
+async def test_traffic_for_the_model_itself_can_go_to_an_adapter(server, http):
+    """The admin API's split over the model and its adapters (a canary of a fine-tune): requests naming
+    the model itself go where the weights say, and `X-Model-Version` says which answered."""
+    url = f"{server.url}/v1/admin/models/tiny/traffic"
+    _, alpha = await complete(http, server.url, "alpha")
+    async with http.put(url, json={"tiny": 0, "alpha": 1}, headers=ADMIN) as resp:
+        assert resp.status == 200 and (await resp.json())["traffic"] == {"alpha": 1.0}
+    body = {"model": "tiny", "prompt": "The batching server", "max_tokens": 8, "min_tokens": 8, "temperature": 0}
+    async with http.post(f"{server.url}/v1/completions", json=body) as resp:
+        assert resp.headers["X-Model-Version"] == "alpha"
+        assert (await resp.json())["choices"][0]["text"] == alpha["choices"][0]["text"]
+    for bad, code in (({"nope": 1}, 409), ({"tiny": 0}, 400), ({"tiny": -1}, 400)):
+        async with http.put(url, json=bad, headers=ADMIN) as resp:
+            assert resp.status == code, await resp.text()
+    async with http.put(url, json={"tiny": 1}, headers=ADMIN) as resp:
+        assert resp.status == 200
+    async with http.post(f"{server.url}/v1/completions", json=body) as resp:
+        assert resp.headers["X-Model-Version"] == "1"  # the model itself again
