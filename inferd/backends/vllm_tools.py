@@ -91,10 +91,10 @@ class ToolPlan:
             return found.content or None, [_call(c.function.name, c.function.arguments) for c in found.tool_calls]
         return text, []
 
-    def finish_reason(self, reason: str | None, calls: list[dict[str, Any]]) -> str | None:
+    def finish_reason(self, reason: str | None, called: bool) -> str | None:
         """OpenAI's: "tool_calls" when the model chose to call ("auto", "required"); a named call
         keeps "stop"."""
-        if calls and reason == "stop" and self.choice in ("auto", "required"):
+        if called and reason == "stop" and self.choice in ("auto", "required"):
             return "tool_calls"
         return reason
 

@@ -130,13 +130,13 @@ class GenerationApi:
         """`openai`: errors in OpenAI's shape, a stream ends with `data: [DONE]`, and `n` choices may be
         asked (inferd's own shape has one output). `adapter`: the LoRA adapter it goes through, counted
         as in use from here (no await since it was routed) to the end, so an unload waits for it."""
-        if adapter is None:
-            return await self._generate(request, model, body, who, start, chars, prompt_ids, whole, chunk, openai, None)
-        adapter.enter()
+        if adapter is not None:
+            adapter.enter()
         try:
             return await self._generate(request, model, body, who, start, chars, prompt_ids, whole, chunk, openai, adapter)
         finally:
-            adapter.leave()
+            if adapter is not None:
+                adapter.leave()
 
     async def _generate(self, request: web.BaseRequest, model: GenerationModel, body: dict[str, Any], who: Identity,
                         start: CallStart, chars: int, prompt_ids: Callable[[], Awaitable[list[int]]],

@@ -160,7 +160,7 @@ class TextAnswer:
         self.model = model
         self.created = created
         self.tools = tools if tools is not None and tools.reads_calls else None  # (its output read for calls)
-        self._held: dict[int, list[str]] = {}  # with tools, by choice: its text until it ends
+        self._held: dict[int, str] = {}  # with tools, by choice: its text so far
         self._held_tokens: dict[int, list[Any]] = {}
         self._called: set[int] = set()  # with "required", streamed: the choices whose calls began
         self.id = ("chatcmpl-" if call.chat else "cmpl-") + os.urandom(12).hex()
@@ -176,7 +176,7 @@ class TextAnswer:
             if self.tools is not None:
                 content, calls = self.tools.read(made.text)
                 choice["message"] = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
-                choice["finish_reason"] = self.tools.finish_reason(choice["finish_reason"], calls)
+                choice["finish_reason"] = self.tools.finish_reason(choice["finish_reason"], bool(calls))
             elif self.call.chat:
                 choice["message"] = {"role": "assistant", "content": made.text}
             else:
@@ -187,7 +187,8 @@ class TextAnswer:
 
     def chunks(self, text: str, last: Any, usage: dict[str, int]) -> list[dict[str, Any]]:
         """The events of one delta of one choice (`last.index`); after the request's last, the usage.
-        With tools, a choice is read for calls whole: it comes in one chunk when it ends."""
+        With tools: a named or required call streams as it is written; with "auto", a choice is read for
+        calls whole and comes in one chunk when it ends."""
         index = last.index
         if self.tools is not None:
             return self._tool_chunks(text, last, usage)
@@ -203,6 +204,10 @@ class TextAnswer:
             choice["delta"] = delta
         else:
             choice["text"] = text
+        return self._events(choice, last, usage)
+
+    def _events(self, choice: dict[str, Any], last: Any, usage: dict[str, int]) -> list[dict[str, Any]]:
+        """A chunk of one choice; after the request's last delta, the usage in a chunk of its own when asked."""
         events = [self._event([choice])]
         if last.done and self.call.include_usage:
             events.append({**self._event([]), "usage": usage})
@@ -215,20 +220,17 @@ class TextAnswer:
             return self._named_call_chunks(text, last, usage)
         if self.tools.choice == "required":  # the calls, streamed as they parse
             return self._required_call_chunks(text, last, usage)
-        self._held.setdefault(index, []).append(text)
+        self._held[index] = self._held.get(index, "") + text
         if last.logprobs:
             self._held_tokens.setdefault(index, []).extend(last.logprobs)
         if not last.finished:
             return []
-        content, calls = self.tools.read("".join(self._held.pop(index)))
+        content, calls = self.tools.read(self._held.pop(index))
         delta: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(calls)]
-        events = [self._event([{"index": index, "delta": delta, "logprobs": self._logprobs(self._held_tokens.pop(index, []), index),
-                                "finish_reason": self.tools.finish_reason(last.finish_reason, calls)}])]
-        if last.done and self.call.include_usage:
-            events.append({**self._event([]), "usage": usage})
-        return events
+        return self._events({"index": index, "delta": delta, "logprobs": self._logprobs(self._held_tokens.pop(index, []), index),
+                             "finish_reason": self.tools.finish_reason(last.finish_reason, bool(calls))}, last, usage)
 
     def _named_call_chunks(self, text: str, last: Any, usage: dict[str, int]) -> list[dict[str, Any]]:
         """A forced function's call, streamed: its id and name in the choice's first chunk, then its
@@ -241,18 +243,15 @@ class TextAnswer:
             delta["role"] = "assistant"
             call.update(id=f"call_{os.urandom(12).hex()}", type="function")
             call["function"]["name"] = self.tools.name  # type: ignore[union-attr]
-        reason = self.tools.finish_reason(last.finish_reason, [call]) if last.finished else None  # type: ignore[union-attr]
-        events = [self._event([{"index": index, "delta": delta, "logprobs": self._logprobs(last.logprobs, index),
-                                "finish_reason": reason}])]
-        if last.done and self.call.include_usage:
-            events.append({**self._event([]), "usage": usage})
-        return events
+        reason = self.tools.finish_reason(last.finish_reason, True) if last.finished else None  # type: ignore[union-attr]
+        return self._events({"index": index, "delta": delta, "logprobs": self._logprobs(last.logprobs, index),
+                             "finish_reason": reason}, last, usage)
 
     def _required_call_chunks(self, text: str, last: Any, usage: dict[str, int]) -> list[dict[str, Any]]:
+        """"required"'s calls, streamed as vLLM's reader parses them off the text so far."""
         index = last.index
-        held = self._held.setdefault(index, [])
-        previous = "".join(held)
-        held.append(text)
+        previous = self._held.get(index, "")
+        self._held[index] = previous + text
         calls = self.tools.stream_required(previous, previous + text)  # type: ignore[union-attr]
         delta: dict[str, Any] = {"tool_calls": calls} if calls else {}
         if index not in self._role_sent:
@@ -262,15 +261,12 @@ class TextAnswer:
             self._called.add(index)
         reason = None
         if last.finished:
-            reason = self.tools.finish_reason(last.finish_reason, [{}] if index in self._called else [])  # type: ignore[union-attr]
+            reason = self.tools.finish_reason(last.finish_reason, index in self._called)  # type: ignore[union-attr]
             del self._held[index]
         if not delta and not last.finished and not last.logprobs:
             return []
-        events = [self._event([{"index": index, "delta": delta, "logprobs": self._logprobs(last.logprobs, index),
-                                "finish_reason": reason}])]
-        if last.done and self.call.include_usage:
-            events.append({**self._event([]), "usage": usage})
-        return events
+        return self._events({"index": index, "delta": delta, "logprobs": self._logprobs(last.logprobs, index),
+                             "finish_reason": reason}, last, usage)
 
     def _logprobs(self, tokens: list[Any] | None, index: int) -> dict[str, Any] | None:
         """Tokens' logprobs in the shape of the call's API (chat's `content` list, or the completions

@@ -525,7 +525,7 @@ async def test_tool_choice_auto_reads_the_models_own_calls_with_vllms_parser(ser
     content, calls = plan.read(said)
     assert content == "Let me look. " and [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
         ("get_weather", {"city": "Oslo"})]
-    assert plan.finish_reason("stop", calls) == "tool_calls"
+    assert plan.finish_reason("stop", bool(calls)) == "tool_calls"
     from inferd.backends.vllm_tools import check_parser
 
     with pytest.raises(ValueError, match="no vLLM tool parser"):  # a misspelt `tool_call_parser` fails the model's start
