@@ -40,11 +40,7 @@ class Models:
     def route(self, spec: str, version: str | None = None) -> BatchModel | None:
         """The batch model version a request for `spec` (`name` or `name@version`) goes to; None when no
         batch model has that name. Raises ModelNotFound for a version it does not have."""
-        name, at, pinned = spec.partition("@")
-        if at:
-            if version is not None and version != pinned:
-                raise InvalidInput(f"`model` says version {pinned!r} and `version` says {version!r}")
-            version = pinned
+        name, version = _split(spec, version, "version")
         served = self.served.get(name)
         if served is None:
             return None
@@ -56,11 +52,7 @@ class Models:
         """The generation model (and LoRA adapter) a request for `spec` goes to: `name`, `name@adapter`
         (or `adapter` given apart), or an adapter's own name, as vLLM's server takes it. None when no
         generation model answers to it; ModelNotFound for an adapter its model does not have."""
-        name, at, named = spec.partition("@")
-        if at:
-            if adapter is not None and adapter != named:
-                raise InvalidInput(f"`model` says adapter {named!r} and `version` says {adapter!r}")
-            adapter = named
+        name, adapter = _split(spec, adapter, "adapter")
         model = self.generation.get(name)
         if model is not None:
             return model, model.adapters.pick() if adapter is None else model.adapters.get(adapter)
@@ -107,3 +99,13 @@ class Models:
 
     def snapshots(self, now: float) -> tuple[list[BatchModelSnapshot], list[GenerationSnapshot]]:
         return [m.snapshot(now) for m in self.instances()], [g.snapshot(now) for g in self.generation.values()]
+
+
+def _split(spec: str, given: str | None, what: str) -> tuple[str, str | None]:
+    """`name@x` into the name and x (a version, an adapter), which must agree with one given apart."""
+    name, at, named = spec.partition("@")
+    if not at:
+        return name, given
+    if given is not None and given != named:
+        raise InvalidInput(f"`model` says {what} {named!r} and `version` says {given!r}")
+    return name, named
