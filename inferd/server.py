@@ -101,15 +101,15 @@ class InferenceServer:
             registry=registry,
             body=BodyReader(config.max_body_bytes, config.body_timeout_s, self.lifecycle),
             idempotency_window_s=config.idempotency_window_s, idempotency_max_keys=config.idempotency_max_keys,
-            idempotency_max_bytes=config.idempotency_max_bytes,
+            idempotency_max_bytes=config.idempotency_max_bytes, fast_path=config.fast_path,
             connections=lambda: self.connections.stats(), tracing=self.tracing, rollouts=self.rollouts,
         )
         # The API reads bodies itself, with its own limits (413, 408): no client_max_size here.
         limits = ConnectionLimits(config.max_connections or connection_budget(), config.connection_reserve,
                                   config.header_timeout_s, config.answer_half_closed)
         self.connections = GuardedServer(
-            self.api.handle, limits=limits, ids=self.api.ids, handler_cancellation=True, access_log=None,
-            keepalive_timeout=config.keepalive_timeout_s,
+            self.api.handle, limits=limits, ids=self.api.ids, fast_path=self.api.fast_path, handler_cancellation=True,
+            access_log=None, keepalive_timeout=config.keepalive_timeout_s,
             on_error=lambda request_id, error: outcomes.record(request_id, "-", "-", error.status, error.code, time.monotonic()),
         )
         self._runner = web.ServerRunner(self.connections, shutdown_timeout=1.0)

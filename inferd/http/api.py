@@ -31,6 +31,7 @@ from .admin import PREFIX as ADMIN_PREFIX
 from .admin import AdminApi
 from .batch_calls import traced_route
 from .body_reader import BodyReader
+from .fast_path import FastPath
 from .generation import GenerationApi
 from .idempotency import IdempotentReplies
 from .inference import InferenceApi
@@ -56,7 +57,7 @@ class HttpApi:
         dead_letters: DeadLetters, registry: CollectorRegistry | None, body: BodyReader,
         connections: Callable[[], dict[str, int]] | None = None, idempotency_window_s: float = 0.0,
         idempotency_max_keys: int = 1, idempotency_max_bytes: int = 64 << 20, tracing: Tracing | None = None,
-        rollouts: Rollouts | None = None,
+        rollouts: Rollouts | None = None, fast_path: bool = True,
     ) -> None:
         self.models = models
         self.admission = admission
@@ -73,6 +74,7 @@ class HttpApi:
                                        lifecycle=lifecycle, ids=self.ids, body=body)
         inference = InferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle, ids=self.ids,
                                  body=body, generation=generation)
+        self.fast_path = FastPath(inference, lifecycle, tracing) if fast_path else None  # (answers from the connection)
         call_routes = (inference.inference, inference.embeddings, inference.rerank, inference.tei_rerank)
         if tracing is not None:
             call_routes = tuple(traced_route(tracing, self.ids, route) for route in call_routes)
@@ -281,12 +283,8 @@ def _instance_key(model: BatchModel, defaults: dict[str, BatchModel]) -> str:
 
 
 def _readiness(model: BatchModel) -> dict[str, Any]:
-    state: dict[str, Any] = {
-        "ready": model.ready,
-        "ready_workers": model.pool.healthy,
-        "workers": len(model.pool.workers),
-        "breaker": model.breaker.state.value,
-    }
+    state: dict[str, Any] = {"ready": model.ready, "ready_workers": model.pool.healthy, "workers": len(model.pool.workers),
+                             "breaker": model.breaker.state.value}
     if model.start_error is not None:
         state["error"] = describe(model.start_error)
     return state

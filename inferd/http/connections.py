@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError, _ErrInfo
@@ -25,6 +25,9 @@ from aiohttp.web_protocol import RequestHandler, RequestPayloadError, _ErrInfo
 from ..errors import InferdError, InternalError, MalformedRequest, PayloadTooLarge, ServiceOverloaded, describe
 from .request_ids import RequestIds
 from .responses import dumps, error_response, openai_path
+
+if TYPE_CHECKING:
+    from .fast_path import FastPath, InFlight
 
 HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
 _parse = RequestHandler.data_received  # (called directly: super() in a method called per request costs)
@@ -43,8 +46,9 @@ class GuardedServer(web.Server):
     """aiohttp's low-level server, with a count of open connections and a clock on headers."""
 
     def __init__(self, handler: Any, *, limits: ConnectionLimits, ids: RequestIds,
-                 on_error: Callable[[str, InferdError], None], **kwargs: Any) -> None:
+                 on_error: Callable[[str, InferdError], None], fast_path: FastPath | None = None, **kwargs: Any) -> None:
         super().__init__(handler, **kwargs)
+        self.fast_path = fast_path  # answers the common request from `data_received` (`fast_path`)
         self.limits = limits
         self.ids = ids
         self.on_error = on_error  # counts an answer made here (a request aiohttp could not parse, a bug)
@@ -85,12 +89,14 @@ class GuardedServer(web.Server):
 class GuardedConnection(RequestHandler):
     """One client connection under the server's limits."""
 
-    __slots__ = ("_on_clock", "_server")
+    __slots__ = ("_on_clock", "_server", "_fast", "fast_flight")
 
     def __init__(self, server: GuardedServer, **kwargs: Any) -> None:
         super().__init__(server, **kwargs)
         self._server = server
         self._on_clock = False  # in the server's awaiting_headers
+        self._fast = server.fast_path
+        self.fast_flight: InFlight | None = None  # the request the fast path is answering
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -102,19 +108,75 @@ class GuardedConnection(RequestHandler):
             return
         if server.open > limits.max_connections - limits.connection_reserve:
             self._request_handler = self._health_only  # this connection holds a reserved descriptor
+            self._fast = None  # (nor does the fast path answer it)
         self._start_header_clock()
 
     def data_received(self, data: bytes) -> None:
-        idle = self._waiter is not None  # no request in hand: these bytes begin the next one
-        _parse(self, data)
+        waiter = self._waiter  # (aiohttp's request loop waits on it for the next parsed request)
+        idle = waiter is not None and self.fast_flight is None  # no request in hand: these bytes begin the next one
+        if waiter is not None and waiter.done():
+            waiter = None  # (woken already: aiohttp's loop takes what is queued)
+        if self._fast is None or waiter is None:
+            _parse(self, data)
+        else:  # the loop is woken below, for what the fast path does not take
+            self._waiter = None
+            try:
+                _parse(self, data)
+            finally:
+                self._waiter = waiter
         messages = self._messages
         if messages:  # a request's headers are in (or the parser refused what came)
             if self._on_clock:
                 self._stop_header_clock()
             if type(messages[-1][0]) is _ErrInfo and self._current_request is not None:
                 self._body_refused(messages)
+            if waiter is None or self._fast is None:
+                return  # (aiohttp's loop is handling a request, or was woken by the parse)
+            if idle and len(messages) == 1 and self._fast_path_took(messages):
+                return  # answered, or answered when its future resolves
+            if self.fast_flight is None:
+                self._wake(waiter)  # else queued behind the fast path's request, woken once it is answered
         elif idle and not self._on_clock:
             self._start_header_clock()
+
+    def _fast_path_took(self, messages: Any) -> bool:
+        message, payload = messages[0]
+        fast = self._fast
+        assert fast is not None
+        if type(message) is _ErrInfo or not fast.takes(message, payload):
+            return False
+        messages.popleft()
+        self._keepalive = False  # (aiohttp's keep-alive timer must not take this connection for idle meanwhile)
+        back = fast.start(self, message, payload)
+        if back is not None:
+            messages.appendleft(back)
+            return False
+        self._parser.message_consumed()  # type: ignore[union-attr]
+        self._manager.requests_count += 1  # type: ignore[union-attr]
+        return True
+
+    def fast_answered(self, data: bytes, keep_alive: bool) -> None:
+        """The fast path's answer: written whole; then the connection is idle again (aiohttp's keep-alive
+        timer rearmed as after its own answers), or closed."""
+        self.fast_flight = None
+        transport = self.transport
+        if transport is None:
+            return
+        transport.write(data)
+        if not keep_alive:
+            self.force_close()  # (the transport sends what was written, then closes)
+            return
+        self._keepalive = True
+        self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
+        if self._keepalive_handle is None:
+            self._keepalive_handle = self._loop.call_at(self._next_keepalive_close_time, self._process_keepalive)
+        if self._messages:  # pipelined behind it: aiohttp's loop answers those
+            self._wake(self._waiter)
+
+    @staticmethod
+    def _wake(waiter: asyncio.Future | None) -> None:
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _body_refused(self, messages: Any) -> None:
         """The parser refused bytes of the body a handler is reading now (a malformed chunk): aiohttp
@@ -132,8 +194,11 @@ class GuardedConnection(RequestHandler):
         is withdrawn. With `answer_half_closed` it still gets its answer, then the connection closes."""
         if not self._server.limits.answer_half_closed:
             return False
-        busy = self._waiter is None or bool(self._messages)  # a request being handled, or parsed and queued
-        if busy:
+        flight = self.fast_flight
+        busy = self._waiter is None or bool(self._messages) or flight is not None  # a request in hand, or queued
+        if flight is not None:
+            flight.keep_alive = False
+        elif busy:
             self.keep_alive(False)
         return busy
 
@@ -159,6 +224,10 @@ class GuardedConnection(RequestHandler):
         if self._on_clock:
             self._stop_header_clock()
         self._server.open -= 1
+        flight = self.fast_flight
+        if flight is not None:
+            self.fast_flight = None
+            self._fast.client_gone(flight)  # type: ignore[union-attr]
         super().connection_lost(exc)
 
     def _start_header_clock(self) -> None:

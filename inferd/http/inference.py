@@ -10,15 +10,17 @@ away cancels the handler: its inputs still waiting are withdrawn and never compu
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
 from ..admission.admission import Admission
+from ..admission.rate_limits import Identity
 from ..errors import InferdError, InvalidInput, ModelNotFound
 from ..lifecycle import Lifecycle
-from ..messages import RequestState
+from ..messages import PendingRequest, RequestState
 from ..models.batch_model import BatchModel
 from ..models.registry import Models
 from ..observability.outcomes import Outcomes
@@ -26,7 +28,7 @@ from .batch_calls import BatchCalls, CallStart, cache_allowed, call_start, call_
 from .body_reader import BodyReader
 from .embeddings import EmbeddingsCall, embeddings_payload, parse_embeddings_body
 from .generation import GenerationApi
-from .inference_body import encode_vector, input_kind, parse_image_body, parse_inference_body
+from .inference_body import InferenceCall, encode_vector, input_kind, parse_image_body, parse_inference_body
 from .request_ids import RequestIds
 from .rerank_body import (
     RerankCall,
@@ -39,6 +41,19 @@ from .rerank_body import (
 from .responses import WholeResponse, dumps, error_response
 
 _ATTACHED, _CACHED = RequestState.ATTACHED, RequestState.CACHED
+
+
+@dataclass(slots=True)
+class OneInput:
+    """A `/v1/inference` call as far as it got: what its answer or its refusal is recorded with."""
+
+    start: CallStart
+    who: Identity | None = None
+    tier: str = "-"
+    tenant: str = "-"
+    call: InferenceCall | None = None
+    model: BatchModel | None = None
+    items: list[PendingRequest] = field(default_factory=list)
 
 
 class InferenceApi:
@@ -59,41 +74,67 @@ class InferenceApi:
 
     async def inference(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
         headers = request.headers
-        if start is None:
-            start = call_start(self.ids, headers)
-        started, request_id = start.started, start.request_id
-        model_name, version, tier, tenant, items = "-", "", "-", "-", []
+        one = OneInput(call_start(self.ids, headers) if start is None else start)
         try:
-            who = self.admission.identify(headers)
-            tier, tenant = who.tier, who.tenant
-            body = await self.body.read(request)
-            if headers.get("Content-Type", "")[:6] == "image/":  # (an image as the whole body)
-                call = parse_image_body(body, request.query)
-            else:
-                call = parse_inference_body(body)
-            name = call.model or self.models.default
-            model = self.models.route(name, call.version)
-            if model is None:
-                routed = self.models.route_generation(name, call.version) if self.generation is not None else None
-                if routed is not None:
-                    if type(call.input) is not str:
-                        raise InvalidInput(f"model {name} generates from a text prompt, not an image")
-                    return await self.generation.inference(request, routed[0], call, who, start, routed[1])  # type: ignore[union-attr]
-                raise ModelNotFound(f"no model named {name!r}; see GET /v1/models")
-            model_name, version = model.name, model.version
-            if (type(call.input) is not str or model.input_kind != "text") and model.ready and \
-                    input_kind(call.input) != model.input_kind:  # (a text to a text model: two tests, no call)
-                raise InvalidInput(f"model {name} takes {model.input_kind} inputs, not {input_kind(call.input)}")
-            items = self.calls.admit(model, start, (call.input,), who, call.timeout_ms, cache_allowed(headers))
-            output = (await self.calls.answers(model, start, items, who))[0]
+            self.identify(one, headers)
+            generation = self.route(one, await self.body.read(request), headers, request.query)
+            if generation is not None:
+                return await self.generation.inference(request, generation[0], one.call, one.who, one.start,  # type: ignore[union-attr]
+                                                       generation[1])
+            self.admit(one, headers)
+            output = (await self.calls.answers(one.model, one.start, one.items, one.who))[0]  # type: ignore[arg-type]
         except InferdError as error:
-            now = self.outcomes.record_error(request_id, model_name, tier, error, started, items[0] if items else None,
-                                             tenant, start.trace, version)
-            return error_response(error, request_id, close=self.lifecycle.draining, held_s=now - started)
-        pending = items[0]
-        now = self.outcomes.record(request_id, model_name, tier, 200, "", started, pending, tenant, start.trace, version)
+            return self.refused(one, error)
+        return WholeResponse(200, *self.answered(one, output))
+
+    # The steps of `inference`, which the connection's fast path (`fast_path`) takes too, without a task.
+
+    def identify(self, one: OneInput, headers: Mapping[str, str]) -> None:
+        one.who = who = self.admission.identify(headers)
+        one.tier, one.tenant = who.tier, who.tenant
+
+    def route(self, one: OneInput, body: bytes, headers: Mapping[str, str], query: Mapping[str, str]) -> Any:
+        """Read the call from the body and find its batch model (`one.model`); a generation model's
+        (model, version) is returned instead, for the generation API to answer."""
+        if headers.get("Content-Type", "")[:6] == "image/":  # (an image as the whole body)
+            one.call = call = parse_image_body(body, query)
+        else:
+            one.call = call = parse_inference_body(body)
+        name = call.model or self.models.default
+        model = self.models.route(name, call.version)
+        if model is None:
+            routed = self.models.route_generation(name, call.version) if self.generation is not None else None
+            if routed is not None:
+                if type(call.input) is not str:
+                    raise InvalidInput(f"model {name} generates from a text prompt, not an image")
+                return routed
+            raise ModelNotFound(f"no model named {name!r}; see GET /v1/models")
+        one.model = model
+        if (type(call.input) is not str or model.input_kind != "text") and model.ready and \
+                input_kind(call.input) != model.input_kind:  # (a text to a text model: two tests, no call)
+            raise InvalidInput(f"model {name} takes {model.input_kind} inputs, not {input_kind(call.input)}")
+        return None
+
+    def admit(self, one: OneInput, headers: Mapping[str, str]) -> None:
+        one.items = self.calls.admit(one.model, one.start, (one.call.input,), one.who, one.call.timeout_ms,  # type: ignore[arg-type, union-attr]
+                                     cache_allowed(headers))
+
+    def refused(self, one: OneInput, error: InferdError) -> WholeResponse:
+        """The call's error answer, recorded."""
+        start, model = one.start, one.model
+        now = self.outcomes.record_error(start.request_id, model.name if model else "-", one.tier, error, start.started,
+                                         one.items[0] if one.items else None, one.tenant, start.trace,
+                                         model.version if model else "")
+        return error_response(error, start.request_id, close=self.lifecycle.draining, held_s=now - start.started)
+
+    def answered(self, one: OneInput, output: Any) -> tuple[bytes, tuple[tuple[str, str], ...]]:
+        """The call's answer (its body and headers), recorded."""
+        start, model, pending = one.start, one.model, one.items[0]
+        request_id, model_name = start.request_id, model.name  # type: ignore[union-attr]
+        now = self.outcomes.record(request_id, model_name, one.tier, 200, "", start.started, pending, one.tenant,
+                                   start.trace, model.version)  # type: ignore[union-attr]
         batch = pending.batch
-        extra: tuple[tuple[str, str], ...] = (("X-Request-ID", request_id), ("X-Model-Version", model.version))
+        extra: tuple[tuple[str, str], ...] = (("X-Request-ID", request_id), ("X-Model-Version", model.version))  # type: ignore[union-attr]
         if batch is not None:
             timing = f"queue;dur={batch.queue_s(pending) * 1000:.3f}, compute;dur={batch.compute_s * 1000:.3f}"
             if pending.predicted_wait is not None:  # (what admission expected the queue to take)
@@ -101,11 +142,11 @@ class InferenceApi:
             extra += (("Server-Timing", timing + ', shared;desc="collapsed"' if pending.state is _ATTACHED else timing),)
         elif pending.state is _CACHED:
             extra += (("Server-Timing", 'cache;desc="hit"'),)
-        if call.base64:
+        if one.call.base64:  # type: ignore[union-attr]
             output = encode_vector(output, base64=True)
-        payload = {"output": output, "request_id": request_id, "model": model_name, "model_version": model.version,
-                   "latency_ms": round((now - started) * 1000, 3)}
-        return WholeResponse(200, dumps(payload), extra)
+        payload = {"output": output, "request_id": request_id, "model": model_name, "model_version": model.version,  # type: ignore[union-attr]
+                   "latency_ms": round((now - start.started) * 1000, 3)}
+        return dumps(payload), extra
 
     async def embeddings(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
         """OpenAI's `POST /v1/embeddings`: each item batched like a request of its own, answered in order."""

@@ -42,6 +42,21 @@ def dumps(payload: Any) -> bytes:
     return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
+def answer_bytes(status: int, body: bytes, extra: tuple[tuple[str, str], ...], keep_alive: bool,
+                 content_type: bytes = b"application/json", head_only: bool = False) -> bytes:
+    """Status line, headers and body, as one piece of bytes."""
+    head = [b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n" % (
+        status, _REASONS.get(status, b"Unknown"), content_type, len(body))]
+    for name, value in extra:
+        head.append(f"{name}: {value}\r\n".encode())
+    if not keep_alive:
+        head.append(b"Connection: close\r\n")
+    head.append(b"Date: %s\r\nServer: inferd\r\n\r\n" % _date())
+    if not head_only:
+        head.append(body)
+    return b"".join(head)
+
+
 @dataclass(frozen=True, slots=True)
 class KeptAnswer:
     """An answer's bytes and headers, without a response object (nor an encoder's larger buffer: the
@@ -85,20 +100,17 @@ class WholeResponse(web.StreamResponse):
         self._eof_sent = True
         keep_alive = not self._close and request.keep_alive and self._keep_alive is not False  # (force_close())
         self._keep_alive = keep_alive
-        body = self._whole_body
-        head = [b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n" % (
-            self._status, _REASONS.get(self._status, b"Unknown"), self._content_type, len(body))]
-        for name, value in self._extra:
-            head.append(f"{name}: {value}\r\n".encode())
-        if not keep_alive:
-            head.append(b"Connection: close\r\n")
-        head.append(b"Date: %s\r\nServer: inferd\r\n\r\n" % _date())
-        if request.method != "HEAD":  # (a HEAD's answer says how long the body is, and sends none)
-            head.append(body)
-        await request.writer.write(b"".join(head))
+        await request.writer.write(self.encoded(keep_alive, request.method == "HEAD"))
         if self._drop_body:
             request.protocol.force_close()  # (the transport sends what was written, then closes)
         return None
+
+    closes = property(lambda self: self._close, doc="Whether the connection closes after it, whatever the client asked.")
+
+    def encoded(self, keep_alive: bool, head_only: bool = False) -> bytes:
+        """The whole answer as it goes out (a HEAD's answer says how long the body is, and sends none)."""
+        return answer_bytes(self._status, self._whole_body, self._extra, keep_alive and not self._close,
+                            self._content_type, head_only)
 
     async def write_eof(self, data: bytes = b"") -> None:
         return None  # everything went out in `prepare`

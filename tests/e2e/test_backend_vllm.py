@@ -515,7 +515,8 @@ async def test_tool_choice_auto_reads_the_models_own_calls_with_vllms_parser(ser
     """"auto" with the model's `tool_call_parser` (hermes here): the random model writes no
     <tool_call> tag, so its text is the content; the same parser reads a hermes-format text into calls."""
     url, headers = server.url, bearer("enterprise")
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "weather?"}], "tools": [WEATHER], "max_tokens": 6}
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "weather?"}], "tools": [WEATHER], "max_tokens": 6,
+            "ignore_eos": True}  # (sampled, the random model may end early: "length" is what it must say)
     async with client.post(f"{url}/v1/chat/completions", json={**body, "tool_choice": "auto"}, headers=headers) as resp:
         answer = await resp.json()
     assert resp.status == 200, answer

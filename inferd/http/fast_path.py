@@ -1,0 +1,179 @@
+"""One-input inference answered from the connection itself: the common request, without the
+per-request machinery of aiohttp's server around it.
+
+Why: on this server's shape (2 cores, wrk at 100 clients, distinct bodies) aiohttp's low-level server
+with a handler that only echoes costs ~45 µs of CPU per request; the same parser (aiohttp's, in C)
+driving a protocol that answers from `data_received` costs ~24 µs. The difference is what aiohttp does
+around each request: a task, a request object, a writer, a response object and the awaits between them.
+At 100 closed-loop clients each batch waits for the previous one's answers to go out and the next
+requests to come in, so that CPU is the turnaround (issue 27, `benchmarks/results/request_path_fast.md`).
+
+What it takes: `POST /v1/inference` (or `/api/inference`) to a batch model, the whole body in with its
+headers, on a connection with nothing else in hand; no query string, `Idempotency-Key`, `Expect`,
+`Content-Encoding` or image body. Everything else, and anything it is unsure of, goes the usual way
+(`api.HttpApi.handle`). The call itself runs through the same steps as the handler's
+(`InferenceApi.identify / route / admit / answered / refused`): the same admission, errors, records,
+trace and headers. The request's future calls back when it resolves; a client that goes away has its
+input withdrawn as a cancelled handler's is. `[server] fast_path = false` turns it off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Protocol
+
+from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
+
+from ..errors import InferdError, InternalError, PayloadTooLarge, describe
+from ..lifecycle import Lifecycle
+from ..observability.tracing import Tracing
+from .batch_calls import call_start, withdraw_unanswered
+from .inference import InferenceApi, OneInput
+from .responses import answer_bytes
+
+log = logging.getLogger("inferd.http")
+
+_PATHS = frozenset({"/v1/inference", "/api/inference"})
+_GO_THE_USUAL_WAY = ("Idempotency-Key", "Expect", "Content-Encoding")
+
+
+class Connection(Protocol):
+    """What the fast path needs of a connection (`connections.GuardedConnection`)."""
+
+    fast_flight: InFlight | None  # the request it is answering, if any
+
+    def fast_answered(self, data: bytes, keep_alive: bool) -> None:
+        """Write the answer; the connection is idle again, or closes."""
+
+
+class InFlight:
+    """A request the fast path took, until its answer is written or its client goes away."""
+
+    __slots__ = ("path", "one", "connection", "keep_alive")
+
+    def __init__(self, path: FastPath, one: OneInput, connection: Connection, keep_alive: bool) -> None:
+        self.path = path
+        self.one = one
+        self.connection = connection
+        self.keep_alive = keep_alive  # the client's (HTTP/1.0, `Connection: close`), before the answer's own
+
+    def __call__(self, future: asyncio.Future) -> None:
+        """Its future's done-callback. (Held by the future only until it runs: nothing here holds the
+        request in a cycle once it is answered, and reference counting alone frees it.)"""
+        self.path.resolved(self, future)
+
+
+class FastPath:
+    """Takes the requests it can answer from a connection's `data_received` (see the module docstring)."""
+
+    def __init__(self, inference: InferenceApi, lifecycle: Lifecycle, tracing: Tracing | None) -> None:
+        self.inference = inference
+        self.lifecycle = lifecycle
+        self.tracing = tracing
+        self.max_body_bytes = inference.body.max_bytes
+        self.taken = 0  # requests it took to the end (answered, or their client left)
+
+    def takes(self, message: Any, payload: Any) -> bool:
+        """Whether a parsed request is one it answers: checked before it leaves aiohttp's queue."""
+        if message.method != "POST" or message.path not in _PATHS or message.upgrade:
+            return False
+        if payload is EMPTY_PAYLOAD or not payload.is_eof() or payload.exception() is not None:
+            return False
+        headers = message.headers
+        for name in _GO_THE_USUAL_WAY:
+            if name in headers:
+                return False
+        return headers.get("Content-Type", "")[:6] != "image/"
+
+    def start(self, connection: Connection, message: Any, payload: Any) -> tuple[Any, Any] | None:
+        """Answer a request `takes` accepted: at once (a refusal), or when its future resolves (the
+        connection's `fast_flight` meanwhile); None. Or it is not one after all (it names a generation
+        model): nothing was done, and the request (its body unread again) is returned to go the usual way."""
+        inference, headers = self.inference, message.headers
+        one = OneInput(call_start(inference.ids, headers))
+        if self.tracing is not None:  # (as `batch_calls.traced_route` begins it: before anything can refuse)
+            one.start.trace = self.tracing.begin(headers, one.start.started, message.path)
+        # In flight from here: reading the body can call the connection's `data_received` again (aiohttp
+        # resumes its parser), which must find a request in hand.
+        connection.fast_flight = flight = InFlight(self, one, connection, not message.should_close)
+        self.lifecycle.enter()
+        try:
+            inference.identify(one, headers)
+            body = payload.read_nowait()
+            if len(body) > self.max_body_bytes:
+                raise PayloadTooLarge(f"body exceeds {self.max_body_bytes} bytes")
+            if inference.route(one, body, headers, _NO_QUERY) is not None:  # a generation model's: its handler
+                connection.fast_flight = None  # streams (and draws its own trace), from the body as it came
+                self.lifecycle.leave()
+                unread = StreamReader(connection, _READ_LIMIT, loop=asyncio.get_running_loop())  # type: ignore[arg-type]
+                unread.feed_data(body)
+                unread.feed_eof()
+                return message, unread
+            inference.admit(one, headers)
+        except InferdError as error:
+            self._finish(flight, *self._refusal(flight, error))
+            return None
+        except Exception as exc:  # noqa: BLE001 - a bug: this request's 500, as aiohttp answers a handler's
+            log.error("request %s failed: %s", one.start.request_id, describe(exc), exc_info=exc)
+            self._finish(flight, *self._refusal(flight, InternalError("internal error (logged with this request id)")))
+            return None
+        except BaseException:
+            connection.fast_flight = None
+            self.lifecycle.leave()
+            raise
+        one.items[0].future.add_done_callback(flight)
+        return None
+
+    def resolved(self, flight: InFlight, future: asyncio.Future) -> None:
+        """The request's future is done (on the loop): its answer goes out, unless its client left."""
+        if flight.connection.fast_flight is not flight:
+            return  # the client went away first (`client_gone` recorded it)
+        one = flight.one
+        try:
+            if future.cancelled():  # (only a client that left cancels it, and that was seen above)
+                raise InternalError("the request was withdrawn while its client still waited")
+            error = future.exception()
+            if error is None:
+                data = answer_bytes(200, *self.inference.answered(one, future.result()), flight.keep_alive)
+                self._finish(flight, 200, data, flight.keep_alive)
+                return
+            if not isinstance(error, InferdError):
+                log.error("request %s failed: %s", one.start.request_id, describe(error), exc_info=error)
+                error = InternalError("internal error (logged with this request id)")
+        except InferdError as raised:
+            error = raised
+        self._finish(flight, *self._refusal(flight, error))
+
+    def _refusal(self, flight: InFlight, error: InferdError) -> tuple[int, bytes, bool]:
+        response = self.inference.refused(flight.one, error)
+        keep_alive = flight.keep_alive and not response.closes
+        return error.status, response.encoded(keep_alive), keep_alive
+
+    def _finish(self, flight: InFlight, status: int, data: bytes, keep_alive: bool) -> None:
+        one = flight.one
+        self.taken += 1
+        try:
+            if one.start.trace is not None:
+                self.tracing.end(one.start.trace, one.start.request_id, status)  # type: ignore[union-attr]
+            flight.connection.fast_answered(data, keep_alive)
+        finally:
+            self.lifecycle.leave()
+
+    def client_gone(self, flight: InFlight) -> None:
+        """Its connection was lost before the answer: counted as a cancelled handler's (499), its input
+        withdrawn."""
+        one, model = flight.one, flight.one.model
+        self.taken += 1
+        try:
+            self.inference.outcomes.record(one.start.request_id, model.name, one.tier, 499, "CLIENT_DISCONNECTED",  # type: ignore[union-attr]
+                                           one.start.started, one.items[0], one.tenant, one.start.trace, model.version)  # type: ignore[union-attr]
+            withdraw_unanswered(model, one.items)
+            if one.start.trace is not None:
+                self.tracing.end(one.start.trace, one.start.request_id, 499)  # type: ignore[union-attr]
+        finally:
+            self.lifecycle.leave()
+
+
+_READ_LIMIT = 2**16  # (aiohttp's own for a request's body)
+_NO_QUERY: dict[str, str] = {}  # (a request with a query string goes the usual way)

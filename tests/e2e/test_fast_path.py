@@ -1,0 +1,145 @@
+"""The connection's fast path for one-input inference (`inferd.http.fast_path`): the same answers as the
+handler's, in order on a connection, nothing computed for a client that left, and the connection's
+timers (keep-alive, headers) as they are for the usual way."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+
+import orjson
+import pytest
+
+from inferd.backends.sim import expected_output
+from inferd.config import AuthConfig, TenantConfig, TierConfig
+
+from ..helpers import backend_of, running_server, sim_model, until
+from .test_connections import connect
+
+KEY = "k-fast-path"
+
+
+async def _raw(url: str, raw: bytes, answers: int = 1, timeout_s: float = 5.0) -> list[tuple[int, dict[str, str], dict]]:
+    """Send `raw` on one connection; read `answers` answers off it (status, headers, JSON body)."""
+    reader, writer = await connect(url)
+    writer.write(raw)
+    out = []
+    try:
+        for _ in range(answers):
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout_s)
+            lines = head.decode().split("\r\n")
+            headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+            body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), timeout_s)
+            out.append((int(lines[0].split()[1]), headers, orjson.loads(body)))
+    finally:
+        writer.close()
+    return out
+
+
+def _post(body: bytes, *headers: str) -> bytes:
+    extra = "".join(f"{h}\r\n" for h in headers)
+    return b"POST /v1/inference HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s" % (
+        extra.encode(), len(body), body)
+
+
+CASES = [  # (the request, what its answer must say)
+    (_post(b'{"input": "same either way"}', f"Authorization: Bearer {KEY}", "X-Request-ID: fp-1"), 200),
+    (_post(b'{"input": 5}', f"Authorization: Bearer {KEY}", "X-Request-ID: fp-2"), 400),
+    (_post(b'{"input": "x", "model": "nope"}', f"Authorization: Bearer {KEY}", "X-Request-ID: fp-3"), 404),
+    (_post(b'{"input": "x"}', "Authorization: Bearer wrong", "X-Request-ID: fp-4"), 401),
+    (_post(b"not json", f"Authorization: Bearer {KEY}", "X-Request-ID: fp-5"), 400),
+    (_post(b'{"input": "' + b"y" * 300 + b'"}', f"Authorization: Bearer {KEY}", "X-Request-ID: fp-6"), 413),
+]
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+async def test_answers_are_the_same_with_and_without_the_fast_path(fast_path):
+    tenants = (TenantConfig("t", "free", hashlib.sha256(KEY.encode()).hexdigest()),)
+    async with running_server(sim_model(latency_ms=5), auth=AuthConfig(enabled=True), tenants=tenants,
+                              tiers=(TierConfig("free"),), fast_path=fast_path, max_body_bytes=200) as srv:
+        for raw, status in CASES:
+            ((got, headers, body),) = await _raw(srv.url, raw)
+            assert got == status, body
+            assert headers["x-request-id"] == body["request_id"] and body["request_id"].startswith("fp-")
+            assert headers["content-type"] == "application/json" and "date" in headers and headers["server"] == "inferd"
+            if status == 200:
+                assert body["output"] == expected_output("same either way") and body["model"] == "m"
+                assert headers["x-model-version"] == "1" and headers["server-timing"].startswith("queue;dur=")
+            else:
+                assert isinstance(body["error"], str) and body["message"]
+        answered = {(model, code) for (model, _, _, code, _), n in srv.models["m"].metrics.requests.items() if n}
+        assert answered == {("m", 200), ("-", 400), ("-", 404), ("-", 401), ("-", 413)}  # ("-": before a model is known)
+        assert (srv.api.fast_path.taken if fast_path else srv.api.fast_path) == (len(CASES) if fast_path else None)
+
+
+async def test_requests_on_one_connection_are_answered_in_order_each_with_its_own_output():
+    async with running_server(sim_model(latency_ms=60, max_wait_ms=0)) as srv:
+        # Two in one write (the second waits behind the first), then one sent while the first is computed.
+        raw = _post(b'{"input": "first"}') + _post(b'{"input": "second"}')
+        reader, writer = await connect(srv.url)
+        writer.write(raw)
+        await until(lambda: backend_of(srv).computed["first"] == 1 or srv.lifecycle.in_flight > 0)
+        writer.write(_post(b'{"input": "third"}'))
+        outputs = []
+        for _ in range(3):
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            outputs.append(orjson.loads(await reader.readexactly(length))["output"])
+        writer.close()
+        assert outputs == [expected_output(x) for x in ("first", "second", "third")]
+
+
+async def test_a_client_that_leaves_has_its_input_withdrawn_and_counted():
+    async with running_server(sim_model(latency_ms=300, max_batch_size=1, max_wait_ms=0)) as srv:
+        busy = asyncio.create_task(_raw(srv.url, _post(b'{"input": "occupies-the-worker"}')))
+        await until(lambda: srv.models["m"].workers[0].current is not None)
+        reader, writer = await connect(srv.url)
+        writer.write(_post(b'{"input": "goes-away"}'))
+        await until(lambda: srv.models["m"].batcher.depth == 1)
+        writer.close()  # gone while its request is queued
+        await until(lambda: srv.models["m"].batcher.depth == 0)
+        assert (await busy)[0][0] == 200
+        await until(lambda: srv.lifecycle.in_flight == 0)
+        assert backend_of(srv).computed["goes-away"] == 0
+        assert sum(n for (_, _, _, code, error), n in srv.models["m"].metrics.requests.items()
+                   if (code, error) == (499, "CLIENT_DISCONNECTED")) == 1
+
+
+async def test_a_request_longer_than_the_keepalive_timeout_is_not_cut_off():
+    # The keep-alive timer armed after the first answer fires while the second is computed.
+    async with running_server(sim_model(latency_ms=400, max_wait_ms=0), keepalive_timeout_s=0.5) as srv:
+        reader, writer = await connect(srv.url)
+        for text in ("one", "two"):
+            writer.write(_post(b'{"input": "%s"}' % text.encode()))
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            assert orjson.loads(await reader.readexactly(length))["output"] == expected_output(text)
+            await asyncio.sleep(0.3)
+        started = time.monotonic()  # idle past the timeout now: the server closes it
+        assert await asyncio.wait_for(reader.read(), 5) == b"" and time.monotonic() - started < 2
+        writer.close()
+
+
+async def test_connection_close_and_http_1_0_are_answered_then_closed():
+    async with running_server(sim_model(latency_ms=5)) as srv:
+        for raw in (_post(b'{"input": "close"}', "Connection: close"),
+                    _post(b'{"input": "old"}').replace(b"HTTP/1.1", b"HTTP/1.0")):
+            reader, writer = await connect(srv.url)
+            writer.write(raw)
+            data = await asyncio.wait_for(reader.read(), 5)  # to the end: the server closed it
+            head, _, body = data.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" in head
+            assert orjson.loads(body)["output"].startswith(orjson.loads(raw.partition(b"\r\n\r\n")[2])["input"])
+            writer.close()
+
+
+async def test_a_drain_waits_for_requests_the_fast_path_holds():
+    async with running_server(sim_model(latency_ms=200, max_batch_size=4, max_wait_ms=0)) as srv:
+        tasks = [asyncio.create_task(_raw(srv.url, _post(b'{"input": "d%d"}' % i))) for i in range(6)]
+        await until(lambda: srv.lifecycle.in_flight == 6)
+        assert await srv.drain_and_stop()
+        answers = [a[0] for a in await asyncio.gather(*tasks)]
+        assert [(status, body["output"]) for status, _, body in answers] == [
+            (200, expected_output(f"d{i}")) for i in range(6)]
