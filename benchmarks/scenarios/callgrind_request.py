@@ -5,9 +5,11 @@ figure on this machine that does not drift with its neighbours; wall time under 
 Under valgrind batches are smaller than under real load (the server is ~50x slower, the sleep is not),
 so the per-batch work weighs more than it would.
 
-    python callgrind_request.py [--baseline-tree DIR] [--requests N] [--rounds R] [--tracing]
+    python callgrind_request.py [--baseline-tree DIR] [--requests N] [--rounds R] [--max-batch B] [--tracing]
 
-Alternates this checkout and the baseline R times (2); writes callgrind_request.json / .md. `--tracing`: this
+Alternates this checkout and the baseline R times (2); writes callgrind_request.json / .md, with each
+run's requests per batch (a tree that answers sooner can get smaller batches here, and more per-batch
+work per request: compare instructions at like batch sizes; `--max-batch 10` keeps every batch full). `--tracing`: this
 checkout with tracing off, on at 1% with inferd's OTLP/JSON exporter and with the SDK's protobuf one
 (spans to a sink on loopback that answers 200) instead; writes callgrind_tracing.json / .md.
 """
@@ -61,13 +63,14 @@ class _Sink(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def count(tree: Path, requests: int, clients: int = 100, extra_toml: str = "") -> float:
+def count(tree: Path, requests: int, clients: int = 100, extra_toml: str = "", max_batch: int = 100) -> float:
     """Instructions per request for the inferd in `tree`."""
     port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "s2.toml"
         # (deadlines far off: under valgrind the server is ~50x slower, and a refusal would count as a request)
-        config.write_text(sim_config(latency_ms=10, extra_model="timeout_ms = 600000\nmax_timeout_ms = 600000") + extra_toml)
+        config.write_text(sim_config(latency_ms=10, max_batch=max_batch,
+                                     extra_model="timeout_ms = 600000\nmax_timeout_ms = 600000") + extra_toml)
         out = Path(tmp) / "callgrind.out"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(SCENARIOS)])}
         server = subprocess.Popen(
@@ -87,15 +90,26 @@ def count(tree: Path, requests: int, clients: int = 100, extra_toml: str = "") -
                         raise RuntimeError("the server under valgrind never became ready") from None
                     time.sleep(1)
             asyncio.run(_load(url, 0, 500, clients))  # warm: every code path compiled, caches filled
+            batches = _batches(url)
             subprocess.run(["callgrind_control", "-i", "on", str(server.pid)], check=True, capture_output=True)
             asyncio.run(_load(url, 1_000_000, requests, clients))
             subprocess.run(["callgrind_control", "-i", "off", str(server.pid)], check=True, capture_output=True)
+            batches = _batches(url) - batches
         finally:
             server.terminate()
             server.wait(timeout=300)
         totals = [int(m[1]) for f in Path(tmp).glob("callgrind.out*")
                   for m in re.finditer(r"^(?:summary|totals):\s+(\d+)", f.read_text(errors="replace"), re.M)]
+        MEAN_BATCH.append(round(requests / max(1, batches), 1))
         return max(totals) / requests
+
+
+MEAN_BATCH: list[float] = []  # each count's requests per batch: the per-batch work is spread over this many
+
+
+def _batches(url: str) -> int:
+    with urllib.request.urlopen(f"{url}/v1/stats", timeout=60) as resp:
+        return sum(m["batches"] for m in json.loads(resp.read())["models"].values())
 
 
 def tracing_variants(n: int, rounds: int) -> None:
@@ -131,18 +145,23 @@ if __name__ == "__main__":
         sys.exit(0)
     baseline = sys.argv[sys.argv.index("--baseline-tree") + 1] if "--baseline-tree" in sys.argv else None
     n = int(sys.argv[sys.argv.index("--requests") + 1]) if "--requests" in sys.argv else 3000
+    max_batch = int(sys.argv[sys.argv.index("--max-batch") + 1]) if "--max-batch" in sys.argv else 100
     trees = {"this checkout": REPO, **({"baseline": Path(baseline)} if baseline else {})}
     runs: dict[str, list[float]] = {name: [] for name in trees}
+    batch_sizes: dict[str, list[float]] = {name: [] for name in trees}
     for _round in range(rounds):
         for name, tree in trees.items():
-            runs[name].append(round(count(tree, n)))
-            print(name, runs[name][-1], flush=True)
+            runs[name].append(round(count(tree, n, max_batch=max_batch)))
+            batch_sizes[name].append(MEAN_BATCH[-1])
+            print(name, runs[name][-1], batch_sizes[name][-1], flush=True)
     summary = {name: statistics.median(values) for name, values in runs.items()}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "callgrind_request.json").write_text(json.dumps({"requests": n, "runs": runs, "median": summary,
-                                                                "note": __doc__}, indent=1) + "\n")
-    lines = [f"### Instructions per S2 request (callgrind, {n} requests, 100 clients, {rounds} alternated run(s))", "",
-             "| tree | runs | median |", "|---|---|---|"]
-    lines += [f"| {name} | {' / '.join(f'{v:,}' for v in runs[name])} | {summary[name]:,.0f} |" for name in runs]
+                                                                "mean_batch": batch_sizes, "note": __doc__}, indent=1) + "\n")
+    lines = [f"### Instructions per S2 request (callgrind, {n} requests, 100 clients, batches of up to {max_batch}, "
+             f"{rounds} alternated run(s))", "",
+             "| tree | runs | median | requests per batch |", "|---|---|---|---|"]
+    lines += [f"| {name} | {' / '.join(f'{v:,}' for v in runs[name])} | {summary[name]:,.0f} | "
+              f"{' / '.join(f'{b:g}' for b in batch_sizes[name])} |" for name in runs]
     (RESULTS / "callgrind_request.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -1,0 +1,120 @@
+"""Instructions per request on the server's own path, without sockets: the real server in-process, 100
+connections whose transports are stand-ins, each handed one `POST /v1/inference` (distinct bodies) per
+round, a round answered (a batch of 100 at 1 ms) before the next. Counted by callgrind as the difference
+between N rounds and none, so start-up and warm-up cancel out; batches are always full, so what differs
+between two variants is per-request work. `callgrind_request.py` counts the same with real sockets, but
+under valgrind its batches are small and vary with the variant's timing.
+
+    python inprocess_request.py [--rounds N] [--repeats R]
+
+Compares `[server] fast_path` on and off (the connection's fast path, `inferd/http/fast_path.py`, against
+aiohttp's handler path), R times (2); writes inprocess_request.json / .md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from common import REPO, RESULTS
+
+_REQUEST = b"POST /v1/inference HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+
+
+class _Transport:
+    """Takes what the server writes; wakes the driver once a round's answers are all out."""
+
+    answers = 0
+    wanted = 0
+    done: asyncio.Event | None = None
+
+    def write(self, data: bytes) -> None:
+        cls = type(self)
+        cls.answers += 1
+        if cls.answers >= cls.wanted and cls.done is not None:
+            cls.done.set()
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+async def _drive(rounds: int, fast_path: bool) -> None:
+    sys.path.insert(0, str(REPO))
+    from tests.helpers import running_server, sim_model
+
+    model = sim_model(latency_ms=1, max_batch_size=100, max_wait_ms=2)
+    async with running_server(model, fast_path=fast_path) as srv:
+        connections = []
+        for _ in range(100):
+            connection = srv.connections()
+            connection.connection_made(_Transport())  # type: ignore[arg-type]
+            connections.append(connection)
+        await asyncio.sleep(0.05)  # each connection's request loop waits for its first request
+        sent = 0
+        for _round in range(20 + rounds):  # (20 to warm up, in both counts)
+            for connection in connections:
+                body = b'{"input": "E equals %d"}' % sent
+                sent += 1
+                connection.data_received(_REQUEST % (len(body), body))
+            _Transport.wanted, _Transport.done = sent, asyncio.Event()
+            if _Transport.answers < sent:
+                await _Transport.done.wait()
+
+
+def _instructions(rounds: int, fast_path: bool) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
+                        "--drive", str(rounds), str(int(fast_path))], check=True, capture_output=True,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+        return max(int(m[1]) for m in re.finditer(r"^(?:summary|totals):\s+(\d+)", out.read_text(errors="replace"), re.M))
+
+
+if __name__ == "__main__":
+    if "--drive" in sys.argv:
+        import uvloop
+
+        at = sys.argv.index("--drive")
+        uvloop.run(_drive(int(sys.argv[at + 1]), sys.argv[at + 2] == "1"))
+        sys.exit(0)
+    rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 100
+    repeats = int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv else 2
+    runs: dict[str, list[int]] = {"fast path": [], "aiohttp's handler path": []}
+    for _ in range(repeats):
+        for name, fast in (("fast path", True), ("aiohttp's handler path", False)):
+            per_request = (_instructions(rounds, fast) - _instructions(0, fast)) / (rounds * 100)
+            runs[name].append(round(per_request))
+            print(name, runs[name][-1], flush=True)
+    median = {name: statistics.median(xs) for name, xs in runs.items()}
+    (RESULTS / "inprocess_request.json").write_text(json.dumps({"rounds": rounds, "runs": runs, "median": median,
+                                                                 "note": __doc__}, indent=1) + "\n")
+    lines = [f"### Instructions per request in-process (callgrind, {rounds} rounds of 100 requests, full batches, "
+             f"{repeats} alternated runs)", "", "| path | runs | median |", "|---|---|---|"]
+    lines += [f"| {name} | {' / '.join(f'{v:,}' for v in xs)} | {median[name]:,.0f} |" for name, xs in runs.items()]
+    (RESULTS / "inprocess_request.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
