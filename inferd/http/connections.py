@@ -9,6 +9,13 @@ connection closes. Past `max_connections - connection_reserve` open connections,
 ask `/healthz` or `/readyz` (anything else: 503 and close), so a load balancer still sees how the host
 is doing; past `max_connections` a new connection is closed at once.
 (A body that trickles is the handlers' business: `body_timeout_s`, see `body_reader.BodyReader`.)
+
+A parsed request is offered to the fast path (`fast_path.py`) when nothing else is in hand; what it
+leaves goes to aiohttp's request loop, in order.
+
+Why one module: everything that reads or sets the state of aiohttp's connection (its request loop's
+waiter and queue, its keep-alive timer, its parser) is here, where the hand-offs between aiohttp's loop,
+the fast path and the clocks can be read together.
 """
 
 from __future__ import annotations
@@ -17,17 +24,15 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError, _ErrInfo
 
 from ..errors import InferdError, InternalError, MalformedRequest, PayloadTooLarge, ServiceOverloaded, describe
+from .fast_path import BODY_GRACE_S, FastPath, InFlight
 from .request_ids import RequestIds
 from .responses import dumps, error_response, openai_path
-
-if TYPE_CHECKING:
-    from .fast_path import FastPath, InFlight
 
 HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
 _parse = RequestHandler.data_received  # (called directly: super() in a method called per request costs)
@@ -89,7 +94,7 @@ class GuardedServer(web.Server):
 class GuardedConnection(RequestHandler):
     """One client connection under the server's limits."""
 
-    __slots__ = ("_on_clock", "_server", "_fast", "fast_flight")
+    __slots__ = ("_on_clock", "_server", "_fast", "fast_flight", "_held_for_body", "_in_hand", "_make_request")
 
     def __init__(self, server: GuardedServer, **kwargs: Any) -> None:
         super().__init__(server, **kwargs)
@@ -97,6 +102,10 @@ class GuardedConnection(RequestHandler):
         self._on_clock = False  # in the server's awaiting_headers
         self._fast = server.fast_path
         self.fast_flight: InFlight | None = None  # the request the fast path is answering
+        self._held_for_body: asyncio.TimerHandle | None = None  # a request held for its body's next read
+        self._in_hand = False  # aiohttp's loop has a request, from its queue until its answer is out
+        self._make_request = self._request_factory
+        self._request_factory = self._request_in_hand
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -112,10 +121,16 @@ class GuardedConnection(RequestHandler):
         self._start_header_clock()
 
     def data_received(self, data: bytes) -> None:
+        held = self._held_for_body
+        if held is not None:  # (its body, or more of it, is what came: taken below, or handed on)
+            held.cancel()
+            self._held_for_body = None
         waiter = self._waiter  # (aiohttp's request loop waits on it for the next parsed request)
-        idle = waiter is not None and self.fast_flight is None  # no request in hand: these bytes begin the next one
         if waiter is not None and waiter.done():
             waiter = None  # (woken already: aiohttp's loop takes what is queued)
+        # No request in hand: these bytes begin the next one. (aiohttp's loop may not be waiting yet: between
+        # its answer going out and its next wait, a quick client's next request is already here.)
+        idle = self.fast_flight is None and (waiter is not None or not self._in_hand and self._waiter is None)
         if self._fast is None or waiter is None:
             _parse(self, data)
         else:  # the loop is woken below, for what the fast path does not take
@@ -130,12 +145,16 @@ class GuardedConnection(RequestHandler):
                 self._stop_header_clock()
             if type(messages[-1][0]) is _ErrInfo and self._current_request is not None:
                 self._body_refused(messages)
-            if waiter is None or self._fast is None:
-                return  # (aiohttp's loop is handling a request, or was woken by the parse)
-            if idle and len(messages) == 1 and self._fast_path_took(messages):
-                return  # answered, or answered when its future resolves
-            if self.fast_flight is None:
-                self._wake(waiter)  # else queued behind the fast path's request, woken once it is answered
+            if not idle or self._fast is None:
+                if waiter is not None and self.fast_flight is None:
+                    self._wake(waiter)
+                return  # (aiohttp's loop has a request in hand, or the fast path has)
+            if len(messages) == 1:
+                if self._fast_path_took(messages):
+                    return  # answered, or answered when its future resolves
+                if held is None and self._hold_for_body(messages[0]):
+                    return  # its body comes in the next read (held once: then it goes the usual way)
+            self._wake(waiter)  # (None between aiohttp's answer and its next wait: it takes the queue then)
         elif idle and not self._on_clock:
             self._start_header_clock()
 
@@ -146,7 +165,6 @@ class GuardedConnection(RequestHandler):
         if type(message) is _ErrInfo or not fast.takes(message, payload):
             return False
         messages.popleft()
-        self._keepalive = False  # (aiohttp's keep-alive timer must not take this connection for idle meanwhile)
         back = fast.start(self, message, payload)
         if back is not None:
             messages.appendleft(back)
@@ -154,6 +172,37 @@ class GuardedConnection(RequestHandler):
         self._parser.message_consumed()  # type: ignore[union-attr]
         self._manager.requests_count += 1  # type: ignore[union-attr]
         return True
+
+    def _request_in_hand(self, *args: Any) -> web.BaseRequest:
+        """aiohttp's loop took a request from its queue (its request factory, wrapped)."""
+        self._in_hand = True
+        return self._make_request(*args)
+
+    async def finish_response(self, request: web.BaseRequest, resp: web.StreamResponse,
+                              start_time: float | None) -> tuple[web.StreamResponse, bool]:
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            self._in_hand = False  # its answer is out
+
+    def _process_keepalive(self) -> None:
+        if self.fast_flight is not None:  # (a request being answered is not idleness: rearmed once it is out)
+            self._keepalive_handle = None
+            return
+        super()._process_keepalive()
+
+    def _hold_for_body(self, entry: Any) -> bool:
+        message, payload = entry
+        if type(message) is _ErrInfo or not self._fast.waits_for_body(message, payload):  # type: ignore[union-attr]
+            return False
+        self._held_for_body = self._loop.call_later(BODY_GRACE_S, self._stop_holding)
+        return True
+
+    def _stop_holding(self) -> None:
+        """The body did not come in time: aiohttp's loop takes the request (and its body timeout)."""
+        self._held_for_body = None
+        if self._messages:
+            self._wake(self._waiter)
 
     def fast_answered(self, data: bytes, keep_alive: bool) -> None:
         """The fast path's answer: written whole; then the connection is idle again (aiohttp's keep-alive
@@ -224,6 +273,8 @@ class GuardedConnection(RequestHandler):
         if self._on_clock:
             self._stop_header_clock()
         self._server.open -= 1
+        if self._held_for_body is not None:
+            self._held_for_body.cancel()
         flight = self.fast_flight
         if flight is not None:
             self.fast_flight = None

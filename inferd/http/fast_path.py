@@ -9,7 +9,8 @@ At 100 closed-loop clients each batch waits for the previous one's answers to go
 requests to come in, so that CPU is the turnaround (issue 27, `benchmarks/results/request_path_fast.md`).
 
 What it takes: `POST /v1/inference` (or `/api/inference`) to a batch model, the whole body in with its
-headers, on a connection with nothing else in hand; no query string, `Idempotency-Key`, `Expect`,
+headers or in the next read (the connection waits up to `BODY_GRACE_S` for it, then hands the request
+on), on a connection with nothing else in hand; no query string, `Idempotency-Key`, `Expect`,
 `Content-Encoding` or image body. Everything else, and anything it is unsure of, goes the usual way
 (`api.HttpApi.handle`). The call itself runs through the same steps as the handler's
 (`InferenceApi.identify / route / admit / answered / refused`): the same admission, errors, records,
@@ -35,6 +36,7 @@ from .responses import answer_bytes
 log = logging.getLogger("inferd.http")
 
 _PATHS = frozenset({"/v1/inference", "/api/inference"})
+BODY_GRACE_S = 0.05  # how long a connection holds a request whose body is on its way before the usual way takes it
 _GO_THE_USUAL_WAY = ("Idempotency-Key", "Expect", "Content-Encoding")
 
 
@@ -80,7 +82,21 @@ class FastPath:
             return False
         if payload is EMPTY_PAYLOAD or not payload.is_eof() or payload.exception() is not None:
             return False
-        headers = message.headers
+        return self._headers_allow(message.headers)
+
+    def waits_for_body(self, message: Any, payload: Any) -> bool:
+        """Whether it would take this request once its body is in: announced (within the size limit) and
+        not all come. Many clients write the headers and the body apart (aiohttp's, for one)."""
+        if message.method != "POST" or message.path not in _PATHS or message.upgrade:
+            return False
+        if payload is EMPTY_PAYLOAD or payload.is_eof() or payload.exception() is not None:
+            return False
+        length = message.headers.get("Content-Length")
+        return length is not None and length.isdigit() and int(length) <= self.max_body_bytes and \
+            self._headers_allow(message.headers)
+
+    @staticmethod
+    def _headers_allow(headers: Any) -> bool:
         for name in _GO_THE_USUAL_WAY:
             if name in headers:
                 return False

@@ -13,6 +13,7 @@ import pytest
 
 from inferd.backends.sim import expected_output
 from inferd.config import AuthConfig, TenantConfig, TierConfig
+from inferd.http.fast_path import BODY_GRACE_S
 
 from ..helpers import backend_of, running_server, sim_model, until
 from .test_connections import connect
@@ -143,3 +144,23 @@ async def test_a_drain_waits_for_requests_the_fast_path_holds():
         answers = [a[0] for a in await asyncio.gather(*tasks)]
         assert [(status, body["output"]) for status, _, body in answers] == [
             (200, expected_output(f"d{i}")) for i in range(6)]
+
+
+@pytest.mark.parametrize("pause_s", [0.005, 0.2])
+async def test_a_body_written_apart_from_its_headers_is_answered_either_way(pause_s):
+    # (aiohttp's client writes the two apart: the connection holds the request for its body's next read,
+    # up to BODY_GRACE_S; later than that, aiohttp's loop reads the rest.)
+    async with running_server(sim_model(latency_ms=5)) as srv:
+        raw = _post(b'{"input": "in two pieces"}')
+        head, _, body = raw.partition(b"\r\n\r\n")
+        reader, writer = await connect(srv.url)
+        writer.write(head + b"\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(pause_s)
+        writer.write(body)
+        head_in = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        length = int(head_in.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        answer = orjson.loads(await reader.readexactly(length))
+        writer.close()
+        assert head_in.startswith(b"HTTP/1.1 200") and answer["output"] == expected_output("in two pieces")
+        assert srv.api.fast_path.taken == (1 if pause_s < BODY_GRACE_S else 0)
