@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -94,7 +95,8 @@ class GuardedServer(web.Server):
 class GuardedConnection(RequestHandler):
     """One client connection under the server's limits."""
 
-    __slots__ = ("_on_clock", "_server", "_fast", "fast_flight", "_held_for_body", "_in_hand", "_make_request")
+    __slots__ = ("_on_clock", "_server", "_fast", "fast_flight", "_held_for_body", "_in_hand", "_make_request",
+                 "_behind_fast")
 
     def __init__(self, server: GuardedServer, **kwargs: Any) -> None:
         super().__init__(server, **kwargs)
@@ -104,6 +106,7 @@ class GuardedConnection(RequestHandler):
         self.fast_flight: InFlight | None = None  # the request the fast path is answering
         self._held_for_body: asyncio.TimerHandle | None = None  # a request held for its body's next read
         self._in_hand = False  # aiohttp's loop has a request, from its queue until its answer is out
+        self._behind_fast: deque[Any] = deque()  # requests that came after the fast path's, until it is answered
         self._make_request = self._request_factory
         self._request_factory = self._request_in_hand
 
@@ -145,10 +148,13 @@ class GuardedConnection(RequestHandler):
                 self._stop_header_clock()
             if type(messages[-1][0]) is _ErrInfo and self._current_request is not None:
                 self._body_refused(messages)
+            if self.fast_flight is not None:  # pipelined behind the fast path's request: out of aiohttp's
+                self._behind_fast.extend(messages)  # sight until it is answered (its loop may be between
+                messages.clear()  # requests, not waiting, and would answer these first)
+                return
             if not idle or self._fast is None:
-                if waiter is not None and self.fast_flight is None:
-                    self._wake(waiter)
-                return  # (aiohttp's loop has a request in hand, or the fast path has)
+                self._wake(waiter)
+                return  # (aiohttp's loop has a request in hand, or was woken by the parse)
             if len(messages) == 1:
                 if self._fast_path_took(messages):
                     return  # answered, or answered when its future resolves
@@ -166,8 +172,10 @@ class GuardedConnection(RequestHandler):
             return False
         messages.popleft()
         back = fast.start(self, message, payload)
-        if back is not None:
-            messages.appendleft(back)
+        if back is not None:  # (and what came meanwhile, as reading its body resumed the parser)
+            messages.append(back)
+            messages.extend(self._behind_fast)
+            self._behind_fast.clear()
             return False
         self._parser.message_consumed()  # type: ignore[union-attr]
         self._manager.requests_count += 1  # type: ignore[union-attr]
@@ -219,7 +227,9 @@ class GuardedConnection(RequestHandler):
         self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
         if self._keepalive_handle is None:
             self._keepalive_handle = self._loop.call_at(self._next_keepalive_close_time, self._process_keepalive)
-        if self._messages:  # pipelined behind it: aiohttp's loop answers those
+        if self._behind_fast:  # pipelined behind it: aiohttp's loop answers those, in order
+            self._messages.extend(self._behind_fast)
+            self._behind_fast.clear()
             self._wake(self._waiter)
 
     @staticmethod

@@ -152,13 +152,16 @@ class FastPath:
             error = future.exception()
             if error is None:
                 data = answer_bytes(200, *self.inference.answered(one, future.result()), flight.keep_alive)
-                self._finish(flight, 200, data, flight.keep_alive)
-                return
-            if not isinstance(error, InferdError):
-                log.error("request %s failed: %s", one.start.request_id, describe(error), exc_info=error)
-                error = InternalError("internal error (logged with this request id)")
         except InferdError as raised:
             error = raised
+        except Exception as exc:  # noqa: BLE001 - a bug (e.g. an output JSON cannot hold): this request's 500
+            error = exc
+        if error is None:
+            self._finish(flight, 200, data, flight.keep_alive)
+            return
+        if not isinstance(error, InferdError):
+            log.error("request %s failed: %s", one.start.request_id, describe(error), exc_info=error)
+            error = InternalError("internal error (logged with this request id)")
         self._finish(flight, *self._refusal(flight, error))
 
     def _refusal(self, flight: InFlight, error: InferdError) -> tuple[int, bytes, bool]:

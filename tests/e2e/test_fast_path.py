@@ -164,3 +164,81 @@ async def test_a_body_written_apart_from_its_headers_is_answered_either_way(paus
         writer.close()
         assert head_in.startswith(b"HTTP/1.1 200") and answer["output"] == expected_output("in two pieces")
         assert srv.api.fast_path.taken == (1 if pause_s < BODY_GRACE_S else 0)
+
+
+class _Recorder:
+    """A connection's transport that keeps what the server writes, and calls `on_write` after each."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.on_write = None
+
+    def write(self, data: bytes) -> None:
+        self.out += data
+        if self.on_write is not None:
+            self.on_write()
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+async def test_requests_pipelined_behind_one_taken_between_aiohttps_answers_wait_their_turn():
+    # aiohttp's loop answers the first request (a query string: the usual way); the second comes right
+    # after its answer, before that loop waits again, and the fast path takes it; the third (a 400, answered
+    # at once) is pipelined behind the second and must not be answered before it, though aiohttp's loop is free.
+    async with running_server(sim_model(latency_ms=100, max_wait_ms=0)) as srv:
+        loop = asyncio.get_running_loop()
+        connection = srv.connections()
+        transport = _Recorder()
+        connection.connection_made(transport)
+        await asyncio.sleep(0.01)  # (its request loop waits for a first request)
+
+        def next_two() -> None:  # (scheduled now: runs before aiohttp's loop resumes after this answer)
+            transport.on_write = None
+            connection.data_received(_post(b'{"input": "second"}'))
+            connection.data_received(_post(b'{"input": 3}'))
+
+        transport.on_write = lambda: loop.call_soon(next_two)
+        connection.data_received(_post(b'{"input": "first"}').replace(b"/v1/inference", b"/v1/inference?q=1"))
+        await until(lambda: transport.out.count(b"HTTP/1.1 ") == 3, timeout_s=5)
+        answers = [(part[:3], orjson.loads(part.split(b"\r\n\r\n", 1)[1]))
+                   for part in bytes(transport.out).split(b"HTTP/1.1 ")[1:]]
+        assert [status for status, _ in answers] == [b"200", b"200", b"400"]
+        assert [body.get("output") for _, body in answers[:2]] == [expected_output("first"), expected_output("second")]
+        assert srv.api.fast_path.taken >= 1
+        connection.connection_lost(None)
+
+
+async def test_a_bug_writing_the_answer_is_a_500_for_that_request_alone():
+    async with running_server(sim_model(latency_ms=5)) as srv:
+        inference, answered = srv.api.fast_path.inference, srv.api.fast_path.inference.answered
+
+        def broken(one, output):
+            if one.call.input == "breaks":
+                raise TypeError("an output JSON cannot hold")
+            return answered(one, output)
+
+        inference.answered = broken
+        ((status, _, body),) = await _raw(srv.url, _post(b'{"input": "breaks"}', "X-Request-ID: fp-bug"))
+        assert (status, body["error"], body["request_id"]) == (500, "INTERNAL_ERROR", "fp-bug")
+        ((status, _, body),) = await _raw(srv.url, _post(b'{"input": "fine"}'))
+        assert status == 200 and body["output"] == expected_output("fine")
+        await until(lambda: srv.lifecycle.in_flight == 0)
