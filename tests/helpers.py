@@ -151,3 +151,38 @@ async def until(condition, timeout_s: float = 10.0, step_s: float = 0.002) -> No
         if loop.time() > give_up:
             raise AssertionError(f"condition not met within {timeout_s} s")
         await asyncio.sleep(step_s)
+
+
+class RecordingTransport:
+    """A connection's transport without a socket (drive a connection by calling its `data_received`): keeps
+    what the server writes, and calls `on_write` after each write."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.on_write: Any = None
+
+    def write(self, data: bytes) -> None:
+        self.out += data
+        if self.on_write is not None:
+            self.on_write()
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0

@@ -28,51 +28,25 @@ from common import REPO, RESULTS
 _REQUEST = b"POST /v1/inference HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
 
 
-class _Transport:
-    """Takes what the server writes; wakes the driver once a round's answers are all out."""
-
-    answers = 0
-    wanted = 0
-    done: asyncio.Event | None = None
-
-    def write(self, data: bytes) -> None:
-        cls = type(self)
-        cls.answers += 1
-        if cls.answers >= cls.wanted and cls.done is not None:
-            cls.done.set()
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return default
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-
 async def _drive(rounds: int, fast_path: bool) -> None:
     sys.path.insert(0, str(REPO))
-    from tests.helpers import running_server, sim_model
+    from tests.helpers import RecordingTransport, running_server, sim_model
+
+    answers, wanted, done = 0, 0, asyncio.Event()
+
+    def answered() -> None:  # (a round is over once its answers are all out)
+        nonlocal answers
+        answers += 1
+        if answers >= wanted:
+            done.set()
 
     model = sim_model(latency_ms=1, max_batch_size=100, max_wait_ms=2)
     async with running_server(model, fast_path=fast_path) as srv:
         connections = []
         for _ in range(100):
-            connection = srv.connections()
-            connection.connection_made(_Transport())  # type: ignore[arg-type]
+            connection, transport = srv.connections(), RecordingTransport()
+            transport.on_write = answered
+            connection.connection_made(transport)  # type: ignore[arg-type]
             connections.append(connection)
         await asyncio.sleep(0.05)  # each connection's request loop waits for its first request
         sent = 0
@@ -81,9 +55,10 @@ async def _drive(rounds: int, fast_path: bool) -> None:
                 body = b'{"input": "E equals %d"}' % sent
                 sent += 1
                 connection.data_received(_REQUEST % (len(body), body))
-            _Transport.wanted, _Transport.done = sent, asyncio.Event()
-            if _Transport.answers < sent:
-                await _Transport.done.wait()
+            wanted = sent
+            done.clear()
+            if answers < sent:
+                await done.wait()
 
 
 def _instructions(rounds: int, fast_path: bool) -> int:

@@ -1,12 +1,12 @@
 """One-input inference answered from the connection itself: the common request, without the
 per-request machinery of aiohttp's server around it.
 
-Why: on this server's shape (2 cores, wrk at 100 clients, distinct bodies) aiohttp's low-level server
-with a handler that only echoes costs ~45 µs of CPU per request; the same parser (aiohttp's, in C)
-driving a protocol that answers from `data_received` costs ~24 µs. The difference is what aiohttp does
-around each request: a task, a request object, a writer, a response object and the awaits between them.
-At 100 closed-loop clients each batch waits for the previous one's answers to go out and the next
-requests to come in, so that CPU is the turnaround (issue 27, `benchmarks/results/request_path_fast.md`).
+Why: around each request aiohttp makes a task, a request object, a writer and a response object, with
+the awaits between them. Without them an S2 request costs ~252,000 instructions instead of ~295,000
+(callgrind, real sockets), S2's throughput is 1.09 / 1.14 of what it was at 100 / 400 clients and S9's
+1.14 / 1.21 (`benchmarks/results/callgrind_request.md`, `request_path_fast.md`). At 100 closed-loop
+clients each batch waits for the previous one's answers to go out and the next requests to come in, so
+that CPU is the turnaround (issue 27).
 
 What it takes: `POST /v1/inference` (or `/api/inference`) to a batch model, the whole body in with its
 headers or in the next read (the connection waits up to `BODY_GRACE_S` for it, then hands the request

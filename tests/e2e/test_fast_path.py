@@ -15,7 +15,7 @@ from inferd.backends.sim import expected_output
 from inferd.config import AuthConfig, TenantConfig, TierConfig
 from inferd.http.fast_path import BODY_GRACE_S
 
-from ..helpers import backend_of, running_server, sim_model, until
+from ..helpers import RecordingTransport, backend_of, running_server, sim_model, until
 from .test_connections import connect
 
 KEY = "k-fast-path"
@@ -166,40 +166,6 @@ async def test_a_body_written_apart_from_its_headers_is_answered_either_way(paus
         assert srv.api.fast_path.taken == (1 if pause_s < BODY_GRACE_S else 0)
 
 
-class _Recorder:
-    """A connection's transport that keeps what the server writes, and calls `on_write` after each."""
-
-    def __init__(self) -> None:
-        self.out = bytearray()
-        self.on_write = None
-
-    def write(self, data: bytes) -> None:
-        self.out += data
-        if self.on_write is not None:
-            self.on_write()
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return default
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-
 async def test_requests_pipelined_behind_one_taken_between_aiohttps_answers_wait_their_turn():
     # aiohttp's loop answers the first request (a query string: the usual way); the second comes right
     # after its answer, before that loop waits again, and the fast path takes it; the third (a 400, answered
@@ -207,7 +173,7 @@ async def test_requests_pipelined_behind_one_taken_between_aiohttps_answers_wait
     async with running_server(sim_model(latency_ms=100, max_wait_ms=0)) as srv:
         loop = asyncio.get_running_loop()
         connection = srv.connections()
-        transport = _Recorder()
+        transport = RecordingTransport()
         connection.connection_made(transport)
         await asyncio.sleep(0.01)  # (its request loop waits for a first request)
 
