@@ -3,8 +3,8 @@ per-request machinery of aiohttp's server around it.
 
 Why: around each request aiohttp makes a task, a request object, a writer and a response object, with
 the awaits between them. Without them an S2 request costs ~252,000 instructions instead of ~295,000
-(callgrind, real sockets), S2's throughput is 1.09 / 1.14 of what it was at 100 / 400 clients and S9's
-1.14 / 1.21 (`benchmarks/results/callgrind_request.md`, `request_path_fast.md`). At 100 closed-loop
+(callgrind, real sockets), S2's throughput is 1.09-1.27 of what it was at 100 and 400 clients and S9's
+1.05-1.21 (`benchmarks/results/callgrind_request.md`, `request_path_fast*.md`). At 100 closed-loop
 clients each batch waits for the previous one's answers to go out and the next requests to come in, so
 that CPU is the turnaround (issue 27).
 
