@@ -59,13 +59,13 @@ class Timeliness:
         counts and its own batch is left out (a refusal is then certain; the exact check follows once
         it is prepared)."""
         tier = request.tier
-        wait, ahead = self.wait_and_ahead(tier, now, request.tenant, bucket)
+        wait, ahead = self.wait_and_ahead(tier, now, request.tenant, bucket, call=request.call)
         lingering = 0.0  # a worker is free: its batch goes when the rule says it is due, never past its due
         if wait == 0.0 and bucket is not None:
             wait = lingering = self._batcher.linger_left(request, now)
         request.predicted_wait = wait
         if self._tiered:  # for the decision, the wait that holds if the higher tiers send a burst meanwhile
-            wait = max(wait, self.wait_and_ahead(tier, now, request.tenant, bucket, TAIL_SIGMAS)[0])
+            wait = max(wait, self.wait_and_ahead(tier, now, request.tenant, bucket, TAIL_SIGMAS, request.call)[0])
         own = 0.0
         if bucket is not None:
             here = ahead.get(bucket, 0)
@@ -122,12 +122,13 @@ class Timeliness:
         return now + bound <= request.due and (limit is None or bound <= limit)
 
     def wait_and_ahead(self, tier: str | None, now: float, tenant: str | None = None, bucket: int | None = None,
-                       sigmas: float = 0.0) -> tuple[float, dict[int, int]]:
+                       sigmas: float = 0.0, call: str | None = None) -> tuple[float, dict[int, int]]:
         """The predicted wait of a request of `tier` (None: behind everything) from `tenant` in `bucket`
         (None: unknown) queued now, counting the higher tiers' work expected to arrive meanwhile (and
-        `sigmas` standard deviations more of it); and what is ahead of it, by bucket."""
+        `sigmas` standard deviations more of it); and what is ahead of it, by bucket. `call`: the
+        multi-input call it is an input of (its tenant's calls take turns in the queue)."""
         batcher, forecast, pool = self._batcher, self.forecast, self._pool
-        ahead = batcher.ahead_by_bucket(tier, tenant)
+        ahead = batcher.ahead_by_bucket(tier, tenant, call)
         healthy, first_free_s = pool.healthy, pool.first_free_s(now, self._running_s)
         share = 0.0  # of each batch, what the higher tiers' requests arriving meanwhile take
         if self._tiered and tier is not None and (capacity := forecast.capacity_rps(healthy)):

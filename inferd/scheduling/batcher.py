@@ -116,12 +116,16 @@ class Batcher:
             totals.update(q.live_by_tier())
         return dict(totals)
 
-    def ahead_by_bucket(self, tier: str | None, tenant: str | None = None) -> dict[int, int]:
-        """Requests a new request of `tier` (from `tenant`) would wait behind, per length bucket (see
-        `RequestQueue.live_ahead_of`; `tier` None: everything waiting)."""
-        if tier is None or (self._single_tier and (tenant is None or self._one_tenant is not None)):
+    def ahead_by_bucket(self, tier: str | None, tenant: str | None = None, call: str | None = None) -> dict[int, int]:
+        """Requests a new request of `tier` (from `tenant`; an input of `call`, if one of a multi-input
+        call's) would wait behind, per length bucket (see `RequestQueue.live_ahead_of`; `tier` None:
+        everything waiting). One tier and one tenant without multi-input calls: all of it, in order."""
+        if tier is None:
             return {key: q.live for key, q in self._queues.items()}
-        return {key: q.live_ahead_of(tier, tenant) for key, q in self._queues.items()}
+        if self._single_tier and (tenant is None or self._one_tenant is not None):
+            return {key: q.live if tenant is None or not q.has_calls() else q.live_ahead_of(tier, tenant, call)
+                    for key, q in self._queues.items()}
+        return {key: q.live_ahead_of(tier, tenant, call) for key, q in self._queues.items()}
 
     def next_start(self, bucket: int) -> float | None:
         """When the next batch of `bucket` was predicted to start: its oldest waiting request's predicted

@@ -14,8 +14,9 @@ requests stay in their deque as tombstones until they reach its head, so a clien
 O(1) instead of a linear removal; `live` counts only the requests still waiting (and each tenant's
 share of them, which shedding reads).
 
-Why one module: the tiers' deques, their tombstones and the counts kept beside them are one structure's
-invariants; what reads it (the rule's view, taking a batch, shedding) must see them kept together.
+Why one module: the tiers' queues (each a `TierQueue`), their tombstones and the counts kept beside
+them are one structure's invariants; what reads it (the rule's view, taking a batch, admission's count
+of what is ahead, shedding) must see them kept together.
 """
 
 from __future__ import annotations
@@ -27,115 +28,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from ..messages import PendingRequest, RequestState
 from .batch_filling import BatchFilling, cost
 from .policy import BucketView
+from .tier_queue import CallInputs, TierQueue
 
 _QUEUED = RequestState.QUEUED
-
-
-class _Call:
-    """The waiting inputs of one multi-input call: one entry of its tenant's queue."""
-
-    __slots__ = ("call", "items")
-
-    def __init__(self, call: str) -> None:
-        self.call = call
-        self.items: deque[PendingRequest] = deque()
-
-    def head(self) -> PendingRequest | None:
-        items = self.items
-        while items and items[0].state is not _QUEUED:
-            items.popleft()
-        return items[0] if items else None
-
-    def newest(self) -> PendingRequest | None:
-        items = self.items
-        while items and items[-1].state is not _QUEUED:
-            items.pop()
-        return items[-1] if items else None
-
-
-class _TierQueue:
-    __slots__ = ("name", "rank", "promote_after_s", "tenants", "turns", "calls", "live", "tenant_live")
-
-    def __init__(self, name: str, rank: int, promote_after_s: float | None) -> None:
-        self.name = name
-        self.rank = rank
-        self.promote_after_s = promote_after_s
-        self.tenants: dict[str, deque[PendingRequest | _Call]] = {}  # a call's entry is in its tenant's deque
-        self.turns: deque[str] = deque()  # tenants with (possibly) waiting requests, in turn order
-        self.calls: dict[tuple[str, str], _Call] = {}  # (tenant, call) -> its entry, while in the deque
-        self.live = 0
-        self.tenant_live: dict[str, int] = {}  # waiting requests per tenant
-
-    def head(self, tenant: str) -> PendingRequest | None:
-        """The tenant's next request to serve (a tombstone or a spent call at the front is dropped)."""
-        items = self.tenants[tenant]
-        while items:
-            first = items[0]
-            if isinstance(first, _Call):
-                request = first.head()
-                if request is not None:
-                    return request
-                del self.calls[(tenant, first.call)]
-            elif first.state is _QUEUED:
-                return first
-            items.popleft()
-        return None
-
-    def pop(self, tenant: str) -> PendingRequest:
-        """Take the request `head(tenant)` returned; a call with inputs left goes to the end of the
-        tenant's queue (its next input waits for the tenant's other calls' turns)."""
-        items = self.tenants[tenant]
-        first = items.popleft()
-        if not isinstance(first, _Call):
-            return first
-        request = first.items.popleft()
-        if first.items:
-            items.append(first)
-        else:
-            del self.calls[(tenant, first.call)]
-        return request
-
-    def newest(self, tenant: str) -> PendingRequest | None:
-        """The request the tenant's turn order reaches last (a spent call at the back is dropped)."""
-        items = self.tenants.get(tenant)
-        while items:
-            last = items[-1]
-            if isinstance(last, _Call):
-                request = last.newest()
-                if request is not None:
-                    return request
-                del self.calls[(tenant, last.call)]
-            elif last.state is _QUEUED:
-                return last
-            items.pop()
-        return None
-
-    def unlink(self, request: PendingRequest) -> None:
-        """Take a queued `request` out of wherever it sits (linear: only for the rare promotion)."""
-        entry = self.calls.get((request.tenant, request.call)) if request.call is not None else None
-        if entry is not None and request in entry.items:
-            entry.items.remove(request)
-        else:
-            self.tenants[request.tenant].remove(request)
-
-    def each(self) -> Iterator[PendingRequest]:
-        """Every request in the tier's queues, tombstones included."""
-        for items in self.tenants.values():
-            for entry in items:
-                if isinstance(entry, _Call):
-                    yield from entry.items
-                else:
-                    yield entry
-
-    def heads(self) -> Iterator[PendingRequest]:
-        for tenant in list(self.turns):
-            head = self.head(tenant)
-            if head is None:
-                self.turns.remove(tenant)
-                del self.tenants[tenant]
-            else:
-                yield head
-
 
 
 class RequestQueue:
@@ -144,7 +39,7 @@ class RequestQueue:
     def __init__(self, tiers: Iterable[tuple[str, float | None]] = (("default", None),)) -> None:
         """`tiers`: (name, promote_after_s), highest priority first."""
         tiers = list(tiers)
-        self._tiers = [_TierQueue(name, len(tiers) - i, promote) for i, (name, promote) in enumerate(tiers)]
+        self._tiers = [TierQueue(name, len(tiers) - i, promote) for i, (name, promote) in enumerate(tiers)]
         self._by_name = {t.name: t for t in self._tiers}
         self._promoting = any(t.promote_after_s is not None for t in self._tiers)
         self.live = 0
@@ -153,20 +48,29 @@ class RequestQueue:
     def live_by_tier(self) -> dict[str, int]:
         return {t.name: t.live for t in self._tiers}
 
-    def live_ahead_of(self, tier: str, tenant: str | None = None) -> int:
-        """Waiting requests a new request of `tier` (and `tenant`) would wait behind: every one of the
-        tiers above, and in its own tier, with tenants taking turns, as many of each tenant's as it has
-        of its own (plus one): a light tenant waits behind a heavy one's first few, not its backlog."""
+    def live_ahead_of(self, tier: str, tenant: str | None = None, call: str | None = None) -> int:
+        """Waiting requests a new request of `tier` (and `tenant`; one input of `call`, if it is one of a
+        multi-input call's) would wait behind, as the turns order them: every one of the tiers above; in
+        its own tier, its tenant's requests its turn comes after (`TierQueue.own_ahead`: a small call
+        does not wait behind every input of the big calls queued before it), and, with tenants taking
+        turns, as many of each other tenant's as its own tenant takes turns until it (a light tenant
+        waits behind a heavy one's first few, not its backlog)."""
         ahead = 0
         for t in self._tiers:
             if t.name != tier:
                 ahead += t.live
                 continue
-            if tenant is None or (len(t.tenant_live) == 1 and tenant in t.tenant_live):
+            if tenant is None:
                 return ahead + t.live
-            mine = t.tenant_live.get(tenant, 0)
+            mine = t.own_ahead(tenant, call)
+            if len(t.tenant_live) == 1 and tenant in t.tenant_live:
+                return ahead + mine
             return ahead + mine + sum(min(n, mine + 1) for name, n in t.tenant_live.items() if name != tenant)
         return ahead
+
+    def has_calls(self) -> bool:
+        """Whether a multi-input call waits here (without one, a tenant's requests go in FIFO order)."""
+        return any(t.calls for t in self._tiers)
 
     def tenant_live(self, tier: str) -> dict[str, int]:
         return self._by_name[tier].tenant_live
@@ -178,26 +82,29 @@ class RequestQueue:
         else:  # one input of a multi-input call: into the call's entry (a new one at the end if it has none)
             entry = tier.calls.get((request.tenant, request.call))
             if entry is None:
-                entry = tier.calls[(request.tenant, request.call)] = _Call(request.call)
+                entry = tier.calls[(request.tenant, request.call)] = CallInputs(request.call)
                 items.append(entry)
             entry.items.append(request)
+            entry.live += 1
         self._joined(tier, request)
 
     def appendleft(self, requests: list[PendingRequest]) -> None:
-        """Put requests back at the head of their tenants' queues, oldest first (a batch to run again)."""
+        """Put requests back at the head of their tenants' queues, oldest first (a batch to run again):
+        each waits there alone, out of its call's turns."""
         for request in reversed(requests):
             request.state = _QUEUED
+            request.call = None
             tier, items = self._tenant_queue(request, front=True)
             items.appendleft(request)
             self._joined(tier, request)
 
-    def _joined(self, tier: _TierQueue, request: PendingRequest) -> None:
+    def _joined(self, tier: TierQueue, request: PendingRequest) -> None:
         tier.live += 1
         tier.tenant_live[request.tenant] = tier.tenant_live.get(request.tenant, 0) + 1
         self.live += 1
         self.tokens += request.tokens or 1
 
-    def _left(self, tier: _TierQueue, request: PendingRequest) -> None:
+    def _left(self, tier: TierQueue, request: PendingRequest) -> None:
         """`request` stopped waiting (taken, expired, cancelled, shed)."""
         tier.live -= 1
         tenant_live = tier.tenant_live
@@ -208,8 +115,12 @@ class RequestQueue:
             del tenant_live[request.tenant]
         self.live -= 1
         self.tokens -= request.tokens or 1
+        if request.call is not None:
+            entry = tier.calls.get((request.tenant, request.call))
+            if entry is not None:  # (gone once its last input was popped)
+                entry.live -= 1
 
-    def _tenant_queue(self, request: PendingRequest, front: bool) -> tuple[_TierQueue, deque[PendingRequest]]:
+    def _tenant_queue(self, request: PendingRequest, front: bool) -> tuple[TierQueue, deque[PendingRequest]]:
         """The FIFO of the request's tenant in its tier; a tenant new to the tier joins the turns."""
         tier = self._by_name[request.tier]
         items = tier.tenants.get(request.tenant)
@@ -230,7 +141,7 @@ class RequestQueue:
         self._left(tier, request)
         items = tier.tenants.get(request.tenant)
         if items is not None and len(items) > 64 and len(items) > 4 * tier.live:
-            tier.tenants[request.tenant] = deque(e for e in items if isinstance(e, _Call) or e.state is _QUEUED)
+            tier.tenants[request.tenant] = deque(e for e in items if isinstance(e, CallInputs) or e.state is _QUEUED)
         return True
 
     def promote(self, request: PendingRequest, tier: str) -> None:
@@ -329,7 +240,7 @@ class RequestQueue:
                 break
         return batch.taken
 
-    def _take_fifo(self, tier: _TierQueue, now: float, batch: BatchFilling) -> None:
+    def _take_fifo(self, tier: TierQueue, now: float, batch: BatchFilling) -> None:
         """`take` from a tier with one tenant waiting: its FIFO in order, the counts settled once at the
         end. A fast path, measured: turn-taking and per-request accounting made a saturated worker's gap
         between batches of 100 three times as long (S2, 10 ms batches: 0.2 -> 0.6 ms)."""
@@ -373,7 +284,7 @@ class RequestQueue:
                     tier.pop(tenant)
                     self._claim(tier, head, now, batch)
 
-    def _claim(self, tier: _TierQueue, request: PendingRequest, now: float, batch: BatchFilling) -> None:
+    def _claim(self, tier: TierQueue, request: PendingRequest, now: float, batch: BatchFilling) -> None:
         self._left(tier, request)
         if request.deadline <= now:
             request.state = RequestState.EXPIRED

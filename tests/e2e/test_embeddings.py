@@ -155,6 +155,24 @@ async def test_a_small_call_takes_turns_with_the_big_calls_queued_before_it(http
     assert done[0] == "s"
 
 
+async def test_admission_predicts_a_small_calls_wait_by_the_turns_not_by_the_backlog(http):
+    """Behind two 16-input calls (8 batches of 4), a 4-input call with a 2 s deadline finishes in its
+    first 3 batches (~1.2 s with the one running): admitted and answered in time. Counted as a FIFO
+    (every input of the big calls ahead: 9 batches, ~3 s), admission refused it with a 503."""
+    async with running_server(fake(latency_ms=300, max_batch_size=4)) as srv:
+        served = srv.models["emb"]
+        busy = asyncio.create_task(post(http, srv.url, {"model": "emb", "input": "busy"}))
+        await until(lambda: served.workers[0].current is not None)  # the worker is inside a 300 ms call
+        big = []
+        for name, depth in (("a", 16), ("b", 32)):
+            big.append(asyncio.create_task(post(http, srv.url, {"model": "emb", "input": [f"{name}{i}" for i in range(16)]})))
+            await until(lambda depth=depth: served.batcher.depth == depth)
+        status, body = await post(http, srv.url, {"model": "emb", "input": [f"s{i}" for i in range(4)], "timeout_ms": 2000})
+        assert status == 200, body
+        assert [d["embedding"] for d in body["data"]] == [chars(f"s{i}") for i in range(4)]
+        assert all(status == 200 for status, _ in await asyncio.gather(busy, *big))
+
+
 async def test_a_call_past_its_deadline_gets_a_504_in_openai_shape(http):
     async with running_server(fake(latency_ms=300, max_batch_size=1)) as srv:
         served = srv.models["emb"]

@@ -147,6 +147,60 @@ def test_the_calls_of_one_tenant_take_turns_a_small_call_is_not_served_after_the
     assert not q._by_name["default"].calls  # every call's entry left with its last input
 
 
+def served_before(q: RequestQueue, new: PendingRequest) -> int:
+    """How many waiting requests the turns serve before `new`, queued now with nothing arriving after it."""
+    q.append(new)
+    return ids(q.take(10_000, now=0)).index(new.request_id)
+
+
+def big_calls_and_a_single(**kw) -> RequestQueue:  # type: ignore[no-untyped-def]
+    q = RequestQueue()
+    for r in (*call_inputs("big1", 100, 0), *call_inputs("big2", 100, 100), request(300), *call_inputs("small", 2, 400)):
+        q.append(r)
+    return q
+
+
+def test_the_wait_predicted_behind_a_tenants_calls_counts_what_their_turns_serve_first():
+    # a single request: one input of each entry ahead (2 big calls, a single, the small call), not 203
+    assert big_calls_and_a_single().live_ahead_of("default", "anonymous") == 4
+    assert served_before(big_calls_and_a_single(), request(500)) == 4
+    # the small call's third input: 3 of each big call, the single, its own 2 (FIFO counting said 203)
+    assert big_calls_and_a_single().live_ahead_of("default", "anonymous", "small") == 9
+    assert served_before(big_calls_and_a_single(), call_inputs("small", 3, 400)[2]) == 9
+    # a new call's first input waits like a single; its 150th behind up to 100 of each big call
+    assert big_calls_and_a_single().live_ahead_of("default", "anonymous", "new") == 4
+    q = big_calls_and_a_single()
+    inputs = call_inputs("new", 150, 600)
+    for r in inputs[:149]:
+        q.append(r)
+    assert q.live_ahead_of("default", "anonymous", "new") == 100 + 100 + 1 + 2 + 149
+    assert served_before(q, inputs[149]) == 352
+
+
+def test_the_wait_predicted_beside_another_tenant_counts_its_turns_until_this_ones():
+    q = big_calls_and_a_single()
+    for i in range(5):
+        q.append(request(700 + i, tenant="other"))
+    # its tenant takes 5 turns until it (4 ahead, then its own): the other tenant's 5 come in them
+    assert q.live_ahead_of("default", "anonymous") == 4 + 5
+    assert served_before(q, request(800)) == 4 + 4  # (the other tenant's 5th comes after: one too many counted)
+    assert big_calls_and_a_single().live_ahead_of("default", None) == 203  # no tenant: behind everything
+
+
+def test_a_calls_count_follows_its_inputs_out_of_the_queue():
+    q = big_calls_and_a_single()
+    for r in call_inputs("small", 2, 400):  # withdrawn: the tombstones count for nothing
+        q.remove(next(x for x in q._by_name["default"].calls[("anonymous", "small")].items if x.request_id == r.request_id),
+                 RequestState.CANCELLED)
+    assert q.live_ahead_of("default", "anonymous", "small") == 3
+    taken = q.take(4, now=0)  # big1.0, big2.0, r300, big1.1 (the small call's entry dropped on its turn)
+    assert ids(taken) == ["big1.0", "big2.0", "r300", "big1.1"]
+    assert q.live_ahead_of("default", "anonymous", "big2") == 99 + 98  # its 100th: all of both
+    q.appendleft(taken)  # put back: they wait alone at the head, out of their calls' turns
+    assert q.live_ahead_of("default", "anonymous") == 4 + 2
+    assert q.live_ahead_of("default", "anonymous", "big1") == 4 + 98 + 99  # its 99th: all of big2 too
+
+
 def test_calls_take_turns_inside_their_tenant_and_tenants_still_take_turns():
     q = RequestQueue()
     for r in call_inputs("a", 4, 0, tenant="heavy"):

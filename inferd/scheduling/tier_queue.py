@@ -1,0 +1,131 @@
+"""One tier's waiting requests in one length bucket: a queue per tenant, the tenants' turns, and inside
+a tenant the turns of its multi-input calls (see `request_queue`, which keeps the counts beside them)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+
+from ..messages import PendingRequest, RequestState
+
+_QUEUED = RequestState.QUEUED
+
+
+class CallInputs:
+    """The waiting inputs of one multi-input call: one entry of its tenant's queue."""
+
+    __slots__ = ("call", "items", "live")
+
+    def __init__(self, call: str) -> None:
+        self.call = call
+        self.items: deque[PendingRequest] = deque()
+        self.live = 0  # its inputs still waiting (`items` also holds tombstones)
+
+    def head(self) -> PendingRequest | None:
+        items = self.items
+        while items and items[0].state is not _QUEUED:
+            items.popleft()
+        return items[0] if items else None
+
+    def newest(self) -> PendingRequest | None:
+        items = self.items
+        while items and items[-1].state is not _QUEUED:
+            items.pop()
+        return items[-1] if items else None
+
+
+class TierQueue:
+    __slots__ = ("name", "rank", "promote_after_s", "tenants", "turns", "calls", "live", "tenant_live")
+
+    def __init__(self, name: str, rank: int, promote_after_s: float | None) -> None:
+        self.name = name
+        self.rank = rank
+        self.promote_after_s = promote_after_s
+        self.tenants: dict[str, deque[PendingRequest | CallInputs]] = {}  # a call's entry is in its tenant's deque
+        self.turns: deque[str] = deque()  # tenants with (possibly) waiting requests, in turn order
+        self.calls: dict[tuple[str, str], CallInputs] = {}  # (tenant, call) -> its entry, while in the deque
+        self.live = 0
+        self.tenant_live: dict[str, int] = {}  # waiting requests per tenant
+
+    def head(self, tenant: str) -> PendingRequest | None:
+        """The tenant's next request to serve (a tombstone or a spent call at the front is dropped)."""
+        items = self.tenants[tenant]
+        while items:
+            first = items[0]
+            if isinstance(first, CallInputs):
+                request = first.head()
+                if request is not None:
+                    return request
+                del self.calls[(tenant, first.call)]
+            elif first.state is _QUEUED:
+                return first
+            items.popleft()
+        return None
+
+    def pop(self, tenant: str) -> PendingRequest:
+        """Take the request `head(tenant)` returned; a call with inputs left goes to the end of the
+        tenant's queue (its next input waits for the tenant's other calls' turns)."""
+        items = self.tenants[tenant]
+        first = items.popleft()
+        if not isinstance(first, CallInputs):
+            return first
+        request = first.items.popleft()
+        if first.items:
+            items.append(first)
+        else:
+            del self.calls[(tenant, first.call)]
+        return request
+
+    def newest(self, tenant: str) -> PendingRequest | None:
+        """The request the tenant's turn order reaches last (a spent call at the back is dropped)."""
+        items = self.tenants.get(tenant)
+        while items:
+            last = items[-1]
+            if isinstance(last, CallInputs):
+                request = last.newest()
+                if request is not None:
+                    return request
+                del self.calls[(tenant, last.call)]
+            elif last.state is _QUEUED:
+                return last
+            items.pop()
+        return None
+
+    def own_ahead(self, tenant: str, call: str | None) -> int:
+        """The tenant's waiting requests a new one (an input of `call`, or a call of its own) would be
+        served after. Its call's entry gives one input a turn, so its j-th waiting input comes in the
+        j-th round of the tenant's entries: after every single request, its call's j - 1 earlier inputs,
+        and at most j inputs of each other call (its inputs past j come later)."""
+        mine = self.tenant_live.get(tenant, 0)
+        if not self.calls:
+            return mine
+        own = self.calls.get((tenant, call)) if call is not None else None
+        j = (own.live if own is not None else 0) + 1
+        return mine - sum(entry.live - j for (who, _), entry in self.calls.items()
+                          if who == tenant and entry is not own and entry.live > j)
+
+    def unlink(self, request: PendingRequest) -> None:
+        """Take a queued `request` out of wherever it sits (linear: only for the rare promotion)."""
+        entry = self.calls.get((request.tenant, request.call)) if request.call is not None else None
+        if entry is not None and request in entry.items:
+            entry.items.remove(request)
+        else:
+            self.tenants[request.tenant].remove(request)
+
+    def each(self) -> Iterator[PendingRequest]:
+        """Every request in the tier's queues, tombstones included."""
+        for items in self.tenants.values():
+            for entry in items:
+                if isinstance(entry, CallInputs):
+                    yield from entry.items
+                else:
+                    yield entry
+
+    def heads(self) -> Iterator[PendingRequest]:
+        for tenant in list(self.turns):
+            head = self.head(tenant)
+            if head is None:
+                self.turns.remove(tenant)
+                del self.tenants[tenant]
+            else:
+                yield head
