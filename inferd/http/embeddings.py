@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidInput
-from .body_reader import json_object
+from .image_strings import json_object_with_images
 from .inference_body import encode_vector, encoding_format, image_item, timeout_ms
 
 Item = str | list[int] | dict[str, str]
@@ -35,7 +35,7 @@ class EmbeddingsCall:
 
 
 def parse_embeddings_body(body: bytes) -> EmbeddingsCall:
-    data = json_object(body)
+    data = json_object_with_images(body)
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise InvalidInput("`model` must be a string")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidInput
-from .body_reader import json_object
+from .image_strings import json_object_with_images
 from .sampling_fields import sampling_fields
 
 _BATCH_FIELDS = frozenset({"input", "model", "version", "timeout_ms", "encoding_format"})
@@ -28,7 +28,7 @@ class InferenceCall:
 
 
 def parse_inference_body(body: bytes) -> InferenceCall:
-    data = json_object(body)
+    data = json_object_with_images(body)
     value = data.get("input")
     if not isinstance(value, str) and image_item(value) is None:
         raise InvalidInput('`input` is required and must be a string (or {"image": base64} for an image model)')

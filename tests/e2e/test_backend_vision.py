@@ -160,6 +160,28 @@ async def test_an_image_body_is_limited_by_the_image_limits_not_the_text_ones(ht
     assert status == 200 and np.max(np.abs(np.array(body["output"], dtype=np.float32) - expected(vit, data))) < 1e-4
 
 
+async def test_large_json_image_bodies_taken_apart_before_parsing_give_the_models_answer(http, vit):
+    """Bodies over 256 KiB whose images are lifted out before orjson parses the rest (`image_strings`):
+    plain base64 and a data URL, one input and an embeddings array, the same vectors as the model
+    called directly; a raw control character inside one image is that input's 400, the other served."""
+    from inferd.http.image_strings import LARGE_BODY
+
+    images = [image(300, 300, 6), image(280, 290, 7)]  # ~270 kB of noise each
+    broken = b64(images[1]).encode()
+    broken = b'{"model": "vit", "input": {"image": "' + broken[:1000] + b"\t" + broken[1000:] + b'"}}'  # a raw tab
+    async with running_server(vision(vit)) as srv:
+        single = infer(http, srv.url, {"model": "vit", "input": {"image": b64(images[0], url=True)}})
+        array = embeddings(http, srv.url, {"model": "vit", "input": [{"image": b64(d)} for d in images]})
+        bad = infer(http, srv.url, broken, headers={"Content-Type": "application/json"})
+        (status, body, _), (array_status, array_body), (bad_status, bad_body, _) = await asyncio.gather(single, array, bad)
+    assert len(b64(images[0])) > LARGE_BODY
+    assert status == 200 and np.max(np.abs(np.array(body["output"], dtype=np.float32) - expected(vit, images[0]))) < 1e-4
+    assert array_status == 200, array_body
+    for item, data in zip(array_body["data"], images, strict=True):
+        assert np.max(np.abs(np.array(item["embedding"], dtype=np.float32) - expected(vit, data))) < 1e-4
+    assert bad_status == 400 and "base64" in bad_body["message"], bad_body
+
+
 async def test_an_image_classifier_answers_its_label_and_score(http, tmp_path):
     """task = classification: a ViT classifier from a local folder, its label and score equal to
     transformers' processor and model called directly."""

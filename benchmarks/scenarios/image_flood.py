@@ -1,0 +1,71 @@
+"""The event loop under a flood of 4 MB images: `GET /healthz` p99 (the goal: <= 10 ms), this checkout
+against an earlier one, alternated round by round.
+
+S16's flood (its ViT-small-shaped model, random weights, on the CPU): 8 clients send a 1200 x 1200
+noise PNG back to back, first as JSON base64 (5.5 MB bodies), then as raw `image/png` bodies (4.1 MB),
+while another process probes `/healthz` every 20 ms on a kept-alive connection. `--torch-threads N`
+sets the model's `torch_threads` (unset: PyTorch's default, every core: on a 2-core machine the
+model's forward then competes with the event loop for both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from common import RESULTS, inferd_server
+from s16_images import CONFIG, SIZES, body_of, capacity, flood, make_vit, png
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--baseline-tree", help="a checkout of an earlier inferd (git worktree add DIR REF)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=10.0, help="per flood (JSON, then raw)")
+    parser.add_argument("--torch-threads", type=int)
+    parser.add_argument("--out-dir", default=str(RESULTS))
+    args = parser.parse_args()
+    trees = {"this checkout": None, **({"baseline": args.baseline_tree} if args.baseline_tree else {})}
+    extra = f"\ntorch_threads = {args.torch_threads}" if args.torch_threads else ""
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        path = make_vit(Path(folder))
+        config = CONFIG.replace("max_image_bytes = 8388608", "max_image_bytes = 8388608" + extra).format(
+            path=path, sizes=list(SIZES))
+        big = png(1200, 1200, seed=7)
+        for round_ in range(1, args.rounds + 1):
+            for name, tree in trees.items():
+                with inferd_server(config, **({"tree": tree} if tree else {})) as url:
+                    asyncio.run(capacity(url, [body_of(png(96, 96, seed=1))], 2))  # (warm)
+                    for how, body, content_type in (("JSON, base64", body_of(big), "application/json"),
+                                                    ("raw image/png", big, "image/png")):
+                        row = asyncio.run(flood(url, body, args.seconds, content_type))
+                        row.update(round=round_, tree=name, sent_as=how)
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+    threads = args.torch_threads or "PyTorch's default"
+    lines = [f"### `/healthz` under a flood of 4 MB images (torch_threads: {threads})", "",
+             "| round | checkout | images sent as | images answered | healthz probes | healthz p50 ms | healthz p99 ms |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['round']} | {r['tree']} | {r['sent_as']} | {r['images_sent']} | {r['healthz_probes']} | "
+                     f"{r['healthz_p50_ms']} | **{r['healthz_p99_ms']}** |")
+    lines += ["", "Medians of the rounds' p99 (ms):", ""]
+    for name in trees:
+        for how in ("JSON, base64", "raw image/png"):
+            p99 = [r["healthz_p99_ms"] for r in rows if r["tree"] == name and r["sent_as"] == how]
+            lines.append(f"- {name}, {how}: **{statistics.median(p99):.1f}**")
+    out = Path(args.out_dir)
+    stem = "image_flood" + (f"_threads{args.torch_threads}" if args.torch_threads else "")
+    (out / f"{stem}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

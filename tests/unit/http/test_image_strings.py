@@ -1,0 +1,114 @@
+"""Lifting base64 images out of a large JSON body before orjson: the same object as orjson's, or the
+same error, for every body."""
+
+from __future__ import annotations
+
+import base64
+import random
+
+import orjson
+import pytest
+
+from inferd.errors import InvalidInput
+from inferd.http import image_strings
+from inferd.http.body_reader import json_object
+from inferd.http.image_strings import LARGE_BODY, LONG_STRING, json_object_with_images
+
+
+def image(n: int, seed: int = 0) -> str:
+    return base64.b64encode(random.Random(seed).randbytes(n)).decode()
+
+
+def same_as_orjson(body: bytes) -> dict:
+    got = json_object_with_images(body)
+    assert got == orjson.loads(body)
+    return got
+
+
+def test_a_large_image_body_is_lifted_and_parses_as_orjson_parses_it(monkeypatch):
+    lifted = []
+    real = image_strings._lift_images
+    monkeypatch.setattr(image_strings, "_lift_images", lambda body: lifted.append(r := real(body)) or r)
+    big = image(300_000)
+    got = same_as_orjson(orjson.dumps({"model": "vit", "input": {"image": big}, "timeout_ms": 500}))
+    assert got["input"]["image"] == big and lifted[-1] is not None and lifted[-1][1] == [big]
+    url = "data:image/png;base64," + image(200_000, 1)
+    same_as_orjson(b'{ "input" : { "image" :  "%s" } , "model":"vit"}' % url.encode())
+    assert lifted[-1][1] == [url]
+
+
+def test_an_embeddings_array_of_images_beside_text_and_nesting():
+    images = [image(LONG_STRING, seed) for seed in range(5)]
+    body = {"model": "vit", "input": [{"image": i} for i in images], "meta": {"x": [1, 2.5, None, True, {"image": "small"}]},
+            "text": "a" * (LONG_STRING * 2), "encoding_format": "float", "unicode": "é ✓ 😀"}
+    got = same_as_orjson(orjson.dumps(body))
+    assert [item["image"] for item in got["input"]] == images
+
+
+def test_small_bodies_and_bodies_with_a_backslash_go_to_orjson_whole(monkeypatch):
+    calls = []
+    monkeypatch.setattr(image_strings, "_lift_images", lambda body: calls.append(body))
+    same_as_orjson(orjson.dumps({"input": {"image": image(1000)}}))
+    # an escape anywhere: quotes may not delimit strings, and a "\u0000..." could pose as a placeholder
+    same_as_orjson(orjson.dumps({"input": {"image": image(LARGE_BODY)}, "a": "\u00000", "b": 'say "hi"\n'}))
+    assert calls == []
+
+
+@pytest.mark.parametrize("body", [
+    b'{"input": {"image": "%s"}' % image(LARGE_BODY).encode(),  # unclosed object
+    b'{"input": {"image": "%s}}' % image(LARGE_BODY).encode(),  # unclosed string (odd quotes)
+    b'{"input": {"image": "%s"}} trailing' % image(LARGE_BODY).encode(),
+    b'{"input": {"image" "%s"}}' % image(LARGE_BODY).encode(),  # no colon: left in, orjson refuses it
+    b'["image", "%s"]' % image(LARGE_BODY).encode(),  # not an object
+])
+def test_broken_bodies_get_orjsons_error(body):
+    with pytest.raises(InvalidInput) as ours:
+        json_object_with_images(body)
+    with pytest.raises(InvalidInput) as plain:
+        json_object(body)
+    assert str(ours.value) == str(plain.value)
+
+
+def test_a_non_ascii_image_string_goes_to_orjson_whole():
+    same_as_orjson(orjson.dumps({"input": {"image": "é" + image(LARGE_BODY)}}))
+    with pytest.raises(InvalidInput):
+        json_object_with_images(b'{"input": {"image": "\xff%s"}}' % image(LARGE_BODY).encode())  # not UTF-8
+
+
+def test_a_raw_control_character_inside_an_image_reaches_the_models_strict_base64_check():
+    """The one difference from orjson, on purpose: the model refuses it (400, that input) as bad base64."""
+    text = image(LARGE_BODY)
+    text = text[:100] + "\t" + text[100:]
+    body = b'{"input": {"image": "%s"}}' % text.encode()
+    with pytest.raises(InvalidInput):
+        json_object(body)
+    assert json_object_with_images(body)["input"]["image"] == text
+    from inferd.backends.vision import _b64decode
+    with pytest.raises(ValueError):
+        _b64decode(text)
+
+
+def test_random_bodies_parse_as_orjson_parses_them():
+    rng = random.Random(7)
+
+    def value(depth: int):  # noqa: ANN202
+        kind = rng.randrange(7 if depth < 4 else 4)
+        if kind == 0:
+            return rng.choice([None, True, False, rng.randint(-9, 9), rng.random()])
+        if kind == 1:
+            return image(rng.choice([10, LONG_STRING, LONG_STRING * 2]), rng.randrange(99))
+        if kind == 2:
+            return {"image": image(rng.choice([10, LONG_STRING - 3, LONG_STRING * 3]), rng.randrange(99))}
+        if kind == 3:
+            return "plain text ✓"
+        if kind in (4, 5):
+            return {rng.choice(["image", "input", "x", "images"]): value(depth + 1) for _ in range(rng.randrange(4))}
+        return [value(depth + 1) for _ in range(rng.randrange(4))]
+
+    lifted = 0
+    for _ in range(60):
+        body = {"input": value(0), "more": value(0), "image": value(1)}
+        encoded = orjson.dumps(body)
+        lifted += len(encoded) >= LARGE_BODY and (image_strings._lift_images(encoded) or [None, []])[1] != []
+        assert json_object_with_images(encoded) == body
+    assert lifted > 5  # the lifting path was taken, not only orjson's
