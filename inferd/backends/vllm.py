@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,7 @@ class Delta:
     logprobs: list[TokenLogprob] | None = None  # the new tokens', when the request asked for them
     index: int = 0  # which choice
     done: bool = False  # every choice ended
+    token_ids: Sequence[int] = ()  # the new tokens (what a tool parser reads beside the text)
 
 
 @dataclass(slots=True)
@@ -197,7 +198,8 @@ class VllmEngine:
                     completion += len(piece.token_ids)
                     logprobs = None if piece.logprobs is None else _token_logprobs(piece, sampling.logprobs)
                     deltas.append(Delta(piece.text, len(piece.token_ids), piece.finish_reason is not None,
-                                        piece.finish_reason, len(prompt_ids), completion, logprobs, piece.index))
+                                        piece.finish_reason, len(prompt_ids), completion, logprobs, piece.index,
+                                        token_ids=piece.token_ids))
                 if out.finished:
                     if not deltas:  # (nothing new in the last step: still a last delta that says so)
                         deltas.append(Delta("", 0, True, None, len(prompt_ids), completion))

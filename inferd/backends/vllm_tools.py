@@ -10,6 +10,8 @@ vLLM's own code wherever it has it:
 - "auto" leaves the model free and reads its own tool-call format with the vLLM tool parser that the
   model's `tool_call_parser` option names (e.g. "hermes"), as `vllm serve --enable-auto-tool-choice
   --tool-call-parser NAME` does; without one, "auto" with tools is refused, as vLLM's server refuses it.
+  Streamed, each step's text and token ids go through vLLM's own per-stream `Parser` (`parse_delta`,
+  what its server calls), so content and calls come as vLLM's server sends them.
 
 The tools also reach the chat template (`tools=`), for the models whose template describes them.
 Importing vLLM's server modules takes seconds: `preload()` runs at the engine's start, off the loop.
@@ -19,13 +21,15 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 
 def preload() -> None:
     """Import vLLM's request model and tool parsers now (seconds), not on the first request with tools."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest  # noqa: F401
+    from vllm.parser.parser_manager import ParserManager  # noqa: F401
     from vllm.tool_parsers.abstract_tool_parser import ToolParserManager  # noqa: F401
 
 
@@ -49,6 +53,9 @@ class ToolPlan:
     request: Any = None  # vLLM's ChatCompletionRequest (what its tool parsers read)
     parser: Any = None  # auto: the vLLM tool parser, one per request (parsers keep state)
     keep_special_tokens: bool = False  # auto: the parser needs them (e.g. hermes' <tool_call> tags)
+    stream_parser: Any = None  # auto: vLLM's `Parser` class for the named tool parser (one per streamed choice)
+    tokenizer: Any = None  # auto: the tokenizer its parsers read with
+    _streams: dict[int, Any] = field(default_factory=dict)  # streamed, by choice: its parser, or its text so far
 
     @property
     def forced(self) -> bool:
@@ -59,17 +66,29 @@ class ToolPlan:
         """Whether the output is read for calls."""
         return self.choice != "none"
 
-    def stream_required(self, previous: str, current: str) -> list[dict[str, Any]]:
-        """"required": the `tool_calls` deltas that the text from `previous` to `current` completes, in
-        OpenAI's streamed shape (a call's id and name first, then its arguments as written): vLLM's
-        own `extract_required_tool_call_streaming`, which reads them off the two texts alone."""
-        from vllm.tool_parsers.streaming import extract_required_tool_call_streaming
+    def stream(self, index: int, text: str, token_ids: Sequence[int], finished: bool) -> tuple[str | None, list[dict[str, Any]]]:
+        """One step of choice `index`, streamed ("required" or "auto"): the content and the `tool_calls`
+        deltas it completes, in OpenAI's streamed shape (a call's index, id and name first, then its
+        arguments as they come).
+        "required": vLLM's own `extract_required_tool_call_streaming`, which reads them off the text so
+        far and before. "auto": vLLM's `Parser.parse_delta` for the named tool parser (text and token
+        ids; at the end, any arguments it parsed but had not sent)."""
+        if self.choice == "required":
+            from vllm.tool_parsers.streaming import extract_required_tool_call_streaming
 
-        delta, _ = extract_required_tool_call_streaming(previous_text=previous, current_text=current,
-                                                        tool_call_idx=None, tool_call_id_type="random")
-        if delta is None or not delta.tool_calls:
-            return []
-        return [call.model_dump(exclude_none=True) for call in delta.tool_calls]
+            previous = self._streams.get(index, "")
+            self._streams[index] = previous + text
+            message, _ = extract_required_tool_call_streaming(previous_text=previous, current_text=previous + text,
+                                                              tool_call_idx=None, tool_call_id_type="random")
+        else:
+            parser = self._streams.get(index)
+            if parser is None:
+                parser = self._streams[index] = self.stream_parser(self.tokenizer, self.request.tools)
+            # (no reasoning parser: any prompt ids tell it the output is not reasoning)
+            message = parser.parse_delta(text, list(token_ids), self.request, prompt_token_ids=[], finished=finished)
+        if message is None:
+            return None, []
+        return message.content or None, [call.model_dump(exclude_none=True) for call in message.tool_calls or ()]
 
     def read(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
         """The content and the tool calls in OpenAI's shape (`id`, `type`, `function.name`,
@@ -133,12 +152,15 @@ def _auto(request: Any, tools: list[dict[str, Any]], parser_name: str | None, to
     if parser_name is None:
         raise ValueError('`tool_choice` "auto" needs a tool-call parser: this model has no `tool_call_parser` '
                          'option (a vLLM tool parser, e.g. "hermes"); a named function or "required" works without')
+    from vllm.parser.parser_manager import ParserManager
     from vllm.tool_parsers.abstract_tool_parser import ToolParserManager
 
     parser = ToolParserManager.get_tool_parser(parser_name)(tokenizer, request.tools)
     request = parser.adjust_request(request)
     return ToolPlan("auto", tools, None, request=request, parser=parser,
-                    keep_special_tokens=not getattr(request, "skip_special_tokens", True))
+                    keep_special_tokens=not getattr(request, "skip_special_tokens", True),
+                    stream_parser=ParserManager.get_parser(tool_parser_name=parser_name, enable_auto_tools=True),
+                    tokenizer=tokenizer)
 
 
 def _schema(schema: Any) -> dict[str, Any]:

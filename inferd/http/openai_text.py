@@ -160,9 +160,7 @@ class TextAnswer:
         self.model = model
         self.created = created
         self.tools = tools if tools is not None and tools.reads_calls else None  # (its output read for calls)
-        self._held: dict[int, str] = {}  # with tools, by choice: its text so far
-        self._held_tokens: dict[int, list[Any]] = {}
-        self._called: set[int] = set()  # with "required", streamed: the choices whose calls began
+        self._called: set[int] = set()  # with "required" or "auto", streamed: the choices whose calls began
         self.id = ("chatcmpl-" if call.chat else "cmpl-") + os.urandom(12).hex()
         self.kind = "chat.completion" if call.chat else "text_completion"
         self._role_sent: set[int] = set()  # the choices whose first delta went (it carries the role)
@@ -187,8 +185,7 @@ class TextAnswer:
 
     def chunks(self, text: str, last: Any, usage: dict[str, int]) -> list[dict[str, Any]]:
         """The events of one delta of one choice (`last.index`); after the request's last, the usage.
-        With tools: a named or required call streams as it is written; with "auto", a choice is read for
-        calls whole and comes in one chunk when it ends."""
+        With tools: a named call streams as it is written; "required" and "auto" calls as they parse."""
         index = last.index
         if self.tools is not None:
             return self._tool_chunks(text, last, usage)
@@ -214,23 +211,10 @@ class TextAnswer:
         return events
 
     def _tool_chunks(self, text: str, last: Any, usage: dict[str, int]) -> list[dict[str, Any]]:
-        index = last.index
         assert self.tools is not None
         if self.tools.choice == "named":  # the text is the call's arguments: streamed as they come
             return self._named_call_chunks(text, last, usage)
-        if self.tools.choice == "required":  # the calls, streamed as they parse
-            return self._required_call_chunks(text, last, usage)
-        self._held[index] = self._held.get(index, "") + text
-        if last.logprobs:
-            self._held_tokens.setdefault(index, []).extend(last.logprobs)
-        if not last.finished:
-            return []
-        content, calls = self.tools.read(self._held.pop(index))
-        delta: dict[str, Any] = {"role": "assistant", "content": content}
-        if calls:
-            delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(calls)]
-        return self._events({"index": index, "delta": delta, "logprobs": self._logprobs(self._held_tokens.pop(index, []), index),
-                             "finish_reason": self.tools.finish_reason(last.finish_reason, bool(calls))}, last, usage)
+        return self._parsed_call_chunks(text, last, usage)
 
     def _named_call_chunks(self, text: str, last: Any, usage: dict[str, int]) -> list[dict[str, Any]]:
         """A forced function's call, streamed: its id and name in the choice's first chunk, then its
@@ -247,22 +231,24 @@ class TextAnswer:
         return self._events({"index": index, "delta": delta, "logprobs": self._logprobs(last.logprobs, index),
                              "finish_reason": reason}, last, usage)
 
-    def _required_call_chunks(self, text: str, last: Any, usage: dict[str, int]) -> list[dict[str, Any]]:
-        """"required"'s calls, streamed as vLLM's reader parses them off the text so far."""
+    def _parsed_call_chunks(self, text: str, last: Any, usage: dict[str, int]) -> list[dict[str, Any]]:
+        """"required"'s or "auto"'s content and calls, streamed as vLLM's readers parse them (the first
+        step sends the role; a later one that completes nothing sends nothing, unless it carries
+        logprobs or ends the choice)."""
         index = last.index
-        previous = self._held.get(index, "")
-        self._held[index] = previous + text
-        calls = self.tools.stream_required(previous, previous + text)  # type: ignore[union-attr]
-        delta: dict[str, Any] = {"tool_calls": calls} if calls else {}
+        content, calls = self.tools.stream(index, text, last.token_ids, last.finished)  # type: ignore[union-attr]
+        delta: dict[str, Any] = {}
         if index not in self._role_sent:
             self._role_sent.add(index)
             delta["role"] = "assistant"
+        if content:
+            delta["content"] = content
         if calls:
+            delta["tool_calls"] = calls
             self._called.add(index)
         reason = None
         if last.finished:
             reason = self.tools.finish_reason(last.finish_reason, index in self._called)  # type: ignore[union-attr]
-            del self._held[index]
         if not delta and not last.finished and not last.logprobs:
             return []
         return self._events({"index": index, "delta": delta, "logprobs": self._logprobs(last.logprobs, index),

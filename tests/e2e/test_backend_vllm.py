@@ -533,6 +533,64 @@ async def test_tool_choice_auto_reads_the_models_own_calls_with_vllms_parser(ser
         check_parser("hermess")
 
 
+async def test_tool_choice_auto_streams_content_and_calls_as_vllms_parser_reads_them(server, client):
+    """"auto", streamed: each step goes through vLLM's own per-stream parser (text and token ids). The
+    random model writes no call: its text streams as content, step by step, the same as the whole
+    answer. A hermes-format text fed as the engine's steps (its real token ids, a few tokens a step)
+    streams its content first, then the call's id and name, then its arguments in pieces."""
+    from inferd.backends.vllm import Delta
+    from inferd.http.openai_text import TextAnswer, parse_text_call
+
+    url, headers = server.url, bearer("enterprise")
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "weather?"}], "tools": [WEATHER], "max_tokens": 8,
+            "ignore_eos": True, "temperature": 0, "tool_choice": "auto"}
+    async with client.post(f"{url}/v1/chat/completions", json=body, headers=headers) as resp:
+        whole = (await resp.json())["choices"][0]
+    pieces, reasons = [], []
+    async with client.post(f"{url}/v1/chat/completions", json={**body, "stream": True}, headers=headers) as resp:
+        assert resp.status == 200
+        async for line in resp.content:
+            if line.startswith(b"data: {"):
+                for choice in json.loads(line[6:])["choices"]:
+                    assert "tool_calls" not in choice["delta"]
+                    pieces.append(choice["delta"].get("content") or "")
+                    reasons.append(choice["finish_reason"])
+    assert "".join(pieces) == whole["message"]["content"] and len([p for p in pieces if p]) > 2
+    assert reasons[-1] == whole["finish_reason"] == "length"
+
+    plan = server.models.generation["tiny"].tool_plan({"tools": [WEATHER], "tool_choice": "auto"})
+    answer = TextAnswer(parse_text_call({"messages": [{"role": "user", "content": "weather?"}]}, chat=True), "tiny", 0, plan)
+    said = 'Let me look. <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    tokenizer = server.models.generation["tiny"].engine.tokenizer
+    ids = tokenizer.encode(said, add_special_tokens=False)
+    steps, text_so_far = [], ""
+    for at in range(0, len(ids), 3):
+        text = tokenizer.decode(ids[:at + 3])
+        last = at + 3 >= len(ids)
+        steps.append(Delta(text[len(text_so_far):], 3, last, "stop" if last else None, done=last, token_ids=ids[at:at + 3]))
+        text_so_far = text
+    assert text_so_far == said
+    usage = {"prompt_tokens": 1, "completion_tokens": len(ids), "total_tokens": len(ids) + 1}
+    content, calls, first_call_at, reason = "", {}, None, None
+    for n, step in enumerate(steps):
+        for event in answer.chunks(step.text, step, usage):
+            for choice in event["choices"]:
+                content += choice["delta"].get("content") or ""
+                for call in choice["delta"].get("tool_calls", []):
+                    held = calls.setdefault(call["index"], {"id": "", "name": "", "arguments": "", "pieces": 0})
+                    held["id"] += call.get("id") or ""
+                    held["name"] += call.get("function", {}).get("name") or ""
+                    held["arguments"] += call.get("function", {}).get("arguments") or ""
+                    held["pieces"] += 1
+                    first_call_at = n if first_call_at is None else first_call_at
+                reason = choice["finish_reason"] or reason
+    assert content.strip() == "Let me look." and first_call_at < len(steps) - 1  # not held to the end
+    (call,) = calls.values()
+    assert call["id"].startswith("chatcmpl-tool-")  # (vLLM's own id, as its server streams it)
+    assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Oslo"} and call["pieces"] > 2
+    assert reason == "tool_calls"
+
+
 @pytest.mark.parametrize("bad, words", [
     ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tools": [{"type": "function"}]}, "tools.0.function"),
