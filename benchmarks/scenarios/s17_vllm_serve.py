@@ -65,10 +65,13 @@ def free_port() -> int:
 
 
 class VllmServe:
-    """`vllm serve` (its OpenAI server) on loopback with the same engine settings as inferd's."""
+    """`vllm serve` (its OpenAI server) on loopback with the same engine settings as inferd's: with
+    `log_stats` (vLLM's default, and inferd's: its admission reads the engine's scheduler figures),
+    the engine reports its figures each step; without, it skips that work."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, log_stats: bool = True) -> None:
         self.model = model
+        self.log_stats = log_stats
 
     def __enter__(self) -> str:
         port = free_port()
@@ -78,7 +81,7 @@ class VllmServe:
              "--host", "127.0.0.1", "--port", str(port), "--dtype", ENGINE["dtype"], "--max-model-len", str(ENGINE["max_model_len"]),
              "--kv-cache-memory-bytes", str(ENGINE["kv_cache_memory_bytes"]), "--max-num-seqs", str(ENGINE["max_num_seqs"]),
              "--scheduling-policy", "priority", "--enforce-eager", "--structured-outputs-config", json.dumps(STRUCTURED),
-             "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--disable-log-stats"],
+             "--enable-auto-tool-choice", "--tool-call-parser", "hermes", *(() if self.log_stats else ("--disable-log-stats",))],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"})
         url = f"http://127.0.0.1:{port}"
         give_up = time.monotonic() + 400
