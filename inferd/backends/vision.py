@@ -20,7 +20,10 @@ multiples of its patch size.
 
 Options: `model_path` (required), `task`, `dtype` (float32, bfloat16, float16), `image_sizes` (default:
 the model's own `image_size`), `max_image_bytes` (default 20 MiB), `max_pixels` (default 40 million),
-`formats` (default JPEG, PNG, WEBP, GIF, BMP), `torch_threads`. Eager on every device (no CUDA graphs).
+`formats` (default JPEG, PNG, WEBP, GIF, BMP), `cuda_graphs` (default true), `graph_batch_sizes` (the
+batch sizes captured, default 1 to 64), `torch_threads`. On CUDA the forward runs as CUDA graphs
+captured at warm-up for every (batch size, image size) shape (`image_graphs`), checked against the
+eager forward (on any failure: eager, with the reason under `warmup`); eager on the CPU.
 """
 
 from __future__ import annotations
@@ -40,10 +43,12 @@ import torch
 
 from ..errors import PayloadTooLarge
 from . import Prepared, backend_factory
+from .image_graphs import DEFAULT_BATCH_SIZES, ImageGraphs
 from .transformer import DTYPES, check_choices, resolve_device, weights_need
 
 _TASKS = ("embedding", "classification")
-_OPTIONS = {"model_path", "task", "dtype", "image_sizes", "max_image_bytes", "max_pixels", "formats", "torch_threads"}
+_OPTIONS = {"model_path", "task", "dtype", "image_sizes", "max_image_bytes", "max_pixels", "formats", "torch_threads",
+            "cuda_graphs", "graph_batch_sizes"}
 _FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
 
 
@@ -57,6 +62,9 @@ def check_options(options: Mapping[str, Any]) -> None:
     sizes = options.get("image_sizes")
     if sizes is not None and (not sizes or any(type(s) is not int or s <= 0 for s in sizes)):
         raise ValueError("image_sizes must be a list of positive integers (square edges in pixels)")
+    batch_sizes = options.get("graph_batch_sizes")
+    if batch_sizes is not None and (not batch_sizes or any(type(b) is not int or b <= 0 for b in batch_sizes)):
+        raise ValueError("graph_batch_sizes must be a list of positive integers")
 
 
 def memory_bytes(options: Mapping[str, Any]) -> int:
@@ -115,6 +123,10 @@ class ImageModel:
                               "image_sizes": list(self.image_sizes), "resize": "bilinear, to the bucket's square",
                               "mean": processing["image_mean"], "std": processing["image_std"]}
         self.calls = 0
+        width = int(self.model.config.num_labels) if self.task == "classification" else int(vision.hidden_size)
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.shaped = ImageGraphs(self._compute, options.get("graph_batch_sizes", DEFAULT_BATCH_SIZES), self.image_sizes,
+                                  self.device, width, graphs=bool(options.get("cuda_graphs", True)), stream=self.stream)
 
     # ---- on the way in (the preprocessing thread) ------------------------------------------------
 
@@ -182,6 +194,14 @@ class ImageModel:
 
     # ---- warm-up (the worker thread, before the model is ready) ----------------------------------
 
+    def warmup(self) -> dict[str, Any]:
+        """Capture the CUDA graphs (a no-op on the CPU); what it did, for `GET /v1/models`."""
+        capture_s = self.shaped.capture()
+        report: dict[str, Any] = {"cuda_graphs": self.shaped.graphs, "graph_capture_s": round(capture_s, 3)}
+        if self.shaped.error is not None:
+            report["graph_error"] = self.shaped.error
+        return report
+
     def warmup_batches(self) -> list[list[np.ndarray]]:
         """One batch per size bucket."""
         return [[np.zeros((3, size, size), dtype=np.float32)] * 2 for size in self.image_sizes]
@@ -191,18 +211,24 @@ class ImageModel:
     @torch.inference_mode()
     def __call__(self, batch: list[np.ndarray]) -> list[Any]:
         self.calls += 1
-        pixels = torch.from_numpy(np.stack(batch)).to(self.device, self.dtype)
-        resized = pixels.shape[-1] != self.native_size
-        out = self.model(pixel_values=pixels, interpolate_pos_encoding=resized)
+        out = self.shaped.run(batch) if self.shaped.use_graphs else None
+        if out is None:
+            out = self._compute(torch.from_numpy(np.stack(batch)).to(self.device, self.dtype)).cpu().numpy()
         if self.task == "classification":
-            probabilities = torch.softmax(out.logits.float(), dim=-1).cpu().numpy()
-            best = probabilities.argmax(axis=1)
-            return [{"label": self.labels.get(int(i), str(int(i))), "score": float(probabilities[row, i])}
-                    for row, i in enumerate(best)]
+            best = out.argmax(axis=1)
+            return [{"label": self.labels.get(int(i), str(int(i))), "score": float(out[row, i])} for row, i in enumerate(best)]
+        return list(out)
+
+    def _compute(self, pixels: torch.Tensor) -> torch.Tensor:
+        """(batch, 3, s, s) pixels on the device -> (batch, width) float32: the class probabilities, or
+        the L2-normalised embedding (the pooled output, else [CLS]). What a CUDA graph captures."""
+        out = self.model(pixel_values=pixels.to(self.dtype), interpolate_pos_encoding=pixels.shape[-1] != self.native_size)
+        if self.task == "classification":
+            return torch.softmax(out.logits.float(), dim=-1)
         pooled = getattr(out, "pooler_output", None)
         if pooled is None:
             pooled = out.last_hidden_state[:, 0]
-        return list(torch.nn.functional.normalize(pooled.float(), p=2, dim=1).cpu().numpy())
+        return torch.nn.functional.normalize(pooled.float(), p=2, dim=1)
 
 
 def _b64decode(text: str) -> bytes:
