@@ -1,8 +1,9 @@
 """Prepare what an offline GPU host lacks for `gpu_real_model.py`, in the git-ignored folder .gpu-carry/:
-orjson's wheel for that host's Python, and the packaged MiniLM converted to fp16 (45 MB; the fp32 file is
-87 MB, too much to carry). Then, on the GPU host, from the repository root:
+the wheels of orjson, and for the image model Pillow and pybase64, for that host's Python, and the
+packaged MiniLM converted to fp16 (45 MB; the fp32 file is 87 MB, too much to carry). Then, on the GPU
+host, from the repository root:
 
-    python3 -m pip install --no-index --target /tmp/carry-site .gpu-carry/orjson-*.whl
+    python3 -m pip install --no-index --target /tmp/carry-site .gpu-carry/*.whl
     export PYTHONPATH=/tmp/carry-site     # a plain `pip install` there went to another interpreter
     python3 benchmarks/gpu_real_model.py --minilm-dir .gpu-carry/minilm-fp16 --out-dir "$OUT"
 
@@ -28,7 +29,9 @@ def main() -> int:
     carry.mkdir(exist_ok=True)
     subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
                     "--python-version", args.python_version, "--implementation", "cp",
-                    "--platform", "manylinux_2_17_x86_64", "-d", str(carry), "orjson"], check=True)
+                    "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64", "-d", str(carry),
+                    "orjson", "pillow", "pybase64"],
+                   check=True)
     import torch
     from transformers import AutoModel, AutoTokenizer
 

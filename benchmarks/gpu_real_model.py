@@ -1,9 +1,11 @@
 """A real model on a real GPU: served by inferd vs the same model called directly, on one device, in one run.
 
-Two encoders:
+Three encoders:
   (a) all-MiniLM-L6-v2 in fp16, ~16-token inputs;
   (b) a BERT-large-shaped encoder (24 layers, hidden 1024, random weights made on the spot) in bf16,
-      ~190-token inputs.
+      ~190-token inputs;
+  (c) a ViT-small-shaped image encoder (12 layers, hidden 384, 224 px, random weights made on the spot)
+      in fp16, one 224 x 224 PNG per request as JSON base64 (issue 30: the image model on a GPU).
 For each: the model called directly (the backend's own batch function in a loop, eager and with its
 CUDA graphs) at the batch sizes the server ends up using; then inferd serving it (batched, and with
 max_batch_size = 1) under closed-loop load from `inferd bench` (Python engine, several processes),
@@ -13,7 +15,7 @@ Goals (issue 13): (b) served >= 0.90 x direct, GPU busy >= 85%; (a) >= 12,000 si
 through /v1/embeddings x 32, >= 0.8 x direct.
 
 Usage on a GPU host (no registry needed: torch, transformers, aiohttp, uvloop, prometheus-client there;
-bring orjson's wheel and the fp16 MiniLM, see `gpu_carry.py`):
+bring orjson's wheel, Pillow's and pybase64's for the image model, and the fp16 MiniLM, see `gpu_carry.py`):
     python benchmarks/gpu_real_model.py --minilm-dir DIR --out-dir $OUT
 On an H200 the MiniLM half took about 5 minutes with 15 s steps (the BERT-large half more: its CUDA graphs);
 with a 15-minute device budget run one model per call (`--models`), or both with the default 10 s steps.
@@ -23,6 +25,7 @@ On the CPU, as a check of the script itself: python benchmarks/gpu_real_model.py
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import re
@@ -67,6 +70,9 @@ def main() -> int:
                                     "dtype": "bfloat16" if on_gpu else "float32", "text": LONG, "max_tokens": 256,
                                     "edges": [64, 128, 256], "max_batch": 8 if quick else 128,
                                     "clients": 32 if quick else 512},
+        "vit_small_fp16": lambda: {"kind": "image", "path": make_vit_small(work, tiny=quick),
+                                   "dtype": "float16" if on_gpu else "float32", "size": 32 if quick else 224,
+                                   "max_batch": 8 if quick else 64, "clients": 32 if quick else 256},
     }
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -150,22 +156,64 @@ def make_bert_large(work: Path, minilm: str, tiny: bool) -> str:
     return str(target)
 
 
+def make_vit_small(work: Path, tiny: bool) -> str:
+    """A ViT-small-shaped image encoder with random weights (tiny: 2 small layers at 32 px, for a CPU
+    check). No preprocessor file: the backend then normalises with ViT's own 0.5 mean and std."""
+    import torch
+    from transformers import ViTConfig, ViTModel
+
+    torch.manual_seed(0)
+    shape = dict(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                 intermediate_size=128) if tiny else \
+        dict(image_size=224, patch_size=16, hidden_size=384, num_hidden_layers=12, num_attention_heads=6,
+             intermediate_size=1536)
+    target = work / "vit_small"
+    ViTModel(ViTConfig(**shape)).to(torch.float16).save_pretrained(target)
+    return str(target)
+
+
+def png_of(size: int) -> bytes:
+    """A size x size PNG of noise (what the image model is sent)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (size, size, 3), dtype=np.uint8)).save(out, format="PNG")
+    return out.getvalue()
+
+
 def options(m: dict[str, Any], graphs: bool = True) -> dict[str, Any]:
+    if m.get("kind") == "image":
+        return {"model_path": m["path"], "dtype": m["dtype"], "image_sizes": [m["size"]], "cuda_graphs": graphs,
+                "graph_batch_sizes": graph_sizes(m["max_batch"], image=True)}
     return {"model_path": m["path"], "dtype": m["dtype"], "max_tokens": m["max_tokens"], "bucket_edges": m["edges"],
             "cuda_graphs": graphs, "graph_batch_sizes": graph_sizes(m["max_batch"])}
 
 
+def direct_inputs(m: dict[str, Any], model: Any, n: int) -> list[Any]:
+    """`n` inputs as the backend's batch function takes them: token ids, or a decoded image's pixels."""
+    if m.get("kind") == "image":
+        prepared = model.prepare_batch([png_of(m["size"])])[0]
+        return [prepared.input] * n
+    return [model.tokenize(m["text"].format(i=i)) for i in range(n)]
+
+
 def direct_curve(m: dict[str, Any], device: str, sizes: list[int], quick: bool) -> dict[str, Any]:
     """Items/s of the backend's own batch function called in a loop (no server), eager and graphed."""
-    from inferd.backends.transformer import TextModel
+    if m.get("kind") == "image":
+        from inferd.backends.vision import ImageModel as Model
+    else:
+        from inferd.backends.transformer import TextModel as Model  # type: ignore[assignment]
 
     curves: dict[str, Any] = {}
     for label, graphs in (("eager", False), ("graphed", True)):
         progress(f"direct {label}: loading, warm-up")
-        model = TextModel(device, options(m, graphs))
+        model = Model(device, options(m, graphs))
         model.warmup()
         progress(f"direct {label}: measuring {sizes}")
-        rows = [model.tokenize(m["text"].format(i=i)) for i in range(max(sizes))]
+        rows = direct_inputs(m, model, max(sizes))
         curve = {}
         for size in sizes:
             batch = rows[:size]
@@ -183,6 +231,26 @@ def direct_curve(m: dict[str, Any], device: str, sizes: list[int], quick: bool) 
 
 
 def config_toml(m: dict[str, Any], device: str, max_batch: int) -> str:
+    if m.get("kind") == "image":  # (every request sends the same image: collapsing off, each one computed)
+        return f"""
+[server]
+access_log = "off"
+
+[[models]]
+name = "model"
+backend = "inferd.backends.vision:create"
+devices = ["{device}"]
+max_batch_size = {max_batch}
+max_wait_ms = 2
+max_queue = 100000
+timeout_ms = 60000
+collapse = false
+[models.options]
+model_path = "{m['path']}"
+dtype = "{m['dtype']}"
+image_sizes = [{m['size']}]
+graph_batch_sizes = {graph_sizes(max_batch, image=True)}
+"""
     edges = ", ".join(str(e) for e in m["edges"])
     return f"""
 [server]
@@ -205,12 +273,13 @@ graph_batch_sizes = {graph_sizes(max_batch)}
 """
 
 
-def graph_sizes(max_batch: int) -> list[int]:
+def graph_sizes(max_batch: int, image: bool = False) -> list[int]:
     """The captured batch sizes up to the largest batch the run uses: each graph of a large model costs
     seconds of warm-up, and sizes above `max_batch_size` are never replayed."""
-    from inferd.backends.static_shapes import DEFAULT_BATCH_SIZES
+    from inferd.backends import image_graphs, static_shapes
 
-    return sorted({size for size in DEFAULT_BATCH_SIZES if size < max_batch} | {max_batch})
+    sizes = (image_graphs if image else static_shapes).DEFAULT_BATCH_SIZES
+    return sorted({size for size in sizes if size < max_batch} | {max_batch})
 
 
 def serve_and_load(name: str, m: dict[str, Any], device: str, seconds: int, out: Path) -> dict[str, Any]:
@@ -223,7 +292,8 @@ def serve_and_load(name: str, m: dict[str, Any], device: str, seconds: int, out:
             warmup = get_json(f"{url}/v1/models")["data"][0].get("warmup", {})
             progress(f"{name} {label}: ready, warm-up {json.dumps(warmup)[:300]}")
             body = Path(tempfile.mkstemp(suffix=".json")[1])
-            body.write_text(json.dumps({"model": "model", "input": m["text"]}))
+            one = {"image": base64.b64encode(png_of(m["size"])).decode()} if m.get("kind") == "image" else m["text"]
+            body.write_text(json.dumps({"model": "model", "input": one}))
             clients = str(m["clients"] if label == "batched" else 64)
             with GpuSampler(device) as gpu:
                 result = bench(url + "/v1/inference", body, clients, duration, processes)
