@@ -13,29 +13,20 @@ eagerly, which checks the padding and the shape choice the GPU path relies on.
 
 from __future__ import annotations
 
-import logging
-import time
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-log = logging.getLogger("inferd.backends.image_graphs")
+from .static_shapes import CapturedShapes, Graph
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
 Compute = Callable[[torch.Tensor], torch.Tensor]  # (batch, 3, s, s) float32 pixels -> (batch, width) float
 
 
-@dataclass(slots=True)
-class _Graph:
-    graph: torch.cuda.CUDAGraph
-    out: torch.Tensor  # the captured forward's output on the device (kept alive: its memory is the graph's)
-
-
-class ImageGraphs:
+class ImageGraphs(CapturedShapes):
     """Runs `compute` at fixed (batch size, image size) shapes, fed from reused host buffers (pinned on
     CUDA). With graphs, each shape's graph holds the copy of the pixels to the device, the forward and
     the copy of the outputs back; a call is: fill the host buffer, one replay, one wait."""
@@ -44,22 +35,13 @@ class ImageGraphs:
                  width: int, *, graphs: bool, stream: torch.cuda.Stream | None = None) -> None:
         if not batch_sizes or min(batch_sizes) < 1:
             raise ValueError("graph_batch_sizes must be positive integers")
+        super().__init__(device, graphs, stream)
         self.compute = compute
         self.batch_sizes = tuple(sorted(set(batch_sizes)))
         self.image_sizes = tuple(sorted(set(image_sizes)))
-        self.device = device
         self.width = width
-        self.use_graphs = graphs and device.type == "cuda"
-        self.stream = stream
-        self.capture_s = 0.0
-        self.error: str | None = None  # why graphs were given up at warm-up, if they were
         self._in_host: torch.Tensor | None = None  # (made at the first use: 38 MB for 64 images of 224 px)
         self._out_host: torch.Tensor | None = None
-        self._graphs: dict[tuple[int, int], _Graph] = {}
-
-    @property
-    def graphs(self) -> int:
-        return len(self._graphs)
 
     def pick(self, batch: int, size: int) -> tuple[int, int] | None:
         """The smallest captured shape for `batch` images of `size`, or None (run eagerly)."""
@@ -77,25 +59,6 @@ class ImageGraphs:
             self._in_host = torch.empty(largest * 3 * self.image_sizes[-1] ** 2, dtype=torch.float32, pin_memory=pin)
             self._out_host = torch.empty(largest * self.width, dtype=torch.float32, pin_memory=pin)
         return self._in_host[: b * 3 * s * s].view(b, 3, s, s), self._out_host[: b * self.width].view(b, self.width)
-
-    @torch.inference_mode()
-    def capture(self) -> float:
-        """Capture one graph per shape (CUDA only), then check one against the eager forward; on any
-        failure, graphs are off (every batch runs eagerly) and `error` says why. Returns the seconds."""
-        if not self.use_graphs:
-            return 0.0
-        started = time.monotonic()
-        try:
-            self._capture_all()
-            self._check_against_eager()
-        except Exception as exc:  # noqa: BLE001 - eager still works: serve without graphs
-            log.exception("CUDA graphs disabled: capture or check failed")
-            self._graphs.clear()
-            self.use_graphs = False
-            self.error = f"{type(exc).__name__}: {exc}"[:300]
-        torch.cuda.synchronize(self.device)
-        self.capture_s = time.monotonic() - started
-        return self.capture_s
 
     def _capture_all(self) -> None:
         pool = torch.cuda.graph_pool_handle()
@@ -117,7 +80,7 @@ class ImageGraphs:
                 device_in.copy_(host_in, non_blocking=True)
                 out = self.compute(device_in)
                 host_out.copy_(out, non_blocking=True)
-            self._graphs[(b, s)] = _Graph(graph, out)
+            self._graphs[(b, s)] = Graph(graph, out)
 
     def _check_against_eager(self) -> None:
         """Replay a graph on random images (with padding rows) and compare with the eager forward."""

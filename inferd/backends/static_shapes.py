@@ -19,6 +19,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -79,12 +80,63 @@ def collate(rows: Sequence[np.ndarray], ids: np.ndarray, mask: np.ndarray, pad_i
 
 
 @dataclass(slots=True)
-class _Graph:
+class Graph:
     graph: torch.cuda.CUDAGraph
     out: torch.Tensor  # the captured forward's output on the device (kept alive: its memory is the graph's)
 
 
-class ShapedForward:
+class CapturedShapes:
+    """What every backend's CUDA graphs share: one graph per fixed shape, captured at warm-up and checked
+    against the eager forward, and given up (every batch eager) on any failure, saying why.
+    A subclass captures (`_capture_all`, filling `_graphs`) and checks (`_check_against_eager`)."""
+
+    def __init__(self, device: torch.device, graphs: bool, stream: torch.cuda.Stream | None) -> None:
+        self.device = device
+        self.use_graphs = graphs and device.type == "cuda"
+        self.stream = stream
+        self.capture_s = 0.0
+        self.error: str | None = None  # why graphs were given up at warm-up, if they were
+        self._graphs: dict[tuple[int, int], Graph] = {}
+
+    @property
+    def graphs(self) -> int:
+        return len(self._graphs)
+
+    @torch.inference_mode()
+    def capture(self) -> float:
+        """Capture one graph per shape (CUDA only), then check one against the eager forward; on any
+        failure, graphs are off (every batch runs eagerly) and `error` says why. Returns the seconds."""
+        if not self.use_graphs:
+            return 0.0
+        started = time.monotonic()
+        try:
+            self._capture_all()
+            self._check_against_eager()
+        except Exception as exc:  # noqa: BLE001 - eager still works: serve without graphs
+            log.exception("CUDA graphs disabled: capture or check failed")
+            self._graphs.clear()
+            self.use_graphs = False
+            self.error = f"{type(exc).__name__}: {exc}"[:300]
+        torch.cuda.synchronize(self.device)
+        self.capture_s = time.monotonic() - started
+        return self.capture_s
+
+    def warmup_report(self) -> dict[str, Any]:
+        """Capture (a no-op on the CPU); what it did, for a backend's `warmup` (`GET /v1/models`)."""
+        capture_s = self.capture()
+        report: dict[str, Any] = {"cuda_graphs": self.graphs, "graph_capture_s": round(capture_s, 3)}
+        if self.error is not None:
+            report["graph_error"] = self.error
+        return report
+
+    def _capture_all(self) -> None:
+        raise NotImplementedError
+
+    def _check_against_eager(self) -> None:
+        raise NotImplementedError
+
+
+class ShapedForward(CapturedShapes):
     """Runs `compute` at fixed shapes, padded into reused host buffers (pinned on CUDA).
 
     With graphs, each shape's graph holds the whole call: the copy of the ids and mask from the pinned
@@ -105,47 +157,19 @@ class ShapedForward:
         graphs: bool,
         stream: torch.cuda.Stream | None = None,
     ) -> None:
+        super().__init__(device, graphs, stream)
         self.compute = compute
         self.grid = grid
-        self.device = device
         self.width = width
         self.pad_id = pad_id
-        self.use_graphs = graphs and device.type == "cuda"
-        self.stream = stream
-        self.capture_s = 0.0
-        self.error: str | None = None  # why graphs were given up at warm-up, if they were
         pin = device.type == "cuda"
         # ids and mask in one buffer: rows [0, b) are ids, [b, 2b) the mask, so one copy moves both.
         self._in_host = torch.empty(2 * grid.max_elements, dtype=torch.long, pin_memory=pin)
         self._out_host = torch.empty(grid.batch_sizes[-1] * width, dtype=torch.float32, pin_memory=pin)
-        self._graphs: dict[tuple[int, int], _Graph] = {}
-
-    @property
-    def graphs(self) -> int:
-        return len(self._graphs)
 
     def _host_views(self, b: int, s: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(2b, s) inputs (ids then mask) and (b, width) outputs at the head of the host buffers."""
         return self._in_host[: 2 * b * s].view(2 * b, s), self._out_host[: b * self.width].view(b, self.width)
-
-    @torch.inference_mode()
-    def capture(self) -> float:
-        """Capture one graph per shape (CUDA only), then check one against the eager forward; on any
-        failure, graphs are off (every batch runs eagerly) and `error` says why. Returns the seconds."""
-        if not self.use_graphs:
-            return 0.0
-        started = time.monotonic()
-        try:
-            self._capture_all()
-            self._check_against_eager()
-        except Exception as exc:  # noqa: BLE001 - eager still works: serve without graphs
-            log.exception("CUDA graphs disabled: capture or check failed")
-            self._graphs.clear()
-            self.use_graphs = False
-            self.error = f"{type(exc).__name__}: {exc}"[:300]
-        torch.cuda.synchronize(self.device)
-        self.capture_s = time.monotonic() - started
-        return self.capture_s
 
     def _capture_all(self) -> None:
         pool = torch.cuda.graph_pool_handle()
@@ -167,7 +191,7 @@ class ShapedForward:
                 device_in.copy_(host_in, non_blocking=True)
                 out = self.compute(device_in[:b], device_in[b:])
                 host_out.copy_(out, non_blocking=True)
-            self._graphs[(b, s)] = _Graph(graph, out)
+            self._graphs[(b, s)] = Graph(graph, out)
 
     def _check_against_eager(self) -> None:
         """Replay a graph on real-looking rows (several lengths, padding rows) and compare with eager."""

@@ -196,11 +196,7 @@ class ImageModel:
 
     def warmup(self) -> dict[str, Any]:
         """Capture the CUDA graphs (a no-op on the CPU); what it did, for `GET /v1/models`."""
-        capture_s = self.shaped.capture()
-        report: dict[str, Any] = {"cuda_graphs": self.shaped.graphs, "graph_capture_s": round(capture_s, 3)}
-        if self.shaped.error is not None:
-            report["graph_error"] = self.shaped.error
-        return report
+        return self.shaped.warmup_report()
 
     def warmup_batches(self) -> list[list[np.ndarray]]:
         """One batch per size bucket."""

@@ -20,22 +20,14 @@ from PIL import Image  # noqa: E402
 
 from inferd.config import ModelConfig  # noqa: E402
 
-from ..helpers import infer, running_server, sim_model  # noqa: E402
+from ..helpers import build_tiny_vit, infer, running_server, sim_model  # noqa: E402
 
 SIZES = [16, 32, 48]  # the size buckets (multiples of the patch, 8)
 
 
 @pytest.fixture(scope="module")
 def vit(tmp_path_factory) -> str:
-    from transformers import ViTConfig, ViTImageProcessorPil, ViTModel
-
-    path = tmp_path_factory.mktemp("vit")
-    torch.manual_seed(0)
-    ViTModel(ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                       intermediate_size=64)).save_pretrained(path)
-    ViTImageProcessorPil(size={"height": 32, "width": 32}, image_mean=[0.48, 0.45, 0.40],
-                         image_std=[0.27, 0.26, 0.28]).save_pretrained(path)
-    return str(path)
+    return build_tiny_vit(tmp_path_factory.mktemp("vit"))
 
 
 def image(width: int, height: int, seed: int, fmt: str = "PNG") -> bytes:

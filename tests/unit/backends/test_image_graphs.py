@@ -12,19 +12,14 @@ pytest.importorskip("transformers")
 
 from inferd.backends.image_graphs import ImageGraphs  # noqa: E402
 
+from ...helpers import build_tiny_vit  # noqa: E402
+
 SIZES = (16, 32)
 
 
 @pytest.fixture(scope="module")
 def vit_folder(tmp_path_factory) -> str:
-    from transformers import ViTConfig, ViTImageProcessorPil, ViTModel
-
-    path = tmp_path_factory.mktemp("vit")
-    torch.manual_seed(0)
-    ViTModel(ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                       intermediate_size=64)).save_pretrained(path)
-    ViTImageProcessorPil(size={"height": 32, "width": 32}).save_pretrained(path)
-    return str(path)
+    return build_tiny_vit(tmp_path_factory.mktemp("vit"))
 
 
 def images(n: int, size: int, seed: int = 0) -> list[np.ndarray]:
