@@ -106,32 +106,37 @@ class FastPath:
         """Answer a request `takes` accepted: at once (a refusal), or when its future resolves (the
         connection's `fast_flight` meanwhile); None. Or it is not one after all (it names a generation
         model): nothing was done, and the request (its body unread again) is returned to go the usual way."""
-        inference, headers = self.inference, message.headers
+        inference, headers, tracing = self.inference, message.headers, self.tracing
         one = OneInput(call_start(inference.ids, headers))
-        if self.tracing is not None:  # (as `batch_calls.traced_route` begins it: before anything can refuse)
-            one.start.trace = self.tracing.begin(headers, one.start.started, message.path)
         # In flight from here: reading the body can call the connection's `data_received` again (aiohttp
         # resumes its parser), which must find a request in hand.
         connection.fast_flight = flight = InFlight(self, one, connection, not message.should_close)
         self.lifecycle.enter()
+        drawn = tracing is None  # (whether its trace was drawn: once, and not for a request handed on)
         try:
             inference.identify(one, headers)
             body = payload.read_nowait()
             if len(body) > self.max_body_bytes:
                 raise PayloadTooLarge(f"body exceeds {self.max_body_bytes} bytes")
             if inference.route(one, body, headers, _NO_QUERY) is not None:  # a generation model's: its handler
-                connection.fast_flight = None  # streams (and draws its own trace), from the body as it came
+                connection.fast_flight = None  # streams (and draws the trace), from the body as it came
                 self.lifecycle.leave()
                 unread = StreamReader(connection, _READ_LIMIT, loop=asyncio.get_running_loop())  # type: ignore[arg-type]
                 unread.feed_data(body)
                 unread.feed_eof()
                 return message, unread
+            if not drawn:
+                drawn = self._trace(one, headers, message.path)
             inference.admit(one, headers)
         except InferdError as error:
+            if not drawn:  # (a refusal is traced as the handler's is: from the call's start)
+                self._trace(one, headers, message.path)
             self._finish(flight, *self._refusal(flight, error))
             return None
         except Exception as exc:  # noqa: BLE001 - a bug: this request's 500, as aiohttp answers a handler's
             log.error("request %s failed: %s", one.start.request_id, describe(exc), exc_info=exc)
+            if not drawn:
+                self._trace(one, headers, message.path)
             self._finish(flight, *self._refusal(flight, InternalError("internal error (logged with this request id)")))
             return None
         except BaseException:
@@ -140,6 +145,14 @@ class FastPath:
             raise
         one.items[0].future.add_done_callback(flight)
         return None
+
+    def _trace(self, one: OneInput, headers: Any, path: str) -> bool:
+        """Draw the call's trace (`Tracing.begin`), from its start, once it is known to be a batch model's
+        call or refused: a generation model's handler draws its own, and a second draw would take a
+        client's sampled `traceparent` twice from `max_client_traced_per_s`."""
+        if self.tracing is not None:
+            one.start.trace = self.tracing.begin(headers, one.start.started, path)
+        return True
 
     def resolved(self, flight: InFlight, future: asyncio.Future) -> None:
         """The request's future is done (on the loop): its answer goes out, unless its client left."""

@@ -70,3 +70,16 @@ async def test_without_a_tracing_table_nothing_is_traced(http):
     async with running_server(sim_model(latency_ms=5)) as srv:
         status, _, _ = await infer(http, srv.url, {"input": "a"}, headers={"traceparent": f"00-{'1' * 32}-{'2' * 16}-01"})
         assert status == 200 and srv.tracing is None and srv.models["m"].tracing is None
+
+
+async def test_a_refused_call_is_traced_with_its_status(http):
+    # The fast path draws a call's trace once it knows the call is a batch model's, or refused: a refusal
+    # (an unknown model, found only in the body) keeps its span, as the handler's refusals do.
+    spans = InMemorySpanExporter()
+    parent = f"00-{'3' * 32}-{'4' * 16}-01"
+    async with running_server(sim_model(latency_ms=5), tracing=tracing(0.0), span_exporter=spans) as srv:
+        status, _, _ = await infer(http, srv.url, {"model": "nope", "input": "a"}, headers={"traceparent": parent})
+        assert status == 404
+        await until(lambda: any(s.name.startswith("POST") for s in spans.get_finished_spans()))
+    (request,) = [s for s in spans.get_finished_spans() if s.name.startswith("POST")]
+    assert request.attributes["http.response.status_code"] == 404 and format(request.context.trace_id, "032x") == "3" * 32
