@@ -145,6 +145,7 @@ class GenerationApi:
         """One generation, whole or streamed (see `_serve`). A traced request's stages are noted on its
         trace as they end (`Generated`), for its span."""
         tier, tenant, request_id, started, trace = who.tier, who.tenant, start.request_id, start.started, start.trace
+        served = adapter.name if adapter is not None else model.config.version  # (which answers: an adapter, a split's pick)
         stages: Generated | None = None
         try:
             overrides = sampling_fields(body)
@@ -157,10 +158,9 @@ class GenerationApi:
             ids = await prompt_ids()  # gives back the place admission reserved; no await from here to the engine
             sampling = model.sampling(overrides)
         except InferdError as error:
-            self.outcomes.record_error(request_id, model.name, tier, error, started, tenant=tenant, trace=trace)
+            self.outcomes.record_error(request_id, model.name, tier, error, started, tenant=tenant, trace=trace, version=served)
             return error_response(error, request_id, close=self.lifecycle.draining, openai=openai)
         timeout_s = ticket.timeout_s
-        served = adapter.name if adapter is not None else model.config.version  # (which answered: an adapter, a split's pick)
         if stages is not None:
             stages.tokenized_at, stages.prompt_tokens = time.monotonic(), len(ids)
         deltas = model.stream(ids, sampling, ticket.priority, stages.engine_request_id if stages is not None else None,
@@ -196,7 +196,8 @@ class GenerationApi:
                 f"deadline of {timeout_s * 1000:.0f} ms passed during generation; aborted")
         except (asyncio.CancelledError, ConnectionResetError):
             model.record_abort("client_disconnect")
-            self.outcomes.record(request_id, model.name, tier, 499, "CLIENT_DISCONNECTED", started, tenant=tenant, trace=trace)
+            self.outcomes.record(request_id, model.name, tier, 499, "CLIENT_DISCONNECTED", started, tenant=tenant, trace=trace,
+                                     version=served)
             raise
         except Exception as exc:  # noqa: BLE001 - the engine refused or failed this request: answered, counted
             model.record_abort("engine_error")
@@ -209,7 +210,8 @@ class GenerationApi:
         finally:
             await deltas.aclose()  # aborts the request in the engine if it is still there
         if failure is not None:
-            self.outcomes.record_error(request_id, model.name, tier, failure, started, tenant=tenant, trace=trace)
+            self.outcomes.record_error(request_id, model.name, tier, failure, started, tenant=tenant, trace=trace,
+                                         version=served)
             if response is None:
                 return error_response(failure, request_id, openai=openai)
             # Mid-stream: a last event says why, and the stream ends.
@@ -217,7 +219,7 @@ class GenerationApi:
                                                                     "request_id": request_id}) + b"\n\n")
             await response.write_eof()
             return response
-        self.outcomes.record(request_id, model.name, tier, 200, "", started, tenant=tenant, trace=trace)
+        self.outcomes.record(request_id, model.name, tier, 200, "", started, tenant=tenant, trace=trace, version=served)
         if not streaming:
             for index, choice in made.items():
                 choice.text = "".join(pieces[index])

@@ -161,3 +161,15 @@ async def test_traffic_for_the_model_itself_can_go_to_an_adapter(server, http):
         assert resp.status == 200
     async with http.post(f"{server.url}/v1/completions", json=body) as resp:
         assert resp.headers["X-Model-Version"] == "1"  # the model itself again
+
+
+async def test_requests_are_counted_by_the_adapter_or_version_that_answered(server, http):
+    # A rollout or an adapter is watched by its own error rate: each answer counted under what answered it.
+    for name in ("alpha", "tiny", "tiny@beta"):
+        assert (await complete(http, server.url, name))[0] == 200
+    assert (await complete(http, server.url, "alpha", max_tokens=-1))[0] == 400  # (refused after routing)
+    async with http.get(f"{server.url}/metrics") as resp:
+        counted = {line.split(" ")[0] for line in (await resp.text()).splitlines() if line.startswith("inferd_requests_total{")}
+    for version, code, error in (("alpha", 200, ""), ("beta", 200, ""), ("1", 200, ""), ("alpha", 400, "INVALID_INPUT")):
+        assert f'inferd_requests_total{{code="{code}",error="{error}",model="tiny",tier="default",version="{version}"}}' \
+            in counted, (version, code, counted)
