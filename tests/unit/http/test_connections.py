@@ -7,6 +7,7 @@ import inspect
 
 from aiohttp import web_protocol
 from aiohttp._http_parser import HttpRequestParser
+from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
 from inferd.http.connections import GuardedConnection
@@ -27,3 +28,10 @@ def test_aiohttps_request_loop_waits_on_the_waiter_and_pops_queued_messages():
     assert "self._waiter = loop.create_future()" in source and "self._messages.popleft()" in source
     assert "waiter.set_result(None)" in inspect.getsource(RequestHandler.data_received)
     assert "_ErrInfo" in dir(web_protocol) and GuardedConnection.data_received is not RequestHandler.data_received
+
+
+def test_a_finished_bodys_reader_keeps_its_chunks_where_the_fast_path_reads_them():
+    # `fast_path.whole_body` reads a small finished body from the reader's buffer, because reading it
+    # with `read_nowait` resumes the connection's parser (a second pass through `data_received`).
+    assert {"_buffer", "_size", "_buffer_offset"} <= set(StreamReader.__slots__)
+    assert "self._protocol.resume_reading()" in inspect.getsource(StreamReader._read_nowait_chunk)

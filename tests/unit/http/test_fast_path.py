@@ -1,16 +1,19 @@
-"""The connection's fast path (`inferd/http/fast_path.py`) on its own: what it does with a request it
-hands on to the usual way (a generation model's, which it learns of only from the body)."""
+"""The connection's fast path (`inferd/http/fast_path.py`) on its own: how it reads a body (as
+aiohttp's `read_nowait` would), and what it does with a request it hands on to the usual way (a
+generation model's, which it learns of only from the body)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from types import SimpleNamespace
 
+from aiohttp.streams import StreamReader
 from multidict import CIMultiDict, CIMultiDictProxy
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from inferd.config import TracingConfig
-from inferd.http.fast_path import FastPath
+from inferd.http.fast_path import FastPath, whole_body
 from inferd.http.request_ids import RequestIds
 from inferd.lifecycle import Lifecycle
 from inferd.observability.tracing import Tracing
@@ -41,13 +44,17 @@ class Connection:
     def resume_reading(self, resume_parser: bool = True) -> None:
         pass
 
+    def pause_reading(self) -> None:
+        pass
 
-class Payload:
-    def __init__(self, body: bytes) -> None:
-        self.body = body
 
-    def read_nowait(self) -> bytes:
-        return self.body
+def payload(connection: Connection, *pieces: bytes) -> StreamReader:
+    """A request's body as aiohttp's parser leaves it: fed, then finished."""
+    reader = StreamReader(connection, 2**16, loop=asyncio.get_running_loop())  # type: ignore[arg-type]
+    for piece in pieces:
+        reader.feed_data(piece)
+    reader.feed_eof()
+    return reader
 
 
 async def test_a_request_handed_on_leaves_its_clients_trace_decision_to_the_handler():
@@ -60,8 +67,25 @@ async def test_a_request_handed_on_leaves_its_clients_trace_decision_to_the_hand
     body = b'{"model": "tiny", "input": "hello"}'
     message = SimpleNamespace(headers=CIMultiDictProxy(CIMultiDict(SAMPLED)), path="/v1/inference", should_close=False)
 
-    handed_on, unread = path.start(connection, message, Payload(body))  # type: ignore[arg-type, misc]
+    handed_on, unread = path.start(connection, message, payload(connection, body))  # type: ignore[arg-type, misc]
 
     assert handed_on is message and unread.read_nowait() == body and unread.is_eof()
     assert connection.fast_flight is None and lifecycle.in_flight == 0 and path.inference.identified == 1
     assert tracing.begin(message.headers, time.monotonic(), "/v1/inference") is not None
+
+
+class Counting(Connection):
+    def __init__(self) -> None:
+        self.resumed = 0
+
+    def resume_reading(self, resume_parser: bool = True) -> None:
+        self.resumed += resume_parser  # (only a resumption that parses again: `feed_eof`'s does not)
+
+
+async def test_a_body_is_read_as_read_nowait_reads_it_and_only_a_large_one_resumes_the_parser():
+    for pieces in ([b'{"input": "a"}'], [b'{"input": ', b'"chunked"}'], [b"x" * 70_000], [b"y" * 40_000] * 4):
+        fast_connection, usual_connection = Counting(), Counting()
+        fast, usual = payload(fast_connection, *pieces), payload(usual_connection, *pieces)
+        assert whole_body(fast) == usual.read_nowait() == b"".join(pieces)
+        large = sum(map(len, pieces)) >= 2**16
+        assert bool(fast_connection.resumed) is large and usual_connection.resumed >= 1
