@@ -80,7 +80,8 @@ class InferenceServer:
             default=config.default_model,
         )
         self.rollouts = Rollouts(
-            self.models, lambda m: BatchModel(m, loop, request_metrics, self.dead_letters, config.tiers, self.tracing),
+            self.models, lambda m: BatchModel(m, loop, request_metrics, self.dead_letters, config.tiers, self.tracing,
+                                    worker_nice=config.worker_nice),
             headroom_bytes=config.memory_headroom_mb << 20, grace_s=config.grace_period_s,
         )
         self.rollouts.add_configured([m for m in config.models if m.kind == "batch"])

@@ -4,11 +4,14 @@ are module state: each test resets what it uses (`reset()`).
 - `switchable`: a simulated GPU that hangs, dies or fails on demand;
 - `recording`: the real PyTorch backend, noting which threads call its tokenizer;
 - `gated`: the real PyTorch backend, built only once a test opens a gate;
-- `fake_embedder`: an embedding model on a simulated GPU (controlled latency, remembers what ran).
+- `fake_embedder`: an embedding model on a simulated GPU (controlled latency, remembers what ran);
+- `thread_nice`: a simulated GPU whose output says the CPU priority (nice) of the threads that prepared
+  and computed it.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -129,3 +132,26 @@ class FakeEmbedder:
 @backend_factory
 def fake_embedder(device: str, options: Mapping[str, Any]) -> FakeEmbedder:
     return FakeEmbedder(float(options.get("latency_ms", 20)))
+
+
+def _nice() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+class ThreadNice:
+    """Each output is "<input> prepared at <nice> computed at <nice>": the threads' own nice values."""
+
+    def __init__(self) -> None:
+        self.gpu = SimulatedGPU(latency_ms=2, name="thread-nice")
+
+    def prepare_batch(self, items: list[Any]) -> list[Any]:
+        return [Prepared(f"{item} prepared at {_nice()}", 0, 1) for item in items]
+
+    def __call__(self, batch: list[str]) -> list[str]:
+        self.gpu(batch)
+        return [f"{text} computed at {_nice()}" for text in batch]
+
+
+@backend_factory
+def thread_nice(device: str, options: Mapping[str, Any]) -> ThreadNice:
+    return ThreadNice()

@@ -5,7 +5,9 @@ S16's flood (its ViT-small-shaped model, random weights, on the CPU): 8 clients 
 noise PNG back to back, first as JSON base64 (5.5 MB bodies), then as raw `image/png` bodies (4.1 MB),
 while another process probes `/healthz` every 20 ms on a kept-alive connection. `--torch-threads N`
 sets the model's `torch_threads` (unset: PyTorch's default, every core: on a 2-core machine the
-model's forward then competes with the event loop for both).
+model's forward then competes with the event loop for both). `--worker-nice N`: no baseline tree, but
+this checkout with `[server] worker_nice = N` against `worker_nice = 0` (the models' threads at the
+loop's CPU priority), alternated the same way.
 """
 
 from __future__ import annotations
@@ -28,9 +30,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=10.0, help="per flood (JSON, then raw)")
     parser.add_argument("--torch-threads", type=int)
+    parser.add_argument("--worker-nice", type=int, help="instead of a baseline tree: this checkout with "
+                        "`[server] worker_nice` N against 0 (the models' threads as the loop)")
     parser.add_argument("--out-dir", default=str(RESULTS))
     args = parser.parse_args()
-    trees = {"this checkout": None, **({"baseline": args.baseline_tree} if args.baseline_tree else {})}
+    # variant -> (tree, [server] lines of its own)
+    trees: dict[str, tuple[str | None, str]] = {"this checkout": (None, "")}
+    if args.worker_nice is not None:
+        trees = {f"worker_nice = {n}": (None, f"\nworker_nice = {n}") for n in (args.worker_nice, 0)}
+    elif args.baseline_tree:
+        trees["baseline"] = (args.baseline_tree, "")
     extra = f"\ntorch_threads = {args.torch_threads}" if args.torch_threads else ""
     rows = []
     with tempfile.TemporaryDirectory() as folder:
@@ -39,8 +48,9 @@ def main() -> None:
             path=path, sizes=list(SIZES))
         big = png(1200, 1200, seed=7)
         for round_ in range(1, args.rounds + 1):
-            for name, tree in trees.items():
-                with inferd_server(config, **({"tree": tree} if tree else {})) as url:
+            for name, (tree, server) in trees.items():
+                with inferd_server(config.replace('access_log = "off"', 'access_log = "off"' + server),
+                                   **({"tree": tree} if tree else {})) as url:
                     asyncio.run(capacity(url, [body_of(png(96, 96, seed=1))], 2))  # (warm)
                     for how, body, content_type in (("JSON, base64", body_of(big), "application/json"),
                                                     ("raw image/png", big, "image/png")):
@@ -61,7 +71,8 @@ def main() -> None:
             p99 = [r["healthz_p99_ms"] for r in rows if r["tree"] == name and r["sent_as"] == how]
             lines.append(f"- {name}, {how}: **{statistics.median(p99):.1f}**")
     out = Path(args.out_dir)
-    stem = "image_flood" + (f"_threads{args.torch_threads}" if args.torch_threads else "")
+    stem = "image_flood" + (f"_threads{args.torch_threads}" if args.torch_threads else "") + \
+        (f"_worker_nice{args.worker_nice}" if args.worker_nice is not None else "")
     (out / f"{stem}.json").write_text(json.dumps(rows, indent=1) + "\n")
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -286,5 +286,7 @@ def _check_server(c: ServerConfig) -> None:
         raise ConfigError("[server] gil_switch_interval_ms must be a number of ms in (0, 100]")
     if c.gc_threshold < 0:
         raise ConfigError("[server] gc_threshold must be an integer >= 0")
+    if not 0 <= c.worker_nice <= 19:
+        raise ConfigError("[server] worker_nice must be an integer from 0 to 19 (Linux nice levels)")
     if c.access_log.lower() not in ("off", "debug", "info", "warning", "error"):
         raise ConfigError("[server] access_log must be off, debug, info, warning or error")

@@ -27,6 +27,7 @@ from typing import Any
 from ..backends import BatchBackend, Capabilities
 from ..errors import describe
 from ..messages import Batch
+from .thread_priority import lower_this_thread
 
 log = logging.getLogger("inferd.executor")
 
@@ -66,6 +67,7 @@ class Worker:
         on_died: Callable[[Worker, Batch | None, BaseException], None],
         max_isolation_calls: int = 32,
         max_batch_size: int = 1,
+        nice: int = 0,
     ) -> None:
         self.name = name
         self.device = device
@@ -82,6 +84,7 @@ class Worker:
         self.current: Batch | None = None  # the batch inside the backend now (or handed to it, not begun)
         self.call_started_at = 0.0  # start of the backend call in progress (the watchdog's clock)
         self.max_isolation_calls = max_isolation_calls
+        self.nice = nice  # levels below the loop's CPU priority its thread runs at (`thread_priority`)
         self._build = build
         self._warmup_inputs = list(warmup_inputs)
         self._next_batch = next_batch
@@ -112,6 +115,7 @@ class Worker:
     # ---- the thread ------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        lower_this_thread(self.nice)  # (before the build: threads the backend starts inherit it)
         try:
             fn = self._build(self.device)
             offers = Capabilities.of(fn)  # (the contract, checked once: a misspelt hook fails the start)

@@ -48,6 +48,7 @@ class WorkerPool:
         on_ready: Callable[[Worker], None],
         max_isolation_calls: int = 32,
         max_batch_size: int = 1,
+        worker_nice: int = 0,
     ) -> None:
         self.name = name
         self.loop = loop
@@ -60,6 +61,7 @@ class WorkerPool:
         self._on_ready = on_ready
         self._max_isolation_calls = max_isolation_calls
         self._max_batch_size = max_batch_size
+        self._worker_nice = worker_nice
         self._busy_samples: dict[str, deque[tuple[float, float]]] = {}
         self.workers = [self._new_worker(f"{name}-{i}", device) for i, device in enumerate(devices)]
         self.healthy = 0  # built, warm and not given up on (recounted when a worker changes)
@@ -78,7 +80,7 @@ class WorkerPool:
             name=name, device=device, build=self._build, warmup_inputs=self._warmup_inputs,
             next_batch=self._next_batch, loop=self.loop, on_ready=self._worker_ready, on_failed=self._worker_failed,
             on_batch_done=self._on_batch_done, on_died=self._worker_died, max_isolation_calls=self._max_isolation_calls,
-            max_batch_size=self._max_batch_size,
+            max_batch_size=self._max_batch_size, nice=self._worker_nice,
         )
 
     # ---- lifecycle -------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from ..execution.breaker import BreakerState, CircuitBreaker
 from ..execution.executor import Worker
 from ..execution.hang_limit import BatchLatencies
 from ..execution.pool import WorkerPool
+from ..execution.thread_priority import lower_this_thread
 from ..messages import PendingRequest, RequestState
 from ..observability.dead_letters import DeadLetters
 from ..observability.metrics import RequestMetrics
@@ -62,8 +63,10 @@ class BatchModel:
         tiers: tuple[TierConfig, ...] = (TierConfig("default"),),
         tracing: Tracing | None = None,
         clock: Callable[[], float] = time.monotonic,
+        worker_nice: int = 0,
     ) -> None:
         self.config = config
+        self.worker_nice = worker_nice  # its threads' CPU priority below the loop's (`thread_priority`)
         self._clock = clock  # (a fake one in tests that drive the model through time)
         self.name = config.name
         self.version = config.version
@@ -85,7 +88,7 @@ class BatchModel:
             latencies=BatchLatencies(config.batch_timeout_ms / 1000.0),
             on_batch_done=lambda batch: self.delivery.batch_done(batch), on_requeue=lambda batch: self.delivery.requeue(batch),  # (built below)
             on_ready=self._on_worker_ready, max_isolation_calls=config.max_isolation_calls,
-            max_batch_size=config.max_batch_size,
+            max_batch_size=config.max_batch_size, worker_nice=worker_nice,
         )
         self.timeliness = Timeliness(config, tiers, self.forecast, self.batcher, self.pool)
         self.deadlines = DeadlineWheel(loop, self._expire, clock=clock)
@@ -345,7 +348,8 @@ class BatchModel:
         if self.preprocessor is None and self.prepare_one is None:  # the same for every worker's backend
             offers = worker.capabilities
             if offers.prepare_batch is not None:
-                self.preprocessor = Preprocessor(offers.prepare_batch, self.loop, self._on_prepared, self.name)
+                self.preprocessor = Preprocessor(offers.prepare_batch, self.loop, self._on_prepared, self.name,
+                                                 partial(lower_this_thread, self.worker_nice))
             else:
                 self.prepare_one = offers.prepare
             self.output_kind = offers.output_kind

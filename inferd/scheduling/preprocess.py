@@ -36,8 +36,10 @@ class Preprocessor:
         loop: asyncio.AbstractEventLoop,
         on_prepared: Callable[[list[PendingRequest], Sequence[Any]], None],
         name: str,
+        on_thread_start: Callable[[], None] | None = None,
     ) -> None:
         self._prepare_batch = prepare_batch
+        self._on_thread_start = on_thread_start  # e.g. its CPU priority lowered (`execution.thread_priority`)
         self._loop = loop
         self._on_prepared = on_prepared
         self._waiting: list[PendingRequest] = []
@@ -78,6 +80,8 @@ class Preprocessor:
         self._jobs.put(batch)
 
     def _run(self) -> None:
+        if self._on_thread_start is not None:
+            self._on_thread_start()
         while (batch := self._jobs.get()) is not None:
             try:
                 results = self._prepare_batch([r.raw for r in batch])

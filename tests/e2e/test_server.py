@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 import time
 
 from inferd.backends.sim import expected_output
@@ -164,3 +166,13 @@ async def test_a_request_deadline_flushes_before_the_linger_would_miss_it(http):
         status, _, _ = await infer(http, srv.url, {"input": "hurry", "timeout_ms": 200})
         assert status == 200 and time.monotonic() - started < 0.3
         assert srv.models["m"].batcher.flushes["deadline"] == 1
+
+
+async def test_the_models_threads_run_below_the_event_loop_in_cpu_priority(http):
+    # `[server] worker_nice`: the preparing and the executor thread each lower their own nice value.
+    loop_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    for worker_nice in (3, 0):
+        async with running_server(sim_model(backend="tests.fakes:thread_nice"), worker_nice=worker_nice) as srv:
+            status, body, _ = await infer(http, srv.url, {"input": "a"})
+        expected = min(19, loop_nice + worker_nice)
+        assert status == 200 and body["output"] == f"a prepared at {expected} computed at {expected}", body
