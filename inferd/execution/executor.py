@@ -84,7 +84,7 @@ class Worker:
         self.current: Batch | None = None  # the batch inside the backend now (or handed to it, not begun)
         self.call_started_at = 0.0  # start of the backend call in progress (the watchdog's clock)
         self.max_isolation_calls = max_isolation_calls
-        self.nice = nice  # levels below the loop's CPU priority its thread runs at (`thread_priority`)
+        self._nice = nice  # levels below the loop's CPU priority its thread runs at (`thread_priority`)
         self._build = build
         self._warmup_inputs = list(warmup_inputs)
         self._next_batch = next_batch
@@ -115,7 +115,7 @@ class Worker:
     # ---- the thread ------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        lower_this_thread(self.nice)  # (before the build: threads the backend starts inherit it)
+        lower_this_thread(self._nice)  # (before the build: threads the backend starts inherit it)
         try:
             fn = self._build(self.device)
             offers = Capabilities.of(fn)  # (the contract, checked once: a misspelt hook fails the start)

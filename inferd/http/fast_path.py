@@ -215,9 +215,9 @@ def whole_body(payload: StreamReader) -> bytes:
     """The body of a request aiohttp's parser has finished (`payload.is_eof()`). Why not `read_nowait`:
     it resumes the connection's reading after it reads, and resuming re-enters the connection's
     `data_received` with no data, a second pass through it and aiohttp's parser for every request
-    (6,000-9,000 instructions of ~234,000 per S2 request, `inprocess_request.py`, 2 runs each). That resumption is needed
-    only where the body paused the parser (over twice `_READ_LIMIT`): a body that size is read the
-    usual way."""
+    (6,000-9,000 of ~234,000 instructions per S2 request, `inprocess_request.py`). That resumption is
+    needed only where the body paused the parser, past twice `_READ_LIMIT`: from `_READ_LIMIT` up (a
+    margin), a body is read the usual way."""
     chunks = payload._buffer
     if payload._size >= _READ_LIMIT or payload._buffer_offset:
         return payload.read_nowait()
