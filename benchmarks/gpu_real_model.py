@@ -232,44 +232,28 @@ def direct_curve(m: dict[str, Any], device: str, sizes: list[int], quick: bool) 
 
 def config_toml(m: dict[str, Any], device: str, max_batch: int) -> str:
     if m.get("kind") == "image":  # (every request sends the same image: collapsing off, each one computed)
-        return f"""
-[server]
-access_log = "off"
-
-[[models]]
-name = "model"
-backend = "inferd.backends.vision:create"
-devices = ["{device}"]
-max_batch_size = {max_batch}
-max_wait_ms = 2
-max_queue = 100000
-timeout_ms = 60000
-collapse = false
-[models.options]
-model_path = "{m['path']}"
-dtype = "{m['dtype']}"
-image_sizes = [{m['size']}]
-graph_batch_sizes = {graph_sizes(max_batch, image=True)}
-"""
-    edges = ", ".join(str(e) for e in m["edges"])
+        backend, model_lines, options = "vision", "collapse = false\n", (
+            f"image_sizes = [{m['size']}]\ngraph_batch_sizes = {graph_sizes(max_batch, image=True)}")
+    else:
+        edges = ", ".join(str(e) for e in m["edges"])
+        backend, model_lines, options = "transformer", "", (
+            f"max_tokens = {m['max_tokens']}\nbucket_edges = [{edges}]\ngraph_batch_sizes = {graph_sizes(max_batch)}")
     return f"""
 [server]
 access_log = "off"
 
 [[models]]
 name = "model"
-backend = "inferd.backends.transformer:create"
+backend = "inferd.backends.{backend}:create"
 devices = ["{device}"]
 max_batch_size = {max_batch}
 max_wait_ms = 2
 max_queue = 100000
 timeout_ms = 60000
-[models.options]
+{model_lines}[models.options]
 model_path = "{m['path']}"
 dtype = "{m['dtype']}"
-max_tokens = {m['max_tokens']}
-bucket_edges = [{edges}]
-graph_batch_sizes = {graph_sizes(max_batch)}
+{options}
 """
 
 
