@@ -106,13 +106,13 @@ class FastPath:
         """Answer a request `takes` accepted: at once (a refusal), or when its future resolves (the
         connection's `fast_flight` meanwhile); None. Or it is not one after all (it names a generation
         model): nothing was done, and the request (its body unread again) is returned to go the usual way."""
-        inference, headers, tracing = self.inference, message.headers, self.tracing
+        inference, headers = self.inference, message.headers
         one = OneInput(call_start(inference.ids, headers))
         # In flight from here: reading the body can call the connection's `data_received` again (aiohttp
         # resumes its parser), which must find a request in hand.
         connection.fast_flight = flight = InFlight(self, one, connection, not message.should_close)
         self.lifecycle.enter()
-        drawn = tracing is None  # (whether its trace was drawn: once, and not for a request handed on)
+        drawn = self.tracing is None  # (whether its trace was drawn: once, and not for a request handed on)
         try:
             inference.identify(one, headers)
             body = whole_body(payload)
@@ -149,9 +149,8 @@ class FastPath:
     def _trace(self, one: OneInput, headers: Any, path: str) -> bool:
         """Draw the call's trace (`Tracing.begin`), from its start, once it is known to be a batch model's
         call or refused: a generation model's handler draws its own, and a second draw would take a
-        client's sampled `traceparent` twice from `max_client_traced_per_s`."""
-        if self.tracing is not None:
-            one.start.trace = self.tracing.begin(headers, one.start.started, path)
+        client's sampled `traceparent` twice from `max_client_traced_per_s`. Returns True: drawn."""
+        one.start.trace = self.tracing.begin(headers, one.start.started, path)  # type: ignore[union-attr]
         return True
 
     def resolved(self, flight: InFlight, future: asyncio.Future) -> None:

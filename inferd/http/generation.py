@@ -196,8 +196,8 @@ class GenerationApi:
                 f"deadline of {timeout_s * 1000:.0f} ms passed during generation; aborted")
         except (asyncio.CancelledError, ConnectionResetError):
             model.record_abort("client_disconnect")
-            self.outcomes.record(request_id, model.name, tier, 499, "CLIENT_DISCONNECTED", started, tenant=tenant, trace=trace,
-                                     version=served)
+            self.outcomes.record(request_id, model.name, tier, 499, "CLIENT_DISCONNECTED", started, tenant=tenant,
+                                 trace=trace, version=served)
             raise
         except Exception as exc:  # noqa: BLE001 - the engine refused or failed this request: answered, counted
             model.record_abort("engine_error")
@@ -211,7 +211,7 @@ class GenerationApi:
             await deltas.aclose()  # aborts the request in the engine if it is still there
         if failure is not None:
             self.outcomes.record_error(request_id, model.name, tier, failure, started, tenant=tenant, trace=trace,
-                                         version=served)
+                                       version=served)
             if response is None:
                 return error_response(failure, request_id, openai=openai)
             # Mid-stream: a last event says why, and the stream ends.
