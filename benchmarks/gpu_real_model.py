@@ -57,7 +57,10 @@ def main() -> int:
     parser.add_argument("--models", default="minilm_fp16,bert_large_bf16",
                         help="which to run, in order (default both; the results are written after each)")
     parser.add_argument("--duration", type=int, default=10, help="seconds of load per served step (default 10)")
+    parser.add_argument("--replay-every-shape", metavar="MODEL_JSON", help=argparse.SUPPRESS)  # (the check's child)
     args = parser.parse_args()
+    if args.replay_every_shape:
+        return replay_every_shape(json.loads(args.replay_every_shape), args.device)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     work = Path(tempfile.mkdtemp(prefix="inferd-gpu-"))
     quick, on_gpu = args.quick, args.device.startswith("cuda")
@@ -80,11 +83,18 @@ def main() -> int:
     for name in args.models.split(","):
         print(f"\n== {name}", flush=True)
         m = models[name]()
-        served = serve_and_load(name, m, args.device, 3 if quick else args.duration, out)
-        sizes = sorted({1, max(1, round(served["batched"]["mean_batch"] or 1)), m["max_batch"]})
-        direct = direct_curve(m, args.device, sizes, quick)
+        check = check_graphs(name, m, args.device, out)
+        try:
+            served = serve_and_load(name, m, args.device, 3 if quick else args.duration, out, graphs=check["ok"])
+            sizes = sorted({1, max(1, round(served["batched"]["mean_batch"] or 1)), m["max_batch"]})
+            direct = direct_curve(m, args.device, sizes, quick, graphs=check["ok"])
+        except Exception as exc:  # noqa: BLE001 - the next model may still run: say what stopped this one
+            progress(f"{name} failed: {type(exc).__name__}: {exc}")
+            results["models"][name] = {"graphs_check": check, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+            (out / "gpu_real_model.json").write_text(json.dumps(results, indent=2) + "\n")
+            continue
         mean = max(1, round(served["batched"]["mean_batch"] or 1))
-        row = {"direct": direct, "served": served}
+        row = {"graphs_check": check, "direct": direct, "served": served}
         row["served_over_direct_eager"] = ratio(served["batched"]["rps"], direct["eager"].get(str(mean), {}).get("items_per_s"))
         row["served_over_direct_graphed"] = ratio(served["batched"]["rps"], direct["graphed"].get(str(mean), {}).get("items_per_s"))
         if "embeddings_x32" in served:
@@ -200,17 +210,77 @@ def direct_inputs(m: dict[str, Any], model: Any, n: int) -> list[Any]:
     return [model.tokenize(m["text"].format(i=i)) for i in range(n)]
 
 
-def direct_curve(m: dict[str, Any], device: str, sizes: list[int], quick: bool) -> dict[str, Any]:
-    """Items/s of the backend's own batch function called in a loop (no server), eager and graphed."""
-    if m.get("kind") == "image":
-        from inferd.backends.vision import ImageModel as Model
-    else:
-        from inferd.backends.transformer import TextModel as Model  # type: ignore[assignment]
+def check_graphs(name: str, m: dict[str, Any], device: str, out: Path) -> dict[str, Any]:
+    """Capture the model's CUDA graphs and replay every shape once, smallest first, each against the same
+    padded call run eagerly, in a child process: the first GPU run of the image model (H200, 2026-11-27)
+    died of a segfault in a replay, and a crash here costs this check, not the run. `ok` false: the
+    server and the direct curve then run eagerly; the log (`graphs_check_<name>.log`) names the shape."""
+    if not device.startswith("cuda"):
+        return {"ok": True, "skipped": "no CUDA: nothing is captured"}
+    log = out / f"graphs_check_{name}.log"
+    progress(f"{name}: capturing and replaying every graph shape (a child process)")
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")  # (a crash prints every thread's stack)
+    try:
+        with log.open("w") as sink:
+            code = subprocess.run([sys.executable, __file__, "--device", device, "--replay-every-shape", json.dumps(m)],
+                                  cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, env=env, timeout=300).returncode
+    except subprocess.TimeoutExpired:
+        code = None
+    said = log.read_text().splitlines()
+    last = next((line for line in reversed(said) if line.startswith(("replaying", "captured", "graphs off"))), "")
+    check = {"ok": code == 0, "exit": code, "last_step": last}
+    progress(f"{name}: graphs check {json.dumps(check)}")
+    return check
 
-    curves: dict[str, Any] = {}
-    for label, graphs in (("eager", False), ("graphed", True)):
+
+def replay_every_shape(m: dict[str, Any], device: str) -> int:
+    """The check's child: capture, then each captured shape replayed once and compared with the same
+    padded call run eagerly; one line per shape before it runs (a crash leaves the shape as the last line)."""
+    import numpy as np
+
+    model = model_class(m)(device, options(m, True))
+    print(f"captured: {json.dumps(model.warmup())}", flush=True)
+    shaped = model.shaped
+    if not shaped.use_graphs:
+        print(f"graphs off: {shaped.error}", flush=True)
+        return 1
+    rng = np.random.default_rng(0)
+    worst = 0.0
+    for b, s in shaped.captured_shapes():
+        print(f"replaying ({b}, {s})", flush=True)
+        if m.get("kind") == "image":
+            inputs = [rng.standard_normal((3, s, s), dtype=np.float32) for _ in range(b)]
+        else:
+            inputs = [rng.integers(1000, 2000, size=s, dtype=np.int64) for _ in range(b)]
+        graphed = shaped.run(inputs)
+        shaped.use_graphs = False  # (the same padded, fixed-shape call, eagerly)
+        eager = shaped.run(inputs)
+        shaped.use_graphs = True
+        difference = float(np.max(np.abs(graphed - eager)))  # type: ignore[operator]
+        worst = max(worst, difference)
+        print(f"replayed ({b}, {s}): max difference from eager {difference:.3g}", flush=True)
+    print(f"every shape replayed; the largest difference {worst:.3g}", flush=True)
+    return 0 if worst <= 1e-2 else 1
+
+
+def model_class(m: dict[str, Any]) -> Any:
+    if m.get("kind") == "image":
+        from inferd.backends.vision import ImageModel
+
+        return ImageModel
+    from inferd.backends.transformer import TextModel
+
+    return TextModel
+
+
+def direct_curve(m: dict[str, Any], device: str, sizes: list[int], quick: bool, graphs: bool = True) -> dict[str, Any]:
+    """Items/s of the backend's own batch function called in a loop (no server), eager and (when the
+    graphs check passed) graphed."""
+    Model = model_class(m)  # noqa: N806 - a class
+    curves: dict[str, Any] = {"graphed": {}}
+    for label, graphed in (("eager", False), ("graphed", True))[: 2 if graphs else 1]:
         progress(f"direct {label}: loading, warm-up")
-        model = Model(device, options(m, graphs))
+        model = Model(device, options(m, graphed))
         model.warmup()
         progress(f"direct {label}: measuring {sizes}")
         rows = direct_inputs(m, model, max(sizes))
@@ -230,7 +300,7 @@ def direct_curve(m: dict[str, Any], device: str, sizes: list[int], quick: bool) 
     return curves
 
 
-def config_toml(m: dict[str, Any], device: str, max_batch: int) -> str:
+def config_toml(m: dict[str, Any], device: str, max_batch: int, graphs: bool = True) -> str:
     if m.get("kind") == "image":  # (every request sends the same image: collapsing off, each one computed)
         backend, model_lines, options = "vision", "collapse = false\n", (
             f"image_sizes = [{m['size']}]\ngraph_batch_sizes = {graph_sizes(max_batch, image=True)}")
@@ -238,6 +308,8 @@ def config_toml(m: dict[str, Any], device: str, max_batch: int) -> str:
         edges = ", ".join(str(e) for e in m["edges"])
         backend, model_lines, options = "transformer", "", (
             f"max_tokens = {m['max_tokens']}\nbucket_edges = [{edges}]\ngraph_batch_sizes = {graph_sizes(max_batch)}")
+    if not graphs:
+        options += "\ncuda_graphs = false"
     return f"""
 [server]
 access_log = "off"
@@ -266,13 +338,14 @@ def graph_sizes(max_batch: int, image: bool = False) -> list[int]:
     return sorted({size for size in sizes if size < max_batch} | {max_batch})
 
 
-def serve_and_load(name: str, m: dict[str, Any], device: str, seconds: int, out: Path) -> dict[str, Any]:
-    served: dict[str, Any] = {}
+def serve_and_load(name: str, m: dict[str, Any], device: str, seconds: int, out: Path,
+                   graphs: bool = True) -> dict[str, Any]:
+    served: dict[str, Any] = {"cuda_graphs": graphs}
     duration = str(seconds)
     processes = "2" if seconds < 5 else "8"
     for label, max_batch in (("batched", m["max_batch"]), ("unbatched", 1)):
         progress(f"{name} {label}: starting the server (max_batch_size {max_batch})")
-        with inferd(config_toml(m, device, max_batch), out / f"server_{name}_{label}.log") as (url, pid):
+        with inferd(config_toml(m, device, max_batch, graphs), out / f"server_{name}_{label}.log") as (url, pid):
             warmup = get_json(f"{url}/v1/models")["data"][0].get("warmup", {})
             progress(f"{name} {label}: ready, warm-up {json.dumps(warmup)[:300]}")
             body = Path(tempfile.mkstemp(suffix=".json")[1])
@@ -327,7 +400,8 @@ class inferd:  # noqa: N801 - a context manager named for what it runs
         self.file.write_text(self.config)
         self.proc = subprocess.Popen([sys.executable, "-m", "inferd", "serve", "--config", str(self.file), "--port", "0",
                                       "--log-level", "INFO"], cwd=REPO, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+                                     stderr=subprocess.STDOUT, text=True,
+                                     env=dict(os.environ, PYTHONFAULTHANDLER="1"))  # (a crash prints the stacks)
         assert self.proc.stdout is not None
         said: list[str] = []
         sink = self.log.open("a")
@@ -344,12 +418,17 @@ class inferd:  # noqa: N801 - a context manager named for what it runs
         threading.Thread(target=self._copy, args=(self.proc.stdout, sink), daemon=True).start()
         give_up = time.monotonic() + 600
         while time.monotonic() < give_up:
+            # A server that died (the first image run's segfaulted at warm-up) is not waited for: that
+            # wait took a whole device budget once.
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"inferd exited with {self.proc.returncode} before it was ready (see {self.log.name})")
             try:
                 with urllib.request.urlopen(f"{url}/readyz", timeout=2) as resp:
                     if resp.status == 200:
                         return url, self.proc.pid
             except OSError:
                 time.sleep(0.2)
+        self.proc.kill()
         raise TimeoutError("inferd never became ready")
 
     @staticmethod
@@ -409,17 +488,21 @@ class GpuSampler:
 def table(results: dict[str, Any]) -> str:
     lines = [f"### A real model served vs called directly ({results['device']}{', quick check' if results['quick'] else ''})",
              "", "| model | direct eager items/s (at served mean batch) | served req/s | served / direct | "
-             "mean batch | GPU busy % | server CPU µs/req | batch-1 served req/s | /v1/embeddings x32 items/s | warm-up s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "mean batch | GPU busy % | server CPU µs/req | batch-1 served req/s | /v1/embeddings x32 items/s | warm-up s | "
+             "CUDA graphs captured |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in results["models"].items():
+        if "error" in row:
+            lines.append(f"| {name} | failed: {row['error'][:200]} (graphs check: {row['graphs_check']}) |")
+            continue
         served, direct = row["served"], row["direct"]
         mean = str(max(1, round(served["batched"]["mean_batch"] or 1)))
         emb = served.get("embeddings_x32", {}).get("items_per_s", "–")
         warm = next(iter(served["batched"]["warmup"].values()), {}).get("warmup_s", "–")
+        graphs = next(iter(served["batched"]["warmup"].values()), {}).get("cuda_graphs", "–")  # (captured: 0 on a CPU)
         lines.append(f"| {name} | {direct['eager'].get(mean, {}).get('items_per_s', '–')} | {served['batched']['rps']} | "
                      f"{row['served_over_direct_eager']} | {served['batched']['mean_batch']} | "
                      f"{served['batched']['gpu_busy_pct']} | {served['batched']['server_cpu_us_per_request']} | "
-                     f"{served['unbatched']['rps']} | {emb} | {warm} |")
+                     f"{served['unbatched']['rps']} | {emb} | {warm} | {graphs} |")
     return "\n".join(lines) + "\n"
 
 

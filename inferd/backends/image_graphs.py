@@ -80,7 +80,7 @@ class ImageGraphs(CapturedShapes):
                 device_in.copy_(host_in, non_blocking=True)
                 out = self.compute(device_in)
                 host_out.copy_(out, non_blocking=True)
-            self._graphs[(b, s)] = Graph(graph, out)
+            self._graphs[(b, s)] = Graph(graph, out, device_in)
 
     def _check_against_eager(self) -> None:
         """Replay a graph on random images (with padding rows) and compare with the eager forward."""

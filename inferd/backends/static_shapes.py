@@ -83,6 +83,9 @@ def collate(rows: Sequence[np.ndarray], ids: np.ndarray, mask: np.ndarray, pad_i
 class Graph:
     graph: torch.cuda.CUDAGraph
     out: torch.Tensor  # the captured forward's output on the device (kept alive: its memory is the graph's)
+    # The device buffer the captured copy from the host writes: every replay writes there, so it lives
+    # as long as the graph (freed, the allocator would hand its memory to other tensors).
+    static_in: torch.Tensor
 
 
 class CapturedShapes:
@@ -101,6 +104,10 @@ class CapturedShapes:
     @property
     def graphs(self) -> int:
         return len(self._graphs)
+
+    def captured_shapes(self) -> list[tuple[int, int]]:
+        """The captured (batch size, length or image size) shapes, smallest first."""
+        return sorted(self._graphs)
 
     @torch.inference_mode()
     def capture(self) -> float:
@@ -191,7 +198,7 @@ class ShapedForward(CapturedShapes):
                 device_in.copy_(host_in, non_blocking=True)
                 out = self.compute(device_in[:b], device_in[b:])
                 host_out.copy_(out, non_blocking=True)
-            self._graphs[(b, s)] = Graph(graph, out)
+            self._graphs[(b, s)] = Graph(graph, out, device_in)
 
     def _check_against_eager(self) -> None:
         """Replay a graph on real-looking rows (several lengths, padding rows) and compare with eager."""
