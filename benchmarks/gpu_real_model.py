@@ -308,8 +308,7 @@ def config_toml(m: dict[str, Any], device: str, max_batch: int, graphs: bool = T
         edges = ", ".join(str(e) for e in m["edges"])
         backend, model_lines, options = "transformer", "", (
             f"max_tokens = {m['max_tokens']}\nbucket_edges = [{edges}]\ngraph_batch_sizes = {graph_sizes(max_batch)}")
-    if not graphs:
-        options += "\ncuda_graphs = false"
+    options += f"\ncuda_graphs = {'true' if graphs else 'false'}"  # (the image backend's default is off)
     return f"""
 [server]
 access_log = "off"

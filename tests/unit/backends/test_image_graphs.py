@@ -57,3 +57,21 @@ def test_the_backend_refuses_graph_batch_sizes_that_are_not_positive_integers(vi
     for bad in ([], [0, 4], ["8"], [2.5]):
         with pytest.raises(ValueError, match="graph_batch_sizes"):
             check_options({"model_path": vit_folder, "graph_batch_sizes": bad})
+
+
+def test_graphs_are_off_unless_asked_for(vit_folder, monkeypatch):
+    """Their first GPU run segfaulted in a replay (benchmarks/results/gpu_real_model_h200_2026-11-27.md):
+    an image model runs eagerly unless its options say `cuda_graphs = true`."""
+    from inferd.backends import vision
+
+    asked: list[bool] = []
+
+    class Recorded(ImageGraphs):
+        def __init__(self, *args, graphs: bool, **kwargs) -> None:
+            asked.append(graphs)
+            super().__init__(*args, graphs=graphs, **kwargs)
+
+    monkeypatch.setattr(vision, "ImageGraphs", Recorded)
+    vision.ImageModel("cpu", {"model_path": vit_folder})
+    vision.ImageModel("cpu", {"model_path": vit_folder, "cuda_graphs": True})
+    assert asked == [False, True]
