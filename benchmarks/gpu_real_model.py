@@ -241,7 +241,7 @@ def replay_in_child(m: dict[str, Any], device: str, log: Path) -> dict[str, Any]
     except subprocess.TimeoutExpired:
         code = None
     said = log.read_text().splitlines()
-    last = next((line for line in reversed(said) if line.startswith(("replay", "captured", "graphs off", "every"))),
+    last = next((line for line in reversed(said) if line.startswith(("replay", "captured", "graphs off", "every", "inferd.backends"))),
                 said[-1] if said else "")  # (no step reached: the error's last line)
     return {"ok": code == 0, "exit": code, "last_step": last}
 
@@ -249,8 +249,12 @@ def replay_in_child(m: dict[str, Any], device: str, log: Path) -> dict[str, Any]
 def replay_every_shape(m: dict[str, Any], device: str) -> int:
     """The check's child: capture, then each captured shape replayed once and compared with the same
     padded call run eagerly; one line per shape before it runs (a crash leaves the shape as the last line)."""
+    import logging
+
     import numpy as np
 
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s: %(message)s")
+    logging.getLogger("inferd.backends").setLevel(logging.DEBUG)  # (each shape as it is captured)
     model = model_class(m)(device, options(m, True))
     print(f"captured: {json.dumps(model.warmup())}", flush=True)
     shaped = model.shaped

@@ -13,6 +13,7 @@ eagerly, which checks the padding and the shape choice the GPU path relies on.
 
 from __future__ import annotations
 
+import logging
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 
@@ -20,6 +21,8 @@ import numpy as np
 import torch
 
 from .static_shapes import CapturedShapes, Graph
+
+log = logging.getLogger("inferd.backends.image_graphs")
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
@@ -81,6 +84,7 @@ class ImageGraphs(CapturedShapes):
                 out = self.compute(device_in)
                 host_out.copy_(out, non_blocking=True)
             self._graphs[(b, s)] = Graph(graph, out, device_in)
+            log.debug("captured the graph of shape (%d, %d)", b, s)  # (where a capture that dies got to)
 
     def _check_against_eager(self) -> None:
         """Replay a graph on random images (with padding rows) and compare with the eager forward."""

@@ -126,6 +126,7 @@ class CapturedShapes:
             self.error = f"{type(exc).__name__}: {exc}"[:300]
         torch.cuda.synchronize(self.device)
         self.capture_s = time.monotonic() - started
+        log.info("%d CUDA graphs captured on %s in %.1f s", self.graphs, self.device, self.capture_s)
         return self.capture_s
 
     def warmup_report(self) -> dict[str, Any]:
@@ -199,6 +200,7 @@ class ShapedForward(CapturedShapes):
                 out = self.compute(device_in[:b], device_in[b:])
                 host_out.copy_(out, non_blocking=True)
             self._graphs[(b, s)] = Graph(graph, out, device_in)
+            log.debug("captured the graph of shape (%d, %d)", b, s)  # (where a capture that dies got to)
 
     def _check_against_eager(self) -> None:
         """Replay a graph on real-looking rows (several lengths, padding rows) and compare with eager."""
