@@ -230,6 +230,9 @@ def check_graphs(name: str, m: dict[str, Any], device: str, out: Path) -> dict[s
     return check
 
 
+CHECK_LIMIT_S = 150  # a check's child that takes longer is stopped (a hung capture must not spend the device's budget)
+
+
 def replay_in_child(m: dict[str, Any], device: str, log: Path) -> dict[str, Any]:
     """`replay_every_shape` in a child process, its output in `log`: how it ended, and its last step."""
     progress(f"capturing and replaying every graph shape of {log.stem} (a child process)")
@@ -237,7 +240,7 @@ def replay_in_child(m: dict[str, Any], device: str, log: Path) -> dict[str, Any]
     try:
         with log.open("w") as sink:
             code = subprocess.run([sys.executable, __file__, "--device", device, "--replay-every-shape", json.dumps(m)],
-                                  cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, env=env, timeout=300).returncode
+                                  cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, env=env, timeout=CHECK_LIMIT_S).returncode
     except subprocess.TimeoutExpired:
         code = None
     said = log.read_text().splitlines()
