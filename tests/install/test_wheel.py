@@ -1,6 +1,7 @@
 """inferd installed from its wheel into a fresh virtual environment, away from the checkout (`make
 test-install`, which `.ci/run` calls after the suite): one `pip install` (with the torch extra), then
-`inferd serve` with no config serves the embedded default, and with `make run`'s config file MiniLM too.
+`inferd serve` with no config serves the embedded default, and with `make run`'s config file MiniLM too;
+and without any extra, the embedded default.
 The packages come from wherever the host's pip gets them (its own settings)."""
 
 from __future__ import annotations
@@ -32,17 +33,27 @@ def run(*args: str, timeout: float = 900, **kw) -> subprocess.CompletedProcess[s
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv (no site packages of the checkout's) holding inferd from a wheel built here."""
-    root = tmp_path_factory.mktemp("install")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """inferd's wheel, built here."""
+    dist = tmp_path_factory.mktemp("dist")
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(dist), str(REPO))
+    (built,) = dist.glob("inferd-*.whl")
+    return built
+
+
+def install(wheel: Path, root: Path, extras: str) -> Path:
+    """A fresh venv (no site packages of the checkout's) holding inferd from `wheel` (with `extras`,
+    e.g. "[torch]", or none); its bin folder."""
     started = time.monotonic()
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(root / "dist"), str(REPO))
-    (wheel,) = (root / "dist").glob("inferd-*.whl")
     run(sys.executable, "-m", "venv", str(root / "venv"))
-    python = root / "venv" / "bin" / "python"
-    run(str(python), "-m", "pip", "install", "--quiet", f"{wheel}[torch]", cwd=root)
-    print(f"\n{wheel.name}: built and installed with the torch extra in {time.monotonic() - started:.0f} s")
+    run(str(root / "venv" / "bin" / "python"), "-m", "pip", "install", "--quiet", f"{wheel}{extras}", cwd=root)
+    print(f"\n{wheel.name}{extras}: installed in {time.monotonic() - started:.0f} s")
     return root / "venv" / "bin"
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return install(wheel, tmp_path_factory.mktemp("install"), "[torch]")
 
 
 def free_port() -> int:
@@ -85,6 +96,15 @@ def test_the_wheel_serves_the_embedded_default_outside_the_checkout(installed: P
     where = run(str(installed / "python"), "-c", "import inferd; print(inferd.__file__)", cwd=tmp_path).stdout
     assert str(REPO) not in where  # the installed package, not the checkout's
     with serving(installed, cwd=tmp_path) as url:
+        answer = post(f"{url}/v1/inference", {"input": "hello world"})
+        assert answer["model"] == "batchstring" and answer["output"]
+
+
+def test_the_wheel_without_extras_serves_the_embedded_default(wheel: Path, tmp_path: Path) -> None:
+    """`pip install inferd` alone: everything the server imports comes with it (numpy once did not)."""
+    bare = install(wheel, tmp_path / "bare", "")
+    assert run(str(bare / "python"), "-c", "import importlib.util as u; print(u.find_spec('torch'))", cwd=tmp_path).stdout.strip() == "None"
+    with serving(bare, cwd=tmp_path) as url:
         answer = post(f"{url}/v1/inference", {"input": "hello world"})
         assert answer["model"] == "batchstring" and answer["output"]
 
