@@ -222,6 +222,19 @@ def process_tree_cpu_s(pid: int) -> float:
     return total
 
 
+def main_thread_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process's main thread alone (an inferd server's event loop)."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def listening_pid(url: str) -> int:
+    """The pid of the process listening on `url`'s loopback port (`ss`)."""
+    port = url.rsplit(":", 1)[1].strip("/")
+    out = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout
+    return int(re.search(r"pid=(\d+)", out)[1])  # type: ignore[index]
+
+
 def _machine() -> str:
     return f"{os.cpu_count()} cores, {sys.platform}, Python {sys.version.split()[0]}"
 

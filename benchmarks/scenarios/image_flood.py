@@ -7,7 +7,8 @@ while another process probes `/healthz` every 20 ms on a kept-alive connection. 
 sets the model's `torch_threads` (unset: PyTorch's default, every core: on a 2-core machine the
 model's forward then competes with the event loop for both). `--worker-nice N`: no baseline tree, but
 this checkout with `[server] worker_nice = N` against `worker_nice = 0` (the models' threads at the
-loop's CPU priority), alternated the same way.
+loop's CPU priority), alternated the same way. `--collapse`: collapsing on (the default config's; S16
+turns it off because it repeats one image) with 16 distinct images sent in turn, so every image is keyed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import RESULTS, inferd_server
+from common import RESULTS, inferd_server, listening_pid, main_thread_cpu_s
 from s16_images import CONFIG, SIZES, body_of, capacity, flood, make_vit, png
 
 
@@ -32,6 +33,8 @@ def main() -> None:
     parser.add_argument("--torch-threads", type=int)
     parser.add_argument("--worker-nice", type=int, help="instead of a baseline tree: this checkout with "
                         "`[server] worker_nice` N against 0 (the models' threads as the loop)")
+    parser.add_argument("--collapse", action="store_true", help="collapsing on (the default config's; S16 turns it "
+                        "off), with 16 distinct images in turn: what keying each image costs the loop")
     parser.add_argument("--out-dir", default=str(RESULTS))
     args = parser.parse_args()
     # variant -> (tree, [server] lines of its own)
@@ -46,33 +49,39 @@ def main() -> None:
         path = make_vit(Path(folder))
         config = CONFIG.replace("max_image_bytes = 8388608", "max_image_bytes = 8388608" + extra).format(
             path=path, sizes=list(SIZES))
-        big = png(1200, 1200, seed=7)
+        if args.collapse:
+            config = config.replace("collapse = false", "collapse = true")
+        images = [png(1200, 1200, seed=7 + k) for k in range(16 if args.collapse else 1)]
         for round_ in range(1, args.rounds + 1):
             for name, (tree, server) in trees.items():
                 with inferd_server(config.replace('access_log = "off"', 'access_log = "off"' + server),
                                    **({"tree": tree} if tree else {})) as url:
                     asyncio.run(capacity(url, [body_of(png(96, 96, seed=1))], 2))  # (warm)
-                    for how, body, content_type in (("JSON, base64", body_of(big), "application/json"),
-                                                    ("raw image/png", big, "image/png")):
+                    for how, body, content_type in (("JSON, base64", [body_of(i) for i in images], "application/json"),
+                                                    ("raw image/png", images, "image/png")):
+                        pid, before = listening_pid(url), main_thread_cpu_s(listening_pid(url))
                         row = asyncio.run(flood(url, body, args.seconds, content_type))
+                        row["loop_cpu_ms_per_image"] = round((main_thread_cpu_s(pid) - before) * 1000 / max(1, row["images_sent"]), 2)
                         row.update(round=round_, tree=name, sent_as=how)
                         rows.append(row)
                         print(json.dumps(row), flush=True)
     threads = args.torch_threads or "PyTorch's default"
-    lines = [f"### `/healthz` under a flood of 4 MB images (torch_threads: {threads})", "",
-             "| round | checkout | images sent as | images answered | healthz probes | healthz p50 ms | healthz p99 ms |",
-             "|---|---|---|---|---|---|---|"]
+    collapse = ", collapsing on, 16 distinct images" if args.collapse else ""
+    lines = [f"### `/healthz` under a flood of 4 MB images (torch_threads: {threads}{collapse})", "",
+             "| round | checkout | images sent as | images answered | event loop's CPU ms per image | healthz probes | "
+             "healthz p50 ms | healthz p99 ms |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['round']} | {r['tree']} | {r['sent_as']} | {r['images_sent']} | {r['healthz_probes']} | "
-                     f"{r['healthz_p50_ms']} | **{r['healthz_p99_ms']}** |")
-    lines += ["", "Medians of the rounds' p99 (ms):", ""]
+        lines.append(f"| {r['round']} | {r['tree']} | {r['sent_as']} | {r['images_sent']} | {r['loop_cpu_ms_per_image']} | "
+                     f"{r['healthz_probes']} | {r['healthz_p50_ms']} | **{r['healthz_p99_ms']}** |")
+    lines += ["", "Medians of the rounds (healthz p99 ms; the event loop's CPU ms per image):", ""]
     for name in trees:
         for how in ("JSON, base64", "raw image/png"):
-            p99 = [r["healthz_p99_ms"] for r in rows if r["tree"] == name and r["sent_as"] == how]
-            lines.append(f"- {name}, {how}: **{statistics.median(p99):.1f}**")
+            mine = [r for r in rows if r["tree"] == name and r["sent_as"] == how]
+            lines.append(f"- {name}, {how}: **{statistics.median(r['healthz_p99_ms'] for r in mine):.1f}**; "
+                         f"{statistics.median(r['loop_cpu_ms_per_image'] for r in mine):.2f} ms")
     out = Path(args.out_dir)
     stem = "image_flood" + (f"_threads{args.torch_threads}" if args.torch_threads else "") + \
-        (f"_worker_nice{args.worker_nice}" if args.worker_nice is not None else "")
+        (f"_worker_nice{args.worker_nice}" if args.worker_nice is not None else "") + ("_collapse" if args.collapse else "")
     (out / f"{stem}.json").write_text(json.dumps(rows, indent=1) + "\n")
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

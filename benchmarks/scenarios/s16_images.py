@@ -159,28 +159,33 @@ def probe_health(url: str, seconds: float, every_s: float, out: Any) -> None:
     out.put(took)
 
 
-async def flood(url: str, body: bytes, seconds: float, content_type: str = "application/json") -> dict:
+async def flood(url: str, body: bytes | list[bytes], seconds: float, content_type: str = "application/json") -> dict:
+    """8 clients send `body` back to back (or the bodies of a list in turn, each client its own
+    sequence: distinct images, which collapsing cannot join) while another process probes /healthz."""
     import aiohttp
 
+    bodies = body if isinstance(body, list) else [body]
     stop = time.monotonic() + seconds
     sent = 0
     results: Any = multiprocessing.Queue()
     prober = multiprocessing.Process(target=probe_health, args=(url, seconds, 0.02, results))
     prober.start()
 
-    async def sender(http: aiohttp.ClientSession) -> None:
+    async def sender(http: aiohttp.ClientSession, first: int) -> None:
         nonlocal sent
+        turn = first
         while time.monotonic() < stop:
-            async with http.post(f"{url}/v1/inference", data=body, params={"model": "vit"},
+            async with http.post(f"{url}/v1/inference", data=bodies[turn % len(bodies)], params={"model": "vit"},
                                  headers={"Content-Type": content_type}) as resp:
                 await resp.read()
             sent += resp.status == 200
+            turn += 8
 
     async with aiohttp.ClientSession() as http:
-        await asyncio.gather(*(sender(http) for _ in range(8)))
+        await asyncio.gather(*(sender(http, i) for i in range(8)))
     health = sorted(results.get(timeout=60))
     prober.join()
-    return {"images_sent": sent, "image_mb": round(len(body) / 2**20, 2), "healthz_probes": len(health),
+    return {"images_sent": sent, "image_mb": round(len(bodies[0]) / 2**20, 2), "healthz_probes": len(health),
             "healthz_p50_ms": round(health[len(health) // 2], 2),
             "healthz_p99_ms": round(health[min(len(health) - 1, int(len(health) * 0.99))], 2)}
 

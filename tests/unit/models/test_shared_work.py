@@ -4,15 +4,18 @@ deadline or a departure does to it."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
+import numpy as np
 import pytest
 
 from inferd.config import ModelConfig, TierConfig
 from inferd.errors import DeadlineExceeded, InferenceFailed, ServiceOverloaded
 from inferd.messages import RequestState
 from inferd.models.batch_model import BatchModel
-from inferd.models.shared_work import identity
+from inferd.models.result_cache import MISS, ResultCache
+from inferd.models.shared_work import ImageIdentity, identity
 from inferd.observability.metrics import RequestMetrics
 
 
@@ -44,8 +47,30 @@ def test_identity_is_the_text_itself_or_canonical_json():
     assert identity({"b": 1, "a": 2}) == identity({"a": 2, "b": 1}) and identity(object()) is None
     # Pairs and images by kind: never equal to a text, nor to each other's kind.
     assert identity(("q", "d")) == identity(("q", "d")) != identity(("q", "e"))
-    assert identity({"image": "aGk="}) == ("image", "aGk=") != identity("aGk=")
-    assert identity(b"\x89PNG") == identity(b"\x89PNG") != identity(("image", "\x89PNG"))
+    assert identity({"image": "aGk="}) == identity({"image": "aGk="}) != identity("aGk=")
+    assert identity({"image": "aGk="}) != identity({"image": "aGl="}) != identity(b"aGl=")  # (raw and base64: two)
+    assert identity(b"\x89PNG") == identity(bytes(bytearray(b"\x89PNG"))) != identity(("image", "\x89PNG"))
+
+
+def test_an_image_is_one_key_only_when_identical_whatever_its_hash():
+    """Images are hashed with xxh3 (not Python's SipHash of megabytes, on the loop), but compared whole:
+    a hash collision costs a comparison, never another image's answer."""
+    image = os.urandom(1 << 20)
+    leads = {identity(image): "lead"}
+    assert leads.get(identity(bytes(bytearray(image)))) == "lead"  # the same image, another object
+    other = ImageIdentity(image[:-1] + bytes([image[-1] ^ 1]))
+    other._hash = hash(identity(image))  # a collision, as if crafted
+    assert hash(other) == hash(identity(image)) and leads.get(other) is None
+
+
+def test_the_result_cache_counts_an_images_bytes_in_its_key():
+    key = identity({"image": "A" * (2 << 20)})
+    small = ResultCache(max_bytes=1 << 20, ttl_s=60)
+    small.put(key, np.zeros(4, dtype=np.float32), now=0.0)
+    assert small.bytes == 0 and small.get(key, now=0.0) is MISS  # over the cache by its key alone
+    large = ResultCache(max_bytes=8 << 20, ttl_s=60)
+    large.put(key, np.zeros(4, dtype=np.float32), now=0.0)
+    assert large.bytes >= 2 << 20 and large.get(identity({"image": "A" * (2 << 20)}), now=0.0) is not MISS
 
 
 async def test_riders_get_the_leads_output_and_a_batch_holds_one_copy():
