@@ -208,13 +208,11 @@ def median_of(steps: list[dict[str, Any]], key: str) -> float:
 
 def process_tree_cpu_s(pid: int) -> float:
     """CPU seconds (user + system) of a process and all its descendants, from /proc (Linux)."""
-    tick = os.sysconf("SC_CLK_TCK")
     total, todo = 0.0, [pid]
     while todo:
         p = todo.pop()
         try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
+            total += _stat_cpu_s(Path(f"/proc/{p}/stat"))
             todo += [int(c) for t in Path(f"/proc/{p}/task").iterdir()
                      for c in (t / "children").read_text().split()]
         except (OSError, IndexError, ValueError):
@@ -224,7 +222,12 @@ def process_tree_cpu_s(pid: int) -> float:
 
 def main_thread_cpu_s(pid: int) -> float:
     """CPU seconds (user + system) of a process's main thread alone (an inferd server's event loop)."""
-    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return _stat_cpu_s(Path(f"/proc/{pid}/task/{pid}/stat"))
+
+
+def _stat_cpu_s(stat: Path) -> float:
+    """User + system CPU seconds from a /proc `stat` file (a process's or one thread's)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
