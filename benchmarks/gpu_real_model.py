@@ -34,6 +34,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -92,6 +93,7 @@ def main() -> int:
             progress(f"{name} failed: {type(exc).__name__}: {exc}")
             results["models"][name] = {"graphs_check": check, "error": f"{type(exc).__name__}: {exc}"[:2000]}
             (out / "gpu_real_model.json").write_text(json.dumps(results, indent=2) + "\n")
+            pack_logs(out, work)
             continue
         mean = max(1, round(served["batched"]["mean_batch"] or 1))
         row = {"graphs_check": check, "direct": direct, "served": served}
@@ -105,12 +107,26 @@ def main() -> int:
         # Written after each model: a device's time runs out mid-run, and what was measured must survive it.
         (out / "gpu_real_model.json").write_text(json.dumps(results, indent=2) + "\n")
         (out / "gpu_real_model.md").write_text(table(results))
+        pack_logs(out, work)
     print(table(results))
     shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
 STARTED = time.monotonic()
+
+
+def pack_logs(out: Path, work: Path) -> None:
+    """The finished model's logs moved into `logs.tar.gz` (with the earlier models'): the device tool
+    returns 8 files at most, and the second H200 run lost three server logs past that. The model being
+    measured keeps its logs in `out` as plain files, so a run cut off mid-model still shows them."""
+    kept = work / "logs"
+    kept.mkdir(exist_ok=True)
+    for log in out.glob("*.log"):
+        shutil.move(str(log), kept / log.name)
+    with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
+        for log in sorted(kept.iterdir()):
+            tar.add(log, arcname=log.name)
 
 
 def progress(what: str) -> None:
