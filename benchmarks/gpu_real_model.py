@@ -285,7 +285,7 @@ def replay_every_shape(m: dict[str, Any], device: str) -> int:
     for b, s in shaped.captured_shapes():
         print(f"replaying ({b}, {s})", flush=True)
         if m.get("kind") == "image":
-            inputs = [rng.standard_normal((3, s, s), dtype=np.float32) for _ in range(b)]
+            inputs = [rng.integers(0, 256, (s, s, 3), dtype=np.uint8) for _ in range(b)]  # (decoded RGB)
         else:
             inputs = [rng.integers(1000, 2000, size=s, dtype=np.int64) for _ in range(b)]
         graphed = shaped.run(inputs)

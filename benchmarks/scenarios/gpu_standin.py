@@ -1,11 +1,13 @@
-"""The real embedding path with a stand-in for the GPU, for benchmarks only (S9, the GIL check).
+"""The real embedding path with a stand-in for the GPU, for benchmarks only (S9, the GIL check, images).
 
 `create` builds the real MiniLM backend (tokenizer, length buckets, collation, output rows) and replaces
 only its forward: the stand-in sleeps the GPU's time for the batch (sleeping releases the GIL, as a
 CUDA forward waiting on the device mostly does) and returns correctly shaped, normalised outputs.
+`create_image` does the same for the image backend (decoding, checks, resizing, the batch's pixels
+stacked and handed to the forward as on a GPU host).
 
-Options: the transformer backend's, plus `gpu_ms` (a fixed time per call) or `gpu_curve` (pairs of
-[batch size, ms], interpolated: e.g. the H200's direct MiniLM curve).
+Options: the backend's, plus `gpu_ms` (a fixed time per call) or `gpu_curve` (pairs of
+[batch size, ms], interpolated: e.g. the H200's direct MiniLM curve; text only).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 
 from inferd.backends import backend_factory
 from inferd.backends.transformer import TextModel
+from inferd.backends.vision import ImageModel
 
 # all-MiniLM-L6-v2 fp16 called directly on one H200 (shared/notes/gpu-reality.md): ms per call by batch size
 H200_MINILM_CURVE = ((1, 2.9), (32, 3.9), (128, 5.3), (256, 6.6))
@@ -58,3 +61,25 @@ class StandInModel(TextModel):
 def create(device: str, options: Mapping[str, Any]) -> StandInModel:
     torch.set_num_threads(1)
     return StandInModel(device, options)
+
+
+class StandInImageModel(ImageModel):
+    """The real image backend with `_compute` (the forward and its head) replaced by a fixed sleep."""
+
+    def __init__(self, device: str, options: Mapping[str, Any]) -> None:
+        options = dict(options)
+        self.gpu_s = float(options.pop("gpu_ms", 3.0)) / 1000.0
+        super().__init__(device, options)
+        self.width = int(getattr(self.model.config, "vision_config", self.model.config).hidden_size)
+
+    def _compute(self, pixels: torch.Tensor) -> torch.Tensor:
+        started = time.monotonic()
+        out = torch.full((pixels.shape[0], self.width), 1.0 / self.width**0.5)
+        time.sleep(max(0.0, self.gpu_s - (time.monotonic() - started)))
+        return out
+
+
+@backend_factory
+def create_image(device: str, options: Mapping[str, Any]) -> StandInImageModel:
+    torch.set_num_threads(1)
+    return StandInImageModel(device, options)

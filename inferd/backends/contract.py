@@ -14,6 +14,7 @@ instead of being silently skipped.
 | `warmup_batches() -> [batch per length bucket]` | runs each before the worker is ready, then times each bucket's at 1, 2, 4... inputs: the cost model's first figures |
 | `cost(batch_size, bucket) -> seconds or None` | the cost model's first figures instead of timing them (e.g. timed CUDA graphs) |
 | `close()` | called when the worker lets go of the backend (a version unloaded), to free what it holds |
+| `prepare_threads` | how many threads run `prepare_batch` at once (default 1): more only where preparing costs per input and runs outside the GIL (an image decoder); a tokenizer that is parallel inside needs one |
 | `output_kind` | `"embedding"`: `/v1/embeddings` may serve the model; `"rerank"`: `/v1/rerank` |
 | `input_kind` | what one input is: `"text"` (the default; token ids too), `"image"` (bytes or `{"image": base64}`) or `"pair"` (a (query, document) pair); the HTTP routes refuse another kind with a 400 |
 | `compatibility` | a dict of what changes the computation besides the model and version (shown as the batch key) |
@@ -56,6 +57,7 @@ class Capabilities:
     output_kind: str | None = None
     input_kind: str = "text"
     compatibility: Mapping[str, Any] = field(default_factory=dict)
+    prepare_threads: int = 1
 
     @classmethod
     def of(cls, backend: Any) -> Capabilities:
@@ -78,7 +80,11 @@ class Capabilities:
         compatibility = getattr(backend, "compatibility", None) or {}
         if not isinstance(compatibility, Mapping):
             raise TypeError(f"backend {type(backend).__name__}: `compatibility` must be a dict")
-        return cls(**hooks, output_kind=kind, input_kind=input_kind, compatibility=dict(compatibility))
+        threads = getattr(backend, "prepare_threads", 1)
+        if type(threads) is not int or threads < 1:
+            raise TypeError(f"backend {type(backend).__name__}: `prepare_threads` must be a positive integer")
+        return cls(**hooks, output_kind=kind, input_kind=input_kind, compatibility=dict(compatibility),
+                   prepare_threads=threads)
 
 
 def module_memory_bytes(spec: str, options: Mapping[str, Any]) -> int:

@@ -3,7 +3,7 @@ encoder (`embedding`: the pooled output, else the [CLS] token, L2-normalised; Vi
 tower, DINOv2...) or an image classifier (`classification`: `{"label", "score"}`).
 
 Images come as bytes, or as `{"image": base64}` (a data URL or plain base64), and are decoded and
-resized on the model's preprocessing thread, never on the event loop, in the micro-batches the
+resized on the model's preprocessing threads, never on the event loop, in the micro-batches the
 preprocessor gathers (Pillow releases the GIL while it decodes). Before any pixel is decoded, the
 header is checked: the format must be one of `formats`, the image at most `max_image_bytes` (413) and
 `max_pixels` (413: a decompression bomb is refused before it expands), and not empty (400). A
@@ -11,8 +11,10 @@ truncated or corrupt file is a 400 for that input alone.
 
 Compatibility of shapes: `image_sizes` are the buckets of images, as token counts are the buckets of
 text. An image goes to the smallest size that holds its longer side (the largest when none does) and is
-resized to that square (bilinear, as ViT's own processor resizes), rescaled and normalised with the
-model folder's `preprocessor_config.json` (mean, std). A batch holds one size only, so nothing is padded
+resized to that square (bilinear, as ViT's own processor resizes); the model's device then rescales and
+normalises it with the model folder's `preprocessor_config.json` (mean, std), inside the forward, so the
+host decodes and nothing more (an H200 run found a float32 normalisation on the preprocessing thread was
+three quarters of an image's 3 ms there). A batch holds one size only, so nothing is padded
 and no image is blown up past the next size; the cost of a size bucket is the upscaling of an image to
 its bucket's edge (at most to the next size up) against the batches split by size. The model runs at
 every size with its position embeddings interpolated (`interpolate_pos_encoding`); sizes must be
@@ -20,12 +22,15 @@ multiples of its patch size.
 
 Options: `model_path` (required), `task`, `dtype` (float32, bfloat16, float16), `image_sizes` (default:
 the model's own `image_size`), `max_image_bytes` (default 20 MiB), `max_pixels` (default 40 million),
-`formats` (default JPEG, PNG, WEBP, GIF, BMP), `cuda_graphs` (default false), `graph_batch_sizes` (the
-batch sizes captured, default 1 to 64), `torch_threads`. With `cuda_graphs = true`, on CUDA the forward
-runs as CUDA graphs captured at warm-up for every (batch size, image size) shape (`image_graphs`),
-checked against the eager forward (on any failure: eager, with the reason under `warmup`); eager on
-the CPU. Off by default: their first GPU run (an H200, 2026-11-27) ended in a segfault inside a replay,
-which no check can catch; on again once a GPU run replays every shape (`benchmarks/gpu_real_model.py`).
+`formats` (default JPEG, PNG, WEBP, GIF, BMP), `cuda_graphs` (default true), `graph_batch_sizes` (the
+batch sizes captured, default 1 to 64), `torch_threads`, `prepare_threads` (the threads decoding images
+at once, default half the usable cores, 1 to 8: decoding runs outside the GIL, and one thread decoding
+224 px PNGs capped an H200's ViT-small at 335 images/s). On CUDA the forward runs as CUDA graphs
+captured at warm-up for every (batch size, image size) shape (`image_graphs`), checked against the
+eager forward (on any failure: eager, with the reason under `warmup`); eager on the CPU. Their first
+GPU run (an H200) segfaulted in a replay, with each graph's captured input freed after capture; with
+the input kept (`Graph.static_in`) the next run replayed every shape against eager and served without
+a fault (benchmarks/results/gpu_real_model_h200_2026-11-27_run2.md). `cuda_graphs = false` runs eagerly.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ from .transformer import DTYPES, check_choices, resolve_device, weights_need
 
 _TASKS = ("embedding", "classification")
 _OPTIONS = {"model_path", "task", "dtype", "image_sizes", "max_image_bytes", "max_pixels", "formats", "torch_threads",
-            "cuda_graphs", "graph_batch_sizes"}
+            "cuda_graphs", "graph_batch_sizes", "prepare_threads"}
 _FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
 
 
@@ -64,6 +69,9 @@ def check_options(options: Mapping[str, Any]) -> None:
     sizes = options.get("image_sizes")
     if sizes is not None and (not sizes or any(type(s) is not int or s <= 0 for s in sizes)):
         raise ValueError("image_sizes must be a list of positive integers (square edges in pixels)")
+    threads = options.get("prepare_threads")
+    if threads is not None and (type(threads) is not int or threads < 1):
+        raise ValueError("prepare_threads must be a positive integer")
     batch_sizes = options.get("graph_batch_sizes")
     if batch_sizes is not None and (not batch_sizes or any(type(b) is not int or b <= 0 for b in batch_sizes)):
         raise ValueError("graph_batch_sizes must be a list of positive integers")
@@ -107,10 +115,13 @@ class ImageModel:
         self.max_image_bytes = int(options.get("max_image_bytes", 20 << 20))
         self.max_pixels = int(options.get("max_pixels", 40_000_000))
         self.formats = tuple(f.upper() for f in options.get("formats", _FORMATS))
+        self.prepare_threads = int(options.get("prepare_threads", default_prepare_threads()))
         processing = _preprocessing(path)
+        # Rescaled and normalised on the model's device, inside the forward (and its graphs): the host
+        # keeps the decoded uint8 pixels, a quarter of the float32 bytes to copy, and no per-pixel arithmetic.
         self.rescale = processing["rescale_factor"]
-        self.mean = np.array(processing["image_mean"], dtype=np.float32).reshape(3, 1, 1)
-        self.std = np.array(processing["image_std"], dtype=np.float32).reshape(3, 1, 1)
+        self.mean = torch.tensor(processing["image_mean"], dtype=torch.float32).view(1, 3, 1, 1)
+        self.std = torch.tensor(processing["image_std"], dtype=torch.float32).view(1, 3, 1, 1)
         if self.task == "embedding":
             model = AutoModel.from_pretrained(path, dtype=self.dtype)
             model = getattr(model, "vision_model", model)  # (a whole CLIP: its vision tower)
@@ -120,6 +131,7 @@ class ImageModel:
             if loading["missing_keys"]:  # transformers would fill the head with random weights, and serve them
                 raise ValueError(f"{path} has no trained classification head; task = classification needs one")
         self.model = model.to(self.device).eval()
+        self.mean, self.std = self.mean.to(self.device), self.std.to(self.device)
         self.labels = getattr(self.model.config, "id2label", None) or {}
         self.compatibility = {"task": self.task, "dtype": options.get("dtype", "float32"), "device": str(self.device),
                               "image_sizes": list(self.image_sizes), "resize": "bilinear, to the bucket's square",
@@ -128,13 +140,13 @@ class ImageModel:
         width = int(self.model.config.num_labels) if self.task == "classification" else int(vision.hidden_size)
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.shaped = ImageGraphs(self._compute, options.get("graph_batch_sizes", DEFAULT_BATCH_SIZES), self.image_sizes,
-                                  self.device, width, graphs=bool(options.get("cuda_graphs", False)), stream=self.stream)
+                                  self.device, width, graphs=bool(options.get("cuda_graphs", True)), stream=self.stream)
 
     # ---- on the way in (the preprocessing thread) ------------------------------------------------
 
     def prepare_batch(self, items: Sequence[Any]) -> list[Prepared | Exception]:
-        """Each image decoded, checked, resized to its size bucket and normalised (a (3, s, s) float32
-        array), or the Exception that answers that input alone."""
+        """Each image decoded, checked and resized to its size bucket (an (s, s, 3) uint8 RGB array), or
+        the Exception that answers that input alone."""
         results: list[Prepared | Exception] = []
         for item in items:
             try:
@@ -191,8 +203,7 @@ class ImageModel:
             raise ValueError(f"image data is truncated or corrupt ({exc})") from None
         if rgb.size != (size, size):
             rgb = rgb.resize((size, size), Image.Resampling.BILINEAR)
-        pixels = np.asarray(rgb, dtype=np.float32).transpose(2, 0, 1) * self.rescale
-        return Prepared((pixels - self.mean) / self.std, bucket, self.patches[size])
+        return Prepared(np.asarray(rgb), bucket, self.patches[size])
 
     # ---- warm-up (the worker thread, before the model is ready) ----------------------------------
 
@@ -202,7 +213,7 @@ class ImageModel:
 
     def warmup_batches(self) -> list[list[np.ndarray]]:
         """One batch per size bucket."""
-        return [[np.zeros((3, size, size), dtype=np.float32)] * 2 for size in self.image_sizes]
+        return [[np.zeros((size, size, 3), dtype=np.uint8)] * 2 for size in self.image_sizes]
 
     # ---- the batch function (the worker thread) --------------------------------------------------
 
@@ -211,22 +222,32 @@ class ImageModel:
         self.calls += 1
         out = self.shaped.run(batch) if self.shaped.use_graphs else None
         if out is None:
-            out = self._compute(torch.from_numpy(np.stack(batch)).to(self.device, self.dtype)).cpu().numpy()
+            out = self._compute(torch.from_numpy(np.stack(batch)).to(self.device)).cpu().numpy()
         if self.task == "classification":
             best = out.argmax(axis=1)
             return [{"label": self.labels.get(int(i), str(int(i))), "score": float(out[row, i])} for row, i in enumerate(best)]
         return list(out)
 
     def _compute(self, pixels: torch.Tensor) -> torch.Tensor:
-        """(batch, 3, s, s) pixels on the device -> (batch, width) float32: the class probabilities, or
-        the L2-normalised embedding (the pooled output, else [CLS]). What a CUDA graph captures."""
-        out = self.model(pixel_values=pixels.to(self.dtype), interpolate_pos_encoding=pixels.shape[-1] != self.native_size)
+        """(batch, s, s, 3) uint8 RGB on the device -> (batch, width) float32: the class probabilities, or
+        the L2-normalised embedding (the pooled output, else [CLS]). What a CUDA graph captures. Rescaled
+        and normalised in float32 (as the model folder's processor does), then cast to the model's dtype."""
+        # (a contiguous NCHW copy: the permuted view would carry channels-last strides into the convolution)
+        values = pixels.permute(0, 3, 1, 2).to(torch.float32, memory_format=torch.contiguous_format)
+        values = (values * self.rescale - self.mean) / self.std
+        out = self.model(pixel_values=values.to(self.dtype), interpolate_pos_encoding=pixels.shape[-2] != self.native_size)
         if self.task == "classification":
             return torch.softmax(out.logits.float(), dim=-1)
         pooled = getattr(out, "pooler_output", None)
         if pooled is None:
             pooled = out.last_hidden_state[:, 0]
         return torch.nn.functional.normalize(pooled.float(), p=2, dim=1)
+
+
+def default_prepare_threads() -> int:
+    """Half the cores this process may use, 1 to 8: the rest for the event loop, the model's executor
+    thread and the HTTP work."""
+    return max(1, min(8, len(os.sched_getaffinity(0)) // 2))
 
 
 def _b64decode(text: str) -> bytes:

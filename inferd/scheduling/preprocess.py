@@ -7,6 +7,10 @@ releases the GIL. So the loop only appends each admitted request to a list; one 
 everything that arrived since its last call, prepares it in one call and hands the results back with
 one `call_soon_threadsafe`. While the thread works, new arrivals gather for its next call, so micro-batches
 grow with the load by themselves and a lone request is never held back.
+
+A backend whose preparation costs per input and runs outside the GIL (an image decoder: ~1-3 ms an image)
+asks for several threads (`prepare_threads`): what waits is then split among the idle ones, so one
+thread's pace no longer caps the model (an H200 run served 335 images/s with one, its GPU 4% busy).
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ MAX_MICRO_BATCH = 256  # a cap, so one huge burst does not delay its first reque
 
 
 class Preprocessor:
-    """One model's preprocessing thread. `put` is called on the event loop; `on_prepared(requests,
-    results)` is called back on the loop with one result (or Exception) per request, in order."""
+    """One model's preprocessing threads (one unless the backend asks for more). `put` is called on the
+    event loop; `on_prepared(requests, results)` is called back on the loop with one result (or
+    Exception) per request of a micro-batch, in its order (micro-batches on several threads may finish
+    out of order)."""
 
     def __init__(
         self,
@@ -37,16 +43,21 @@ class Preprocessor:
         on_prepared: Callable[[list[PendingRequest], Sequence[Any]], None],
         name: str,
         on_thread_start: Callable[[], None] | None = None,
+        threads: int = 1,
     ) -> None:
+        if threads < 1:
+            raise ValueError("a preprocessor needs at least one thread")
         self._prepare_batch = prepare_batch
         self._on_thread_start = on_thread_start  # e.g. its CPU priority lowered (`execution.thread_priority`)
         self._loop = loop
         self._on_prepared = on_prepared
         self._waiting: list[PendingRequest] = []
-        self._busy = False  # a micro-batch is with the thread
+        self._threads = threads
+        self._busy = 0  # micro-batches with the threads
         self._jobs: queue.SimpleQueue[list[PendingRequest] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=f"inferd-prepare-{name}", daemon=True)
-        self._thread.start()
+        for i in range(threads):
+            suffix = f"-{i}" if threads > 1 else ""
+            threading.Thread(target=self._run, name=f"inferd-prepare-{name}{suffix}", daemon=True).start()
         self.calls = 0
         self.items = 0
 
@@ -62,22 +73,24 @@ class Preprocessor:
     def put(self, request: PendingRequest) -> None:
         """Queue a request for preparation (its `raw` holds the input)."""
         self._waiting.append(request)
-        if not self._busy and len(self._waiting) == 1:
+        if self._busy < self._threads and len(self._waiting) == 1:
             self._loop.call_soon(self._send)  # after this loop iteration: everything parsed in it goes together
 
     def stop(self) -> list[PendingRequest]:
-        """Stop the thread; returns the requests not yet sent to it."""
+        """Stop the threads; returns the requests not yet sent to them."""
         waiting, self._waiting = self._waiting, []
-        self._jobs.put(None)
+        for _ in range(self._threads):
+            self._jobs.put(None)
         return waiting
 
     def _send(self) -> None:
-        if self._busy or not self._waiting:
-            return
-        batch = self._waiting[:MAX_MICRO_BATCH]
-        del self._waiting[:MAX_MICRO_BATCH]
-        self._busy = True
-        self._jobs.put(batch)
+        """What waits, split evenly among the idle threads (a micro-batch each, at most MAX_MICRO_BATCH)."""
+        while self._busy < self._threads and self._waiting:
+            size = min(MAX_MICRO_BATCH, -(-len(self._waiting) // (self._threads - self._busy)))
+            batch = self._waiting[:size]
+            del self._waiting[:size]
+            self._busy += 1
+            self._jobs.put(batch)
 
     def _run(self) -> None:
         if self._on_thread_start is not None:
@@ -96,7 +109,7 @@ class Preprocessor:
                 return
 
     def _done(self, batch: list[PendingRequest], results: Sequence[Any]) -> None:
-        self._busy = False
+        self._busy -= 1
         self.calls += 1
         self.items += len(batch)
         if self._waiting:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import threading
 
 import numpy as np
 import pytest
@@ -69,7 +70,7 @@ async def test_images_of_mixed_sizes_are_embedded_as_the_model_called_directly(h
     images = [image(w, h, seed, fmt) for seed, (w, h, fmt) in enumerate(
         [(12, 12, "PNG"), (16, 10, "JPEG"), (30, 31, "PNG"), (32, 32, "WEBP"), (40, 47, "PNG"), (90, 60, "JPEG"),
          (8, 8, "GIF"), (48, 20, "BMP")])]
-    async with running_server(vision(vit)) as srv:
+    async with running_server(vision(vit, prepare_threads=3)) as srv:  # (images decoded on three threads at once)
         one_call = embeddings(http, srv.url, {"model": "vit", "input": [{"image": b64(d, url=i % 2 == 0)}
                                                                          for i, d in enumerate(images)]})
         singles = [infer(http, srv.url, {"model": "vit", "input": {"image": b64(d)}}) for d in images]
@@ -79,6 +80,8 @@ async def test_images_of_mixed_sizes_are_embedded_as_the_model_called_directly(h
         served = srv.models["vit"]
         async with http.get(f"{srv.url}/v1/models/vit") as resp:
             described = await resp.json()
+        decoding = {t.name for t in threading.enumerate() if t.name.startswith("inferd-prepare-vit")}
+    assert decoding == {"inferd-prepare-vit-0", "inferd-prepare-vit-1", "inferd-prepare-vit-2"}
     assert status == 200, body
     for data, item, (single_status, single, _), (raw_status, raw_body, _) in zip(
             images, body["data"], answers, raw_answers, strict=True):

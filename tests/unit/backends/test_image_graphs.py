@@ -23,7 +23,8 @@ def vit_folder(tmp_path_factory) -> str:
 
 
 def images(n: int, size: int, seed: int = 0) -> list[np.ndarray]:
-    return list(np.random.default_rng(seed).standard_normal((n, 3, size, size), dtype=np.float32))
+    """Decoded RGB images, as `prepare_batch` hands them over: (size, size, 3) uint8."""
+    return list(np.random.default_rng(seed).integers(0, 256, (n, size, size, 3), dtype=np.uint8))
 
 
 def test_pick_is_the_smallest_batch_size_that_holds_the_batch_at_its_own_image_size():
@@ -59,9 +60,23 @@ def test_the_backend_refuses_graph_batch_sizes_that_are_not_positive_integers(vi
             check_options({"model_path": vit_folder, "graph_batch_sizes": bad})
 
 
-def test_graphs_are_off_unless_asked_for(vit_folder, monkeypatch):
-    """Their first GPU run segfaulted in a replay (benchmarks/results/gpu_real_model_h200_2026-11-27.md):
-    an image model runs eagerly unless its options say `cuda_graphs = true`."""
+def test_images_are_decoded_on_half_the_cores_unless_told_and_nonsense_is_refused(vit_folder, monkeypatch):
+    import os
+
+    from inferd.backends import vision
+
+    for cores, threads in ((1, 1), (2, 1), (16, 8), (64, 8)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, cores=cores: set(range(cores)))
+        assert vision.default_prepare_threads() == threads
+    assert vision.ImageModel("cpu", {"model_path": vit_folder, "prepare_threads": 3}).prepare_threads == 3
+    for bad in (0, -1, "2", 1.5):
+        with pytest.raises(ValueError, match="prepare_threads"):
+            vision.check_options({"model_path": vit_folder, "prepare_threads": bad})
+
+
+def test_graphs_are_on_unless_turned_off(vit_folder, monkeypatch):
+    """Off after their first GPU run segfaulted in a replay; on again since the next run replayed every shape
+    against eager and served (benchmarks/results/gpu_real_model_h200_2026-11-27_run2.md)."""
     from inferd.backends import vision
 
     asked: list[bool] = []
@@ -73,5 +88,30 @@ def test_graphs_are_off_unless_asked_for(vit_folder, monkeypatch):
 
     monkeypatch.setattr(vision, "ImageGraphs", Recorded)
     vision.ImageModel("cpu", {"model_path": vit_folder})
-    vision.ImageModel("cpu", {"model_path": vit_folder, "cuda_graphs": True})
-    assert asked == [False, True]
+    vision.ImageModel("cpu", {"model_path": vit_folder, "cuda_graphs": False})
+    assert asked == [True, False]
+
+
+def test_prepared_images_are_the_decoded_pixels_and_the_forward_normalises_them(vit_folder):
+    """The host hands over uint8 RGB; the forward's rescale and normalisation equal the model folder's
+    processor (transformers' own, called directly) feeding the model."""
+    import io
+
+    from PIL import Image
+    from transformers import AutoImageProcessor, AutoModel
+
+    from inferd.backends.vision import ImageModel
+
+    model = ImageModel("cpu", {"model_path": vit_folder, "image_sizes": [32]})
+    picture = Image.fromarray(images(1, 32, seed=7)[0])
+    png = io.BytesIO()
+    picture.save(png, format="PNG")
+    (prepared,) = model.prepare_batch([png.getvalue()])
+    assert prepared.input.dtype == np.uint8 and prepared.input.shape == (32, 32, 3)
+    assert np.array_equal(prepared.input, np.asarray(picture))
+    processor = AutoImageProcessor.from_pretrained(vit_folder)
+    pixels = processor(images=picture, return_tensors="pt", size={"height": 32, "width": 32})["pixel_values"]
+    with torch.inference_mode():
+        direct = AutoModel.from_pretrained(vit_folder).eval()(pixel_values=pixels).pooler_output
+    direct = torch.nn.functional.normalize(direct, dim=1).numpy()
+    assert np.max(np.abs(model([prepared.input])[0] - direct[0])) < 1e-5

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+
 from inferd.messages import PendingRequest
 from inferd.scheduling.preprocess import Preprocessor
 
@@ -93,3 +95,49 @@ async def test_a_failed_call_refuses_every_input_in_it_and_the_thread_goes_on():
     await asyncio.wait_for(got.wait(), 5)
     stage.stop()
     assert isinstance(results[0], RuntimeError) and results[1] == "text 1"
+
+
+async def test_several_threads_share_what_waits_and_work_at_once():
+    """A backend asking for 3 threads (an image decoder): 7 arrivals split 3/2/2 among them, the three
+    calls inside `prepare_batch` at the same time (a barrier only they can pass together), every input
+    answered with its own result, and every thread ended by `stop`."""
+    loop = asyncio.get_running_loop()
+    together = threading.Barrier(3, timeout=5)
+    calls: list[tuple[list[str], str]] = []
+    prepared: dict[str, str] = {}
+    finished = asyncio.Event()
+
+    def prepare_batch(items):
+        together.wait()  # (a BrokenBarrierError, answered as every input's error, if the calls ran one by one)
+        calls.append((list(items), threading.current_thread().name))
+        return [f"<{item}>" for item in items]
+
+    def on_prepared(requests, results):
+        prepared.update((r.raw, result) for r, result in zip(requests, results, strict=True))
+        if len(prepared) == 7:
+            finished.set()
+
+    before = {t.name for t in threading.enumerate()}
+    stage = Preprocessor(prepare_batch, loop, on_prepared, "m", threads=3)
+    for i in range(7):
+        stage.put(_request(loop, i))
+    await asyncio.wait_for(finished.wait(), 5)
+    assert stage.idle
+    assert prepared == {f"text {i}": f"<text {i}>" for i in range(7)}
+    assert sorted(len(items) for items, _ in calls) == [2, 2, 3]
+    assert {name for _, name in calls} == {"inferd-prepare-m-0", "inferd-prepare-m-1", "inferd-prepare-m-2"}
+    stage.stop()
+    for _ in range(50):
+        if not {t.name for t in threading.enumerate()} - before:
+            break
+        await asyncio.sleep(0.02)
+    assert not {t.name for t in threading.enumerate()} - before  # the three threads ended
+
+
+def test_a_preprocessor_needs_a_thread():
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(ValueError, match="at least one thread"):
+            Preprocessor(list, loop, lambda requests, results: None, "m", threads=0)
+    finally:
+        loop.close()
