@@ -73,6 +73,9 @@ def main() -> int:
         "bert_large_bf16": lambda: {"path": make_bert_large(work, minilm, tiny=quick),
                                     "dtype": "bfloat16" if on_gpu else "float32", "text": LONG, "max_tokens": 256,
                                     "edges": [64, 128, 256], "max_batch": 8 if quick else 128,
+                                    # (a third direct curve: graphs at lengths between the edges; the second
+                                    # H200 run had the 256-token graph slower than eager for ~190 tokens)
+                                    "fine_lengths": [64, 128, 192, 256],
                                     "clients": 32 if quick else 512},
         "vit_small_fp16": lambda: {"kind": "image", "path": make_vit_small(work, tiny=quick),
                                    "dtype": "float16" if on_gpu else "float32", "size": 32 if quick else 224,
@@ -210,15 +213,16 @@ def png_of(size: int) -> bytes:
     return out.getvalue()
 
 
-def options(m: dict[str, Any], graphs: bool = True) -> dict[str, Any]:
-    """The backend's options; `m["graph_batch_sizes"]` (the graphs check's narrowing) overrides the sizes."""
+def options(m: dict[str, Any], graphs: bool = True, lengths: list[int] | None = None) -> dict[str, Any]:
+    """The backend's options; `m["graph_batch_sizes"]` (the graphs check's narrowing) overrides the sizes;
+    `lengths`: the text backend's `graph_lengths`."""
     image = m.get("kind") == "image"
     sizes = m.get("graph_batch_sizes") or graph_sizes(m["max_batch"], image=image)
     if image:
         return {"model_path": m["path"], "dtype": m["dtype"], "image_sizes": [m["size"]], "cuda_graphs": graphs,
                 "graph_batch_sizes": sizes}
     return {"model_path": m["path"], "dtype": m["dtype"], "max_tokens": m["max_tokens"], "bucket_edges": m["edges"],
-            "cuda_graphs": graphs, "graph_batch_sizes": sizes}
+            "cuda_graphs": graphs, "graph_batch_sizes": sizes, **({"graph_lengths": lengths} if lengths else {})}
 
 
 def direct_inputs(m: dict[str, Any], model: Any, n: int) -> list[Any]:
@@ -311,12 +315,17 @@ def model_class(m: dict[str, Any]) -> Any:
 
 def direct_curve(m: dict[str, Any], device: str, sizes: list[int], quick: bool, graphs: bool = True) -> dict[str, Any]:
     """Items/s of the backend's own batch function called in a loop (no server), eager and (when the
-    graphs check passed) graphed."""
+    graphs check passed) graphed, and graphed at `m["fine_lengths"]` where the model has them."""
     Model = model_class(m)  # noqa: N806 - a class
     curves: dict[str, Any] = {"graphed": {}}
-    for label, graphed in (("eager", False), ("graphed", True))[: 2 if graphs else 1]:
+    runs: list[tuple[str, bool, list[int] | None]] = [("eager", False, None)]
+    if graphs:
+        runs.append(("graphed", True, None))
+        if m.get("fine_lengths"):
+            runs.append((f"graphed at lengths {m['fine_lengths']}", True, m["fine_lengths"]))
+    for label, graphed, lengths in runs:
         progress(f"direct {label}: loading, warm-up")
-        model = Model(device, options(m, graphed))
+        model = Model(device, options(m, graphed, lengths))
         model.warmup()
         progress(f"direct {label}: measuring {sizes}")
         rows = direct_inputs(m, model, max(sizes))

@@ -67,3 +67,23 @@ def test_batches_outside_the_grid_are_left_to_the_eager_path():
     assert forward.run([np.arange(1, 6)]) is None  # 5 tokens: longer than every shape
     assert forward.run([np.arange(1, 3)] * 3) is None  # 3 rows: more than every shape
     assert forward.capture() == 0.0 and forward.graphs == 0  # no graphs without CUDA
+
+
+def test_graph_lengths_between_the_bucket_edges_pad_less_and_answer_the_same():
+    """`graph_lengths` (a GPU run found a 256-token graph slower than eager for ~190-token inputs): the
+    grid gets the lengths given plus `max_tokens`; a batch runs at the smallest that holds its longest
+    input, with the eager forward's outputs (the padded path, as the graphs run it, checked on the CPU)."""
+    pytest.importorskip("transformers")
+    from inferd.backends.transformer import TextModel, check_options
+
+    model = TextModel("cpu", {"max_tokens": 64, "bucket_edges": [16, 32], "graph_lengths": [24, 48]})
+    assert model.shaped.grid.seq_lens == (24, 48, 64) and model.bucket_edges == (16, 32, 64)
+    assert TextModel("cpu", {"max_tokens": 64, "bucket_edges": [16, 32]}).shaped.grid.seq_lens == (16, 32, 64)
+    rows = [p.input for p in model.prepare_batch(["a short one", "a somewhat longer input " * 6, "three"])]
+    longest = max(len(r) for r in rows)
+    assert 24 < longest <= 48 and model.shaped.grid.pick(len(rows), longest)[1] == 48
+    padded = model.shaped.run(rows)
+    assert np.max(np.abs(padded - model._eager(rows))) < 1e-5
+    for bad in ([], [0], [65], ["32"]):
+        with pytest.raises(ValueError, match="graph_lengths"):
+            check_options({"max_tokens": 64, "graph_lengths": bad})
