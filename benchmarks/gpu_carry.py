@@ -1,5 +1,6 @@
 """Prepare what an offline GPU host lacks for `gpu_real_model.py`, in the git-ignored folder .gpu-carry/:
-the wheels of orjson and xxhash, and for the image model Pillow and pybase64, for that host's Python, and the
+the wheels of orjson and xxhash, for the image model Pillow and pybase64, py-spy (the served steps are
+profiled with it), for that host's Python, and the
 packaged MiniLM converted to fp16 (45 MB; the fp32 file is 87 MB, too much to carry). Then, on the GPU
 host, from the repository root:
 
@@ -29,8 +30,9 @@ def main() -> int:
     carry.mkdir(exist_ok=True)
     subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
                     "--python-version", args.python_version, "--implementation", "cp",
-                    "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64", "-d", str(carry),
-                    "orjson", "xxhash", "pillow", "pybase64"],
+                    "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
+                    "--platform", "manylinux_2_5_x86_64", "-d", str(carry),
+                    "orjson", "xxhash", "pillow", "pybase64", "py-spy"],
                    check=True)
     import torch
     from transformers import AutoModel, AutoTokenizer

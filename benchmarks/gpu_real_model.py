@@ -396,7 +396,7 @@ def serve_and_load(name: str, m: dict[str, Any], device: str, seconds: int, out:
             one = {"image": base64.b64encode(png_of(m["size"])).decode()} if m.get("kind") == "image" else m["text"]
             body.write_text(json.dumps({"model": "model", "input": one}))
             clients = str(m["clients"] if label == "batched" else 64)
-            with GpuSampler(device) as gpu:
+            with GpuSampler(device) as gpu, Profile(pid, seconds, out / f"profile_{name}_{label}.log"):
                 result = bench(url + "/v1/inference", body, clients, duration, processes)
             served[label] = summary(result, gpu.mean(), warmup)
             progress(f"{name} {label}: {json.dumps(served[label])[:400]}")
@@ -488,6 +488,39 @@ class inferd:  # noqa: N801 - a context manager named for what it runs
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.file.unlink()
+
+
+def py_spy_binary() -> str | None:
+    """py-spy on PATH, beside this interpreter (a venv), or where `pip install --target` put it (the
+    `bin/` of a PYTHONPATH entry, as on the GPU host); None: the steps are not profiled."""
+    candidates = [Path(sys.executable).parent / "py-spy"]
+    candidates += [Path(entry) / "bin" / "py-spy" for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    return shutil.which("py-spy") or next((str(c) for c in candidates if c.is_file()), None)
+
+
+class Profile:
+    """py-spy on the server while a step's load runs (where a py-spy binary is found: `gpu_carry.py` carries
+    its wheel): every thread's stacks, idle ones included, 100 times a second, without pausing the
+    process, as collapsed stacks in `out` (packed with the logs). The second H200 run had BERT-large's GPU
+    65% busy against ~90% with the forward stood in on a CPU: where the rest goes is the question."""
+
+    def __init__(self, pid: int, seconds: int, out: Path) -> None:
+        self.binary = py_spy_binary()
+        self.args = ["record", "--pid", str(pid), "--duration", str(seconds), "--rate", "100", "--format", "raw",
+                     "--threads", "--idle", "--nonblocking", "--output", str(out)]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Profile:
+        if self.binary is not None:
+            self.proc = subprocess.Popen([self.binary, *self.args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
 
 
 def get_json(url: str) -> dict[str, Any]:
