@@ -15,6 +15,7 @@ instead of being silently skipped.
 | `cost(batch_size, bucket) -> seconds or None` | the cost model's first figures instead of timing them (e.g. timed CUDA graphs) |
 | `close()` | called when the worker lets go of the backend (a version unloaded), to free what it holds |
 | `prepare_threads` | how many threads run `prepare_batch` at once (default 1): more only where preparing costs per input and runs outside the GIL (an image decoder); a tokenizer that is parallel inside needs one |
+| `prepare_nice` | how many nice levels below the event loop its preparing threads run (default 0; `[server] worker_nice` when that is more): bulk CPU work such as image decoding, which should take what the loop leaves |
 | `output_kind` | `"embedding"`: `/v1/embeddings` may serve the model; `"rerank"`: `/v1/rerank` |
 | `input_kind` | what one input is: `"text"` (the default; token ids too), `"image"` (bytes or `{"image": base64}`) or `"pair"` (a (query, document) pair); the HTTP routes refuse another kind with a 400 |
 | `compatibility` | a dict of what changes the computation besides the model and version (shown as the batch key) |
@@ -58,6 +59,7 @@ class Capabilities:
     input_kind: str = "text"
     compatibility: Mapping[str, Any] = field(default_factory=dict)
     prepare_threads: int = 1
+    prepare_nice: int = 0
 
     @classmethod
     def of(cls, backend: Any) -> Capabilities:
@@ -83,8 +85,11 @@ class Capabilities:
         threads = getattr(backend, "prepare_threads", 1)
         if type(threads) is not int or threads < 1:
             raise TypeError(f"backend {type(backend).__name__}: `prepare_threads` must be a positive integer")
+        nice = getattr(backend, "prepare_nice", 0)
+        if type(nice) is not int or nice < 0:
+            raise TypeError(f"backend {type(backend).__name__}: `prepare_nice` must be a non-negative integer")
         return cls(**hooks, output_kind=kind, input_kind=input_kind, compatibility=dict(compatibility),
-                   prepare_threads=threads)
+                   prepare_threads=threads, prepare_nice=nice)
 
 
 def module_memory_bytes(spec: str, options: Mapping[str, Any]) -> int:

@@ -8,7 +8,8 @@ model takes what the loop leaves. Measured on 2 cores under a flood of 4 MB imag
 (`benchmarks/results/worker_nice.md`): `/healthz` p99 ~10 against ~20 ms at 10 levels, as many images
 answered; the preparing thread is what matters (the executor's alone: no change). The cost: those
 threads also yield to every other process at the default priority (S9's load generator on the same
-cores: 5-10% less throughput at 400 clients), hence off unless asked.
+cores: 5-10% less throughput at 400 clients), hence off unless asked; except for a backend that asks
+for it (`prepare_nice`: the image backend's decoding threads, 10 levels by default).
 
 A Linux thread has a nice value of its own, and threads it starts inherit it (PyTorch's intra-op pool is
 started by the thread that first computes). Lowering needs no privilege; nothing here ever raises one.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import os
 import threading
 
 import numpy as np
@@ -80,8 +81,11 @@ async def test_images_of_mixed_sizes_are_embedded_as_the_model_called_directly(h
         served = srv.models["vit"]
         async with http.get(f"{srv.url}/v1/models/vit") as resp:
             described = await resp.json()
-        decoding = {t.name for t in threading.enumerate() if t.name.startswith("inferd-prepare-vit")}
-    assert decoding == {"inferd-prepare-vit-0", "inferd-prepare-vit-1", "inferd-prepare-vit-2"}
+        decoding = {t.name: t.native_id for t in threading.enumerate() if t.name.startswith("inferd-prepare-vit")}
+        niceness = {os.getpriority(os.PRIO_PROCESS, tid) for tid in decoding.values()}
+    assert set(decoding) == {"inferd-prepare-vit-0", "inferd-prepare-vit-1", "inferd-prepare-vit-2"}
+    # (decoding runs below the loop: `prepare_nice`, 10 levels by default)
+    assert niceness == {min(19, os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + 10)}
     assert status == 200, body
     for data, item, (single_status, single, _), (raw_status, raw_body, _) in zip(
             images, body["data"], answers, raw_answers, strict=True):

@@ -74,6 +74,16 @@ def test_images_are_decoded_on_half_the_cores_unless_told_and_nonsense_is_refuse
             vision.check_options({"model_path": vit_folder, "prepare_threads": bad})
 
 
+def test_images_are_decoded_ten_nice_levels_below_the_loop_unless_told(vit_folder):
+    from inferd.backends import vision
+
+    assert vision.ImageModel("cpu", {"model_path": vit_folder}).prepare_nice == 10
+    assert vision.ImageModel("cpu", {"model_path": vit_folder, "prepare_nice": 0}).prepare_nice == 0
+    for bad in (-1, 20, "5", 2.5):
+        with pytest.raises(ValueError, match="prepare_nice"):
+            vision.check_options({"model_path": vit_folder, "prepare_nice": bad})
+
+
 def test_graphs_are_on_unless_turned_off(vit_folder, monkeypatch):
     """Off after their first GPU run segfaulted in a replay; on again since the next run replayed every shape
     against eager and served (benchmarks/results/gpu_real_model_h200_2026-11-27_run2.md)."""
