@@ -17,15 +17,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from common import RESULTS, inferd_server, listening_pid, process_tree_cpu_s
-from s16_images import body_of, make_vit, png
+from s16_images import body_of, closed_loop, make_vit, png
 
 CONFIG = """
 [server]
@@ -45,29 +43,6 @@ model_path = "{path}"
 image_sizes = [224]
 gpu_ms = {gpu_ms}
 """
-
-
-async def closed_loop(url: str, bodies: list[bytes], clients: int, seconds: float) -> dict:
-    """`clients` each sending a random body of `bodies` back to back; answers within `seconds` counted."""
-    import aiohttp
-
-    done = errors = 0
-    stop = time.monotonic() + seconds
-
-    async def client(http: aiohttp.ClientSession, seed: int) -> None:
-        nonlocal done, errors
-        rng = random.Random(seed)
-        while time.monotonic() < stop:
-            async with http.post(f"{url}/v1/inference", data=rng.choice(bodies),
-                                 headers={"Content-Type": "application/json"}) as resp:
-                await resp.read()
-            if time.monotonic() < stop:
-                done += resp.status == 200
-                errors += resp.status != 200
-
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        await asyncio.gather(*(client(http, s) for s in range(clients)))
-    return {"answered": done, "errors": errors}
 
 
 def main() -> int:
@@ -93,9 +68,9 @@ def main() -> int:
             for name, (tree, options) in variants.items():
                 with inferd_server(config + options, **({"tree": tree} if tree else {})) as url:
                     pid = listening_pid(url)
-                    asyncio.run(closed_loop(url, bodies, args.clients, 2))  # (warm)
+                    asyncio.run(closed_loop(url, bodies, 2, args.clients))  # (warm)
                     before = process_tree_cpu_s(pid)
-                    result = asyncio.run(closed_loop(url, bodies, args.clients, args.seconds))
+                    result = asyncio.run(closed_loop(url, bodies, args.seconds, args.clients))
                     cpu = process_tree_cpu_s(pid) - before
                 row = {"round": round_, "variant": name, "images_per_s": round(result["answered"] / args.seconds, 1),
                        "errors": result["errors"],

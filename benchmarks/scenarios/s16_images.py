@@ -120,25 +120,33 @@ async def open_loop(url: str, rate: float, seconds: float, bodies: list[bytes], 
     return out
 
 
-async def capacity(url: str, bodies: list[bytes], seconds: float) -> float:
+async def closed_loop(url: str, bodies: list[bytes], seconds: float, clients: int = 32) -> dict:
+    """`clients` each sending a random body of `bodies` back to back: the answers (200) and errors within
+    `seconds`."""
     import aiohttp
 
-    done = 0
+    done = errors = 0
     stop = time.monotonic() + seconds
 
     async def client(http: aiohttp.ClientSession, seed: int) -> None:
-        nonlocal done
+        nonlocal done, errors
         rng = random.Random(seed)
         while time.monotonic() < stop:
             async with http.post(f"{url}/v1/inference", data=rng.choice(bodies),
                                  headers={"Content-Type": "application/json"}) as resp:
                 await resp.read()
             if time.monotonic() < stop:
-                done += 1
+                done += resp.status == 200
+                errors += resp.status != 200
 
-    async with aiohttp.ClientSession() as http:
-        await asyncio.gather(*(client(http, s) for s in range(32)))
-    return done / seconds
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        await asyncio.gather(*(client(http, s) for s in range(clients)))
+    return {"answered": done, "errors": errors}
+
+
+async def capacity(url: str, bodies: list[bytes], seconds: float) -> float:
+    """Answers per second with 32 closed-loop clients."""
+    return (await closed_loop(url, bodies, seconds))["answered"] / seconds
 
 
 def probe_health(url: str, seconds: float, every_s: float, out: Any) -> None:
