@@ -27,8 +27,8 @@ batch sizes captured, default 1 to 64), `torch_threads`, `prepare_threads` (the 
 at once, default half the usable cores, 1 to 8: decoding runs outside the GIL, and one thread decoding
 224 px PNGs capped an H200's ViT-small at 335 images/s), `prepare_nice` (default 10: the decoding
 threads run that many nice levels below the event loop, so health checks and answers do not wait behind
-decoding where cores are short; on 2 cores under a flood of 4 MB images `/healthz` p99 9.6 against 29.5
-ms, more images answered). On CUDA the forward runs as CUDA graphs
+decoding where cores are short; on 2 cores under a flood of 4 MB images `/healthz` p99 14.0 against 22.7
+ms, as many images answered). On CUDA the forward runs as CUDA graphs
 captured at warm-up for every (batch size, image size) shape (`image_graphs`), checked against the
 eager forward (on any failure: eager, with the reason under `warmup`); eager on the CPU. Their first
 GPU run (an H200) segfaulted in a replay, with each graph's captured input freed after capture; with
