@@ -112,3 +112,21 @@ def test_random_bodies_parse_as_orjson_parses_them():
         lifted += len(encoded) >= LARGE_BODY and (image_strings._lift_images(encoded) or [None, []])[1] != []
         assert json_object_with_images(encoded) == body
     assert lifted > 5  # the lifting path was taken, not only orjson's
+
+
+def test_a_stretch_of_long_string_bytes_without_a_quote_is_always_found_and_text_bodies_are_not_scanned(monkeypatch):
+    """The pre-check before the quote-by-quote scan: whatever its offset, a quote-free stretch of
+    LONG_STRING bytes is seen (an aligned block of half that size lies inside it); a body of texts, a
+    quote every few hundred bytes, is ruled out without the scan."""
+    rng = random.Random(3)
+    for _ in range(200):
+        start = rng.randrange(0, 3 * LONG_STRING)
+        body = b'"' * start + b"A" * LONG_STRING + b'"' * rng.randrange(1, LONG_STRING)
+        assert image_strings._may_hold_a_long_string(body)
+        shorter = b'"' * start + b"A" * (LONG_STRING // 2 - 1) + b'"' * rng.randrange(1, LONG_STRING)
+        assert not image_strings._may_hold_a_long_string(shorter)  # (no block of half the size fits)
+    scanned = []
+    real = image_strings._lift_images
+    monkeypatch.setattr(image_strings, "_lift_images", lambda body: scanned.append(body) or real(body))
+    texts = orjson.dumps({"model": "m", "input": [f"a passage about batching servers {i} " * 60 for i in range(100)]})
+    assert len(texts) >= LARGE_BODY and same_as_orjson(texts) and not scanned
