@@ -70,7 +70,7 @@ class StandInImageModel(ImageModel):
         options = dict(options)
         self.gpu_s = float(options.pop("gpu_ms", 3.0)) / 1000.0
         super().__init__(device, options)
-        self.width = int(getattr(self.model.config, "vision_config", self.model.config).hidden_size)
+        self.width = self.shaped.width  # (the backend's own output width)
 
     def _compute(self, pixels: torch.Tensor) -> torch.Tensor:
         started = time.monotonic()

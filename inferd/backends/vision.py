@@ -127,8 +127,8 @@ class ImageModel:
         # Rescaled and normalised on the model's device, inside the forward (and its graphs): the host
         # keeps the decoded uint8 pixels, a quarter of the float32 bytes to copy, and no per-pixel arithmetic.
         self.rescale = processing["rescale_factor"]
-        self.mean = torch.tensor(processing["image_mean"], dtype=torch.float32).view(1, 3, 1, 1)
-        self.std = torch.tensor(processing["image_std"], dtype=torch.float32).view(1, 3, 1, 1)
+        self.mean = torch.tensor(processing["image_mean"], dtype=torch.float32, device=self.device).view(1, 3, 1, 1)
+        self.std = torch.tensor(processing["image_std"], dtype=torch.float32, device=self.device).view(1, 3, 1, 1)
         if self.task == "embedding":
             model = AutoModel.from_pretrained(path, dtype=self.dtype)
             model = getattr(model, "vision_model", model)  # (a whole CLIP: its vision tower)
@@ -138,7 +138,6 @@ class ImageModel:
             if loading["missing_keys"]:  # transformers would fill the head with random weights, and serve them
                 raise ValueError(f"{path} has no trained classification head; task = classification needs one")
         self.model = model.to(self.device).eval()
-        self.mean, self.std = self.mean.to(self.device), self.std.to(self.device)
         self.labels = getattr(self.model.config, "id2label", None) or {}
         self.compatibility = {"task": self.task, "dtype": options.get("dtype", "float32"), "device": str(self.device),
                               "image_sizes": list(self.image_sizes), "resize": "bilinear, to the bucket's square",
