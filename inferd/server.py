@@ -41,6 +41,7 @@ from .observability.dead_letters import DeadLetters
 from .observability.metrics import InferdCollector, RequestMetrics, build_registry
 from .observability.outcomes import Outcomes
 from .observability.tracing import Tracing
+from .process_memory import keep_freed_memory
 
 if TYPE_CHECKING:
     from .models.generation import GenerationModel
@@ -296,5 +297,6 @@ def run(config: ServerConfig, reread: Callable[[], ServerConfig] | None = None) 
         # counting; at Python's default (a collection per 700) the collector runs thousands of times a
         # second for almost nothing. Measured on S2: about 5-10% less CPU per request.
         gc.set_threshold(config.gc_threshold)
+    keep_freed_memory(config.keep_freed_memory_mb)  # (images: no page faults per buffer, see process_memory)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(serve(config, reread))

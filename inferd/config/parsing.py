@@ -288,5 +288,7 @@ def _check_server(c: ServerConfig) -> None:
         raise ConfigError("[server] gc_threshold must be an integer >= 0")
     if not 0 <= c.worker_nice <= 19:
         raise ConfigError("[server] worker_nice must be an integer from 0 to 19 (Linux nice levels)")
+    if c.keep_freed_memory_mb < 0:
+        raise ConfigError("[server] keep_freed_memory_mb must be an integer >= 0")
     if c.access_log.lower() not in ("off", "debug", "info", "warning", "error"):
         raise ConfigError("[server] access_log must be off, debug, info, warning or error")

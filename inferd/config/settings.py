@@ -138,6 +138,7 @@ class ServerConfig:
     memory_headroom_mb: int = 1024  # a model version is not loaded when it would leave less memory than this
     gil_switch_interval_ms: float = 0.2  # longest an executor thread waits for the GIL a busy loop holds (Python: 5)
     worker_nice: int = 0  # the models' threads this many nice levels below the event loop's CPU priority (0: the same)
+    keep_freed_memory_mb: int = 512  # freed memory malloc keeps for reuse, not handed back (glibc; 0: its own policy)
     models: tuple[ModelConfig, ...] = ()
     auth: AuthConfig = AuthConfig()
     tiers: tuple[TierConfig, ...] = (TierConfig("default"),)

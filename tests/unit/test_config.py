@@ -71,6 +71,7 @@ def test_workers_default_to_auto_devices():
         (lambda r: r.update(server={"gc_threshold": -1}), "gc_threshold"),
         (lambda r: r.update(server={"worker_nice": 20}), "worker_nice"),
         (lambda r: r.update(server={"worker_nice": -1}), "worker_nice"),
+        (lambda r: r.update(server={"keep_freed_memory_mb": -1}), "keep_freed_memory_mb"),
         (lambda r: r.update(server=5), r"\[server\] must be a table"),
         (lambda r: r.update(tracing="on"), r"\[tracing\] must be a table"),
         (lambda r: r.update(tiers={"free": {"slo_ms": 0}}), "slo_ms"),

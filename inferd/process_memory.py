@@ -1,0 +1,44 @@
+"""Freed memory kept for reuse (`[server] keep_freed_memory_mb`), rather than handed back to the kernel.
+
+Why: glibc's malloc gives each allocation over its threshold (128 KiB, moved up as such blocks are
+freed) fresh pages from the kernel, and hands freed space at the top of the heap back once more than
+twice that is free. A 4 MB image sent as JSON is 5.5 MB read, joined and lifted on the event loop, then
+decoded into a 5.7 MB bitmap on a preparing thread: each of these buffers, made again for every image,
+took a page fault per 4 KiB touched, ~1,400 each, taken while holding the GIL. Measured under S16's
+flood (`benchmarks/results/image_flood_memory.md`): page faults per image ~1,400 against ~400, and the
+event loop's `/healthz` p99 lower (the GIL was held for the faults of a thread that runs below the loop).
+
+Here blocks up to 32 MiB (glibc's largest threshold) come from the heap, and up to
+`keep_freed_memory_mb` of freed heap stays mapped for the next ones: the process's resident memory can
+stay that much above what it uses after a burst. Only glibc has these settings; with another C library,
+or at 0, the library's own policy stands.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import platform
+
+log = logging.getLogger("inferd.server")
+
+M_TRIM_THRESHOLD = -1  # (glibc's malloc.h)
+M_MMAP_THRESHOLD = -3
+LARGEST_MMAP_THRESHOLD = 32 << 20  # glibc refuses more (half its thread arenas' heap size, 64-bit)
+
+
+def keep_freed_memory(mb: int) -> bool:
+    """Let glibc's malloc keep up to `mb` MiB of freed memory for reuse, and serve blocks up to 32 MiB
+    from it; True when set (0, or a C library other than glibc: False, nothing changed)."""
+    if mb <= 0 or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    trim = min(mb << 20, 2**31 - 1)  # (an int in C)
+    if not (mallopt(M_MMAP_THRESHOLD, LARGEST_MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, trim)):
+        log.warning("could not set malloc's thresholds (keep_freed_memory_mb = %d): its defaults stand", mb)
+        return False
+    return True
