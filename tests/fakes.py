@@ -6,7 +6,7 @@ are module state: each test resets what it uses (`reset()`).
 - `gated`: the real PyTorch backend, built only once a test opens a gate;
 - `fake_embedder`: an embedding model on a simulated GPU (controlled latency, remembers what ran);
 - `thread_nice`: a simulated GPU whose output says the CPU priority (nice) of the threads that prepared
-  and computed it.
+  and computed it, and of a thread the computing one started (option `execute_nice`: its contract's).
 """
 
 from __future__ import annotations
@@ -139,19 +139,25 @@ def _nice() -> int:
 
 
 class ThreadNice:
-    """Each output is "<input> prepared at <nice> computed at <nice>": the threads' own nice values."""
+    """Each output is "<input> prepared at <nice> computed at <nice> started at <nice>": the threads' own
+    nice values, the last of a thread the call starts (as PyTorch starts its CPU pool)."""
 
-    def __init__(self) -> None:
+    def __init__(self, execute_nice: int = 0) -> None:
         self.gpu = SimulatedGPU(latency_ms=2, name="thread-nice")
+        self.execute_nice = execute_nice
 
     def prepare_batch(self, items: list[Any]) -> list[Any]:
         return [Prepared(f"{item} prepared at {_nice()}", 0, 1) for item in items]
 
     def __call__(self, batch: list[str]) -> list[str]:
         self.gpu(batch)
-        return [f"{text} computed at {_nice()}" for text in batch]
+        started: list[int] = []
+        thread = threading.Thread(target=lambda: started.append(_nice()))
+        thread.start()
+        thread.join()
+        return [f"{text} computed at {_nice()} started at {started[0]}" for text in batch]
 
 
 @backend_factory
 def thread_nice(device: str, options: Mapping[str, Any]) -> ThreadNice:
-    return ThreadNice()
+    return ThreadNice(int(options.get("execute_nice", 0)))

@@ -16,6 +16,7 @@ instead of being silently skipped.
 | `close()` | called when the worker lets go of the backend (a version unloaded), to free what it holds |
 | `prepare_threads` | how many threads run `prepare_batch` at once (default 1): more only where preparing costs per input and runs outside the GIL (an image decoder); a tokenizer that is parallel inside needs one |
 | `prepare_nice` | how many nice levels below the event loop its preparing threads run (default 0; `[server] worker_nice` when that is more): bulk CPU work such as image decoding, which should take what the loop leaves |
+| `execute_nice` | how many nice levels below the event loop its executor thread runs once it is built (default 0; `[server] worker_nice` when that is more), and the threads it starts from then on, such as PyTorch's CPU pool at the warm-up's first forward: a forward computed on the CPU, which should take what the loop leaves |
 | `output_kind` | `"embedding"`: `/v1/embeddings` may serve the model; `"rerank"`: `/v1/rerank` |
 | `input_kind` | what one input is: `"text"` (the default; token ids too), `"image"` (bytes or `{"image": base64}`) or `"pair"` (a (query, document) pair); the HTTP routes refuse another kind with a 400 |
 | `compatibility` | a dict of what changes the computation besides the model and version (shown as the batch key) |
@@ -60,6 +61,7 @@ class Capabilities:
     compatibility: Mapping[str, Any] = field(default_factory=dict)
     prepare_threads: int = 1
     prepare_nice: int = 0
+    execute_nice: int = 0
 
     @classmethod
     def of(cls, backend: Any) -> Capabilities:
@@ -85,11 +87,12 @@ class Capabilities:
         threads = getattr(backend, "prepare_threads", 1)
         if type(threads) is not int or threads < 1:
             raise TypeError(f"backend {type(backend).__name__}: `prepare_threads` must be a positive integer")
-        nice = getattr(backend, "prepare_nice", 0)
-        if type(nice) is not int or nice < 0:
-            raise TypeError(f"backend {type(backend).__name__}: `prepare_nice` must be a non-negative integer")
+        nice = {name: getattr(backend, name, 0) for name in ("prepare_nice", "execute_nice")}
+        for name, value in nice.items():
+            if type(value) is not int or value < 0:
+                raise TypeError(f"backend {type(backend).__name__}: `{name}` must be a non-negative integer")
         return cls(**hooks, output_kind=kind, input_kind=input_kind, compatibility=dict(compatibility),
-                   prepare_threads=threads, prepare_nice=nice)
+                   prepare_threads=threads, **nice)
 
 
 def module_memory_bytes(spec: str, options: Mapping[str, Any]) -> int:

@@ -28,7 +28,9 @@ at once, default half the usable cores, 1 to 8: decoding runs outside the GIL, a
 224 px PNGs capped an H200's ViT-small at 335 images/s), `prepare_nice` (default 10: the decoding
 threads run that many nice levels below the event loop, so health checks and answers do not wait behind
 decoding where cores are short; on 2 cores under a flood of 4 MB images `/healthz` p99 14.0 against 22.7
-ms, as many images answered). On CUDA the forward runs as CUDA graphs
+ms, as many images answered), `execute_nice` (default 10 on the CPU, 0 on a GPU: the same for the
+executor thread and PyTorch's CPU threads under it once the model is built, as a forward on the CPU is
+bulk work too; on a GPU that thread feeds the device and stays at the loop's priority). On CUDA the forward runs as CUDA graphs
 captured at warm-up for every (batch size, image size) shape (`image_graphs`), checked against the
 eager forward (on any failure: eager, with the reason under `warmup`); eager on the CPU. Their first
 GPU run (an H200) segfaulted in a replay, with each graph's captured input freed after capture; with
@@ -58,7 +60,7 @@ from .transformer import DTYPES, check_choices, resolve_device, weights_need
 
 _TASKS = ("embedding", "classification")
 _OPTIONS = {"model_path", "task", "dtype", "image_sizes", "max_image_bytes", "max_pixels", "formats", "torch_threads",
-            "cuda_graphs", "graph_batch_sizes", "prepare_threads", "prepare_nice"}
+            "cuda_graphs", "graph_batch_sizes", "prepare_threads", "prepare_nice", "execute_nice"}
 _FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
 
 
@@ -75,9 +77,10 @@ def check_options(options: Mapping[str, Any]) -> None:
     threads = options.get("prepare_threads")
     if threads is not None and (type(threads) is not int or threads < 1):
         raise ValueError("prepare_threads must be a positive integer")
-    nice = options.get("prepare_nice")
-    if nice is not None and (type(nice) is not int or not 0 <= nice <= 19):
-        raise ValueError("prepare_nice must be an integer from 0 to 19 (nice levels below the event loop)")
+    for name in ("prepare_nice", "execute_nice"):
+        nice = options.get(name)
+        if nice is not None and (type(nice) is not int or not 0 <= nice <= 19):
+            raise ValueError(f"{name} must be an integer from 0 to 19 (nice levels below the event loop)")
     batch_sizes = options.get("graph_batch_sizes")
     if batch_sizes is not None and (not batch_sizes or any(type(b) is not int or b <= 0 for b in batch_sizes)):
         raise ValueError("graph_batch_sizes must be a list of positive integers")
@@ -138,6 +141,8 @@ class ImageModel:
             if loading["missing_keys"]:  # transformers would fill the head with random weights, and serve them
                 raise ValueError(f"{path} has no trained classification head; task = classification needs one")
         self.model = model.to(self.device).eval()
+        # A forward on the CPU is bulk work too: below the loop, as decoding is (`execute_nice`).
+        self.execute_nice = int(options.get("execute_nice", 10 if self.device.type == "cpu" else 0))
         self.labels = getattr(self.model.config, "id2label", None) or {}
         self.compatibility = {"task": self.task, "dtype": options.get("dtype", "float32"), "device": str(self.device),
                               "image_sizes": list(self.image_sizes), "resize": "bilinear, to the bucket's square",

@@ -119,6 +119,7 @@ class Worker:
         try:
             fn = self._build(self.device)
             offers = Capabilities.of(fn)  # (the contract, checked once: a misspelt hook fails the start)
+            lower_this_thread(offers.execute_nice)  # (before the warm-up starts the backend's CPU threads)
             started = time.monotonic()
             if offers.warmup is not None:  # e.g. CUDA graph capture
                 self.warmup_report = dict(offers.warmup() or {})

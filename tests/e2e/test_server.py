@@ -169,10 +169,13 @@ async def test_a_request_deadline_flushes_before_the_linger_would_miss_it(http):
 
 
 async def test_the_models_threads_run_below_the_event_loop_in_cpu_priority(http):
-    # `[server] worker_nice`: the preparing and the executor thread each lower their own nice value.
+    # `[server] worker_nice`: the preparing and the executor thread each lower their own nice value; a
+    # backend's `execute_nice` lowers its executor (and the threads it starts) once built, the larger of
+    # the two counting.
     loop_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    for worker_nice in (3, 0):
-        async with running_server(sim_model(backend="tests.fakes:thread_nice"), worker_nice=worker_nice) as srv:
+    for worker_nice, execute_nice in ((3, 0), (0, 0), (0, 4), (6, 4)):
+        model = sim_model(backend="tests.fakes:thread_nice", options={"execute_nice": execute_nice})
+        async with running_server(model, worker_nice=worker_nice) as srv:
             status, body, _ = await infer(http, srv.url, {"input": "a"})
-        expected = min(19, loop_nice + worker_nice)
-        assert status == 200 and body["output"] == f"a prepared at {expected} computed at {expected}", body
+        prepared, computed = (min(19, loop_nice + n) for n in (worker_nice, max(worker_nice, execute_nice)))
+        assert status == 200 and body["output"] == f"a prepared at {prepared} computed at {computed} started at {computed}", body

@@ -40,7 +40,7 @@ def test_a_class_offers_its_hooks_bound_and_its_kind():
     assert offers.prepare_batch is not None and offers.prepare_batch(["a b"])[0].tokens == 2
     assert offers.close is not None and offers.prepare is None and offers.cost is None
     assert (offers.output_kind, dict(offers.compatibility)) == ("embedding", {"dtype": "float32"})
-    assert offers.prepare_threads == 1 and offers.prepare_nice == 0  # (unless it asks for more)
+    assert offers.prepare_threads == 1 and offers.prepare_nice == offers.execute_nice == 0  # (unless it asks for more)
     backend.prepare_threads = 4
     assert Capabilities.of(backend).prepare_threads == 4
 
@@ -54,6 +54,7 @@ def test_a_class_offers_its_hooks_bound_and_its_kind():
     ("prepare_threads", 0, "`prepare_threads` must be a positive integer"),
     ("prepare_threads", 2.0, "`prepare_threads` must be a positive integer"),
     ("prepare_nice", -1, "`prepare_nice` must be a non-negative integer"),
+    ("execute_nice", 1.5, "`execute_nice` must be a non-negative integer"),
 ])
 def test_a_hook_that_breaks_the_contract_is_refused_by_name(attribute, value, named):
     backend = Tokenised()

@@ -74,14 +74,17 @@ def test_images_are_decoded_on_half_the_cores_unless_told_and_nonsense_is_refuse
             vision.check_options({"model_path": vit_folder, "prepare_threads": bad})
 
 
-def test_images_are_decoded_ten_nice_levels_below_the_loop_unless_told(vit_folder):
+def test_images_are_decoded_and_computed_on_the_cpu_ten_nice_levels_below_the_loop_unless_told(vit_folder):
     from inferd.backends import vision
 
-    assert vision.ImageModel("cpu", {"model_path": vit_folder}).prepare_nice == 10
-    assert vision.ImageModel("cpu", {"model_path": vit_folder, "prepare_nice": 0}).prepare_nice == 0
-    for bad in (-1, 20, "5", 2.5):
-        with pytest.raises(ValueError, match="prepare_nice"):
-            vision.check_options({"model_path": vit_folder, "prepare_nice": bad})
+    default = vision.ImageModel("cpu", {"model_path": vit_folder})
+    assert default.prepare_nice == default.execute_nice == 10
+    told = vision.ImageModel("cpu", {"model_path": vit_folder, "prepare_nice": 0, "execute_nice": 3})
+    assert (told.prepare_nice, told.execute_nice) == (0, 3)
+    for name in ("prepare_nice", "execute_nice"):
+        for bad in (-1, 20, "5", 2.5):
+            with pytest.raises(ValueError, match=name):
+                vision.check_options({"model_path": vit_folder, name: bad})
 
 
 def test_graphs_are_on_unless_turned_off(vit_folder, monkeypatch):
