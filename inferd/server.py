@@ -41,7 +41,7 @@ from .observability.dead_letters import DeadLetters
 from .observability.metrics import InferdCollector, RequestMetrics, build_registry
 from .observability.outcomes import Outcomes
 from .observability.tracing import Tracing
-from .process_memory import keep_freed_memory
+from .process_settings import keep_freed_memory, raise_open_file_limit
 
 if TYPE_CHECKING:
     from .models.generation import GenerationModel
@@ -279,13 +279,6 @@ def connection_budget() -> int:
     return max(64, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 256)
 
 
-def raise_open_file_limit() -> None:
-    """Each client connection is a file descriptor; the usual soft limit of 1024 is too low for a server."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
 def run(config: ServerConfig, reread: Callable[[], ServerConfig] | None = None) -> int:
     raise_open_file_limit()
     # An executor thread coming back from the GPU (or a sleep, or any call that let go of the GIL) waits
@@ -297,6 +290,6 @@ def run(config: ServerConfig, reread: Callable[[], ServerConfig] | None = None) 
         # counting; at Python's default (a collection per 700) the collector runs thousands of times a
         # second for almost nothing. Measured on S2: about 5-10% less CPU per request.
         gc.set_threshold(config.gc_threshold)
-    keep_freed_memory(config.keep_freed_memory_mb)  # (images: no page faults per buffer, see process_memory)
+    keep_freed_memory(config.keep_freed_memory_mb)  # (images: no page faults per buffer, see process_settings)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(serve(config, reread))

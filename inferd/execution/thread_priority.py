@@ -7,7 +7,7 @@ it would run. With the models' threads some nice levels lower the kernel runs th
 model takes what the loop leaves. Measured on 2 cores under a flood of 4 MB images
 (`benchmarks/results/worker_nice.md`): `/healthz` p99 ~10 against ~20 ms at 10 levels, as many images
 answered; then the preparing thread was what mattered (the executor's alone: no change), but once
-page faults no longer held the GIL (`process_memory`) the executor's counted too: raw bodies 6.2 against
+page faults no longer held the GIL (`process_settings`) the executor's counted too: raw bodies 6.2 against
 9.8 ms with the image backend's executor 10 levels down (`image_flood_memory_parts.md`). The cost: those
 threads also yield to every other process at the default priority (S9's load generator on the same
 cores: 5-10% less throughput at 400 clients), hence off unless asked; except for a backend that asks

@@ -19,7 +19,7 @@ LAYERS: list[set[str]] = [
     {"models"},
     {"scheduling", "execution"},
     {"observability", "backends", "bench", "client"},
-    {"errors", "config", "messages", "lifecycle", "process_memory", "__init__"},
+    {"errors", "config", "messages", "lifecycle", "process_settings", "__init__"},
     {"typed_tables"},
 ]
 MAX_LINES = 300  # one reading; past it a module's docstring says why it is one module ("Why one module: ...")

@@ -1,4 +1,4 @@
-"""`process_memory.py`: freed memory kept for the next buffers, measured in page faults."""
+"""`process_settings.py`: freed memory kept for the next buffers, measured in page faults."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from inferd.process_memory import keep_freed_memory
+from inferd.process_settings import keep_freed_memory
 
 # Image-sized buffers (5.5 MB, each written whole), made and freed three times over: the page faults of
 # the third time, against the pages written then.
 _BUFFERS = """
 import resource, sys
-from inferd.process_memory import keep_freed_memory
+from inferd.process_settings import keep_freed_memory
 kept = keep_freed_memory(int(sys.argv[1]))
 size, count = 5_500_000, 20
 for _ in range(2):

@@ -1,6 +1,7 @@
-"""Freed memory kept for reuse (`[server] keep_freed_memory_mb`), rather than handed back to the kernel.
+"""Process-wide settings made once before serving: the open-file limit raised, and freed memory kept for
+reuse (`[server] keep_freed_memory_mb`) rather than handed back to the kernel.
 
-Why: glibc's malloc gives each allocation over its threshold (128 KiB, moved up as such blocks are
+Why keep freed memory: glibc's malloc gives each allocation over its threshold (128 KiB, moved up as such blocks are
 freed) fresh pages from the kernel, and hands freed space at the top of the heap back once more than
 twice that is free. A 4 MB image sent as JSON is 5.5 MB read, joined and lifted on the event loop, then
 decoded into a 5.7 MB bitmap on a preparing thread: each of these buffers, made again for every image,
@@ -19,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import platform
+import resource
 
 log = logging.getLogger("inferd.server")
 
@@ -42,3 +44,10 @@ def keep_freed_memory(mb: int) -> bool:
         log.warning("could not set malloc's thresholds (keep_freed_memory_mb = %d): its defaults stand", mb)
         return False
     return True
+
+
+def raise_open_file_limit() -> None:
+    """Each client connection is a file descriptor; the usual soft limit of 1024 is too low for a server."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
