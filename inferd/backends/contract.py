@@ -18,7 +18,7 @@ instead of being silently skipped.
 | `prepare_nice` | how many nice levels below the event loop its preparing threads run (default 0; `[server] worker_nice` when that is more): bulk CPU work such as image decoding, which should take what the loop leaves |
 | `execute_nice` | how many nice levels below the event loop its executor thread runs once it is built (default 0; `[server] worker_nice` when that is more), and the threads it starts from then on, such as PyTorch's CPU pool at the warm-up's first forward: a forward computed on the CPU, which should take what the loop leaves |
 | `output_kind` | `"embedding"`: `/v1/embeddings` may serve the model; `"rerank"`: `/v1/rerank` |
-| `input_kind` | what one input is: `"text"` (the default; token ids too), `"image"` (bytes or `{"image": base64}`) or `"pair"` (a (query, document) pair); the HTTP routes refuse another kind with a 400 |
+| `input_kind` | what one input is: `"text"` (the default; token ids too), `"image"` (bytes, or `{"image": base64}` with the base64 a str or, lifted from a large JSON body, ASCII bytes) or `"pair"` (a (query, document) pair); the HTTP routes refuse another kind with a 400 |
 | `compatibility` | a dict of what changes the computation besides the model and version (shown as the batch key) |
 
 Beside the factory, a backend module may define `memory_bytes(options) -> int`: one worker's need, for

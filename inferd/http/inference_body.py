@@ -19,7 +19,7 @@ _BATCH_FIELDS = frozenset({"input", "model", "version", "timeout_ms", "encoding_
 class InferenceCall:
     """A parsed `/v1/inference` body."""
 
-    input: str | dict[str, str] | bytes  # a text, or for an image model {"image": base64} or the image itself
+    input: str | dict[str, str | bytes] | bytes  # a text, or for an image model {"image": base64} or the image itself
     model: str | None
     timeout_ms: int | None
     base64: bool  # `encoding_format: "base64"`: a vector output as base64 of little-endian float32
@@ -45,11 +45,14 @@ def parse_inference_body(body: bytes) -> InferenceCall:
                          version)
 
 
-def image_item(value: Any) -> dict[str, str] | None:
+def image_item(value: Any) -> dict[str, str | bytes] | None:
     """`value` if it is an image input, `{"image": "<base64 or data URL>"}` (as Jina's and Infinity's
-    APIs send one), else None. Decoded by the model, off the event loop."""
-    if type(value) is dict and len(value) == 1 and isinstance(value.get("image"), str) and value["image"]:
-        return value
+    APIs send one; the base64 as bytes where `image_strings` lifted it out of a large body), else None.
+    Decoded by the model, off the event loop."""
+    if type(value) is dict and len(value) == 1:
+        image = value.get("image")
+        if (type(image) is str or type(image) is bytes) and image:
+            return value
     return None
 
 

@@ -37,23 +37,26 @@ class ImageIdentity:
 
     Why not the image itself as the key: Python hashes a str or bytes with SipHash on its first use,
     1.6-2 ms for a 4 MB image, on the event loop, for every image a model with collapsing (the default)
-    admits; xxh3 takes 0.2 ms (bytes) or 1.2 ms (5.5 MB of base64, encoded first). Equality is still the whole
-    image, so two images are one computation only when identical: a hash collision, chance or crafted
-    (xxh3 is not a keyed hash), costs a comparison, never another image's answer. A raw image and the
-    same image in base64 are two identities, as they were."""
+    admits; xxh3 takes 0.2 ms (bytes; base64 lifted from a large body comes as bytes too, where a str
+    had to be encoded first, 1.2 ms for 5.5 MB). Equality is still the whole image, so two images are
+    one computation only when identical: a hash collision, chance or crafted (xxh3 is not a keyed hash),
+    costs a comparison, never another image's answer. A raw image and base64 are two identities even
+    where their bytes are alike (`base64` tells them apart): one is decoded, the other read as it is."""
 
-    __slots__ = ("data", "_hash")
+    __slots__ = ("data", "base64", "_hash")
 
-    def __init__(self, data: bytes | str) -> None:
-        self.data = data
+    def __init__(self, data: bytes | str, base64: bool) -> None:
+        self.data = data  # (a str's encoded copy is only hashed, not kept; a str and its bytes are then two keys)
+        self.base64 = base64
         whole = data if type(data) is bytes else data.encode("utf-8", "surrogatepass")  # type: ignore[union-attr]
-        self._hash = xxhash.xxh3_64_intdigest(whole)
+        self._hash = xxhash.xxh3_64_intdigest(whole, seed=int(base64))
 
     def __hash__(self) -> int:
         return self._hash
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is ImageIdentity and other._hash == self._hash and other.data == self.data
+        return (type(other) is ImageIdentity and other._hash == self._hash and other.base64 == self.base64
+                and other.data == self.data)
 
     def __sizeof__(self) -> int:  # (what the result cache counts for a key: the image it holds)
         return object.__sizeof__(self) + sys.getsizeof(self.data)
@@ -69,9 +72,9 @@ def identity(raw: Any) -> Hashable | None:
     if kind is tuple:
         return ("pair", *raw)
     if kind is bytes:
-        return ImageIdentity(raw)
-    if kind is dict and len(raw) == 1 and type(raw.get("image")) is str:
-        return ImageIdentity(raw["image"])
+        return ImageIdentity(raw, base64=False)
+    if kind is dict and len(raw) == 1 and type(raw.get("image")) in (str, bytes):
+        return ImageIdentity(raw["image"], base64=True)
     try:
         return orjson.dumps(raw, option=orjson.OPT_SORT_KEYS)
     except TypeError:
