@@ -11,7 +11,8 @@ event loop's `/healthz` p99 lower (the GIL was held for the faults of a thread t
 
 Here blocks up to 32 MiB (glibc's largest threshold) come from the heap, and up to
 `keep_freed_memory_mb` of freed heap stays mapped for the next ones: the process's resident memory can
-stay that much above what it uses after a burst. Only glibc has these settings; with another C library,
+stay up to that much (per malloc arena: the loop's, and those of busy threads) above what it uses after
+a burst. Measured after S16's JSON flood: 682 MB resident against 673 with glibc's own policy. Only glibc has these settings; with another C library,
 or at 0, the library's own policy stands.
 """
 
