@@ -1,19 +1,20 @@
 """Process-wide settings made once before serving: the open-file limit raised, and freed memory kept for
 reuse (`[server] keep_freed_memory_mb`) rather than handed back to the kernel.
 
-Why keep freed memory: glibc's malloc gives each allocation over its threshold (128 KiB, moved up as such blocks are
-freed) fresh pages from the kernel, and hands freed space at the top of the heap back once more than
-twice that is free. A 4 MB image sent as JSON is 5.5 MB read, joined and lifted on the event loop, then
-decoded into a 5.7 MB bitmap on a preparing thread: each of these buffers, made again for every image,
-took a page fault per 4 KiB touched, ~1,400 each, taken while holding the GIL. Measured under S16's
-flood (`benchmarks/results/image_flood_memory.md`): page faults per image ~1,400 against ~400, and the
-event loop's `/healthz` p99 lower (the GIL was held for the faults of a thread that runs below the loop).
+Why keep freed memory: glibc's malloc gives each allocation over its threshold (128 KiB, moved up as
+such blocks are freed) fresh pages from the kernel, and hands freed space at the top of the heap back
+once more than twice that is free. A 4 MB image sent as JSON is 5.5 MB read, joined and lifted on the
+event loop, then decoded into a 5.7 MB bitmap on a preparing thread: each of these buffers, made again
+for every image, took a page fault per 4 KiB touched, taken holding the GIL (by the loop itself, or by
+a thread below it in priority that the loop then waits for). Measured under S16's flood with only
+this setting changed (`benchmarks/results/image_flood_memory_parts.md`): page faults per image 368
+against 2,748, `/healthz` p99 with JSON bodies 11.3 against 19.5 ms.
 
 Here blocks up to 32 MiB (glibc's largest threshold) come from the heap, and up to
 `keep_freed_memory_mb` of freed heap stays mapped for the next ones: the process's resident memory can
 stay up to that much (per malloc arena: the loop's, and those of busy threads) above what it uses after
-a burst. Measured after S16's JSON flood: 682 MB resident against 673 with glibc's own policy. Only glibc has these settings; with another C library,
-or at 0, the library's own policy stands.
+a burst; after S16's JSON flood it was 682 MB against 673 with glibc's own policy. Only glibc has these
+settings; with another C library, or at 0, the library's own policy stands.
 """
 
 from __future__ import annotations

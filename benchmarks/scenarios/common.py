@@ -225,16 +225,21 @@ def main_thread_cpu_s(pid: int) -> float:
     return _stat_cpu_s(Path(f"/proc/{pid}/task/{pid}/stat"))
 
 
+def _stat_fields(stat: Path) -> list[str]:
+    """The fields of a /proc `stat` file after the command name (a process's or one thread's)."""
+    return stat.read_text().rsplit(")", 1)[1].split()
+
+
 def _stat_cpu_s(stat: Path) -> float:
     """User + system CPU seconds from a /proc `stat` file (a process's or one thread's)."""
-    fields = stat.read_text().rsplit(")", 1)[1].split()
+    fields = _stat_fields(stat)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def minor_page_faults(pid: int) -> int:
     """Page faults a process has taken without reading a disk (each a page of memory touched for the
     first time since it was mapped), all its threads together, from /proc."""
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+    return int(_stat_fields(Path(f"/proc/{pid}/stat"))[7])
 
 
 def listening_pid(url: str) -> int:
