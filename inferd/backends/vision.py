@@ -174,14 +174,10 @@ class ImageModel:
             data = bytes(item)
         elif isinstance(item, Mapping) and isinstance(item.get("image"), (str, bytes)):
             text = item["image"]  # (bytes: lifted from a large JSON body as it was, `image_strings`)
-            if isinstance(text, str):
-                try:
-                    text = text.encode("ascii")
-                except UnicodeEncodeError:
-                    raise ValueError("`image` is not valid base64") from None
-            if text.startswith(b"data:"):
-                header, _, text = text.partition(b",")
-                if not header.endswith(b";base64"):
+            prefix, comma, tag = ("data:", ",", ";base64") if isinstance(text, str) else (b"data:", b",", b";base64")
+            if text.startswith(prefix):
+                header, _, text = text.partition(comma)
+                if not header.endswith(tag):
                     raise ValueError("an image data URL must be base64 (data:image/...;base64,...)")
             if len(text) > (self.max_image_bytes + 2) // 3 * 4 + 4:
                 raise PayloadTooLarge(f"image is over this model's max_image_bytes ({self.max_image_bytes})")
