@@ -2,7 +2,12 @@
 with tracing off, on at 1% (inferd's OTLP/JSON exporter, and the SDK's protobuf one) and on at 100%,
 alternated round by round in one run. Spans go through the batching processor and the exporter to a
 sink in another process that answers 200: encoding and sending included, without a collector's. The
-figures are medians of the server's CPU µs per request and of throughput.
+figures are medians of the server's CPU µs per request and of throughput, and the median of the
+round-by-round ratios of CPU per request to tracing off's (this machine drifts between rounds).
+
+    python tracing_cost.py [--rounds N] [--variants "off,on at 1%"] [--name NAME] [--quick] [--out-dir DIR]
+
+Writes NAME.json / .md (tracing_cost).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import json
 import multiprocessing
 import socket
 import statistics
+import sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
@@ -47,13 +53,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _own_option(name: str) -> str | None:
+    """An option of this script's own, taken out of argv before the common ones are parsed."""
+    if name not in sys.argv:
+        return None
+    at = sys.argv.index(name)
+    value = sys.argv[at + 1]
+    del sys.argv[at:at + 2]
+    return value
+
+
 if __name__ == "__main__":
+    rounds_given, variants_given, name = _own_option("--rounds"), _own_option("--variants"), _own_option("--name")
+    if variants_given:
+        VARIANTS = {name: VARIANTS[name] for name in variants_given.split(",")}
+        if "off" not in VARIANTS:
+            raise SystemExit("--variants must include off (the ratios are to it)")
     args = parse_args(__doc__)
     runs: dict[str, dict[int, list[dict[str, float]]]] = {v: {c: [] for c in CLIENTS} for v in VARIANTS}
     port = free_port()
     sink = multiprocessing.get_context("spawn").Process(target=_sink, args=(port,), daemon=True)
     sink.start()
-    rounds = 1 if args.quick else 5
+    rounds = 1 if args.quick else int(rounds_given or 5)
     for _ in range(rounds):
         for variant, setting in VARIANTS.items():
             table = "" if setting is None else TRACING.format(rate=setting[0], exporter=setting[1], port=port)
@@ -63,15 +84,19 @@ if __name__ == "__main__":
                     runs[variant][clients].append({"rps": r["achieved_rps"], "cpu_us": r["server"]["cpu_us_per_request"]})
     sink.terminate()
     summary = {variant: {c: {"rps": round(statistics.median(x["rps"] for x in xs), 1),
-                             "cpu_us": statistics.median(x["cpu_us"] for x in xs)} for c, xs in by.items()}
+                             "cpu_us": statistics.median(x["cpu_us"] for x in xs),
+                             "paired_cpu_ratio": round(statistics.median(
+                                 x["cpu_us"] / off["cpu_us"] for x, off in zip(xs, runs["off"][c], strict=True)), 3)}
+                         for c, xs in by.items()}
                for variant, by in runs.items()}
     out = Path(args.out_dir or RESULTS)
-    (out / "tracing_cost.json").write_text(json.dumps({"summary": summary, "runs": runs, "note": __doc__}, indent=1) + "\n")
+    (out / f"{name or 'tracing_cost'}.json").write_text(json.dumps({"summary": summary, "runs": runs, "note": __doc__}, indent=1) + "\n")
     lines = [f"### Tracing's cost on S2 (medians of {rounds} alternated rounds)", "",
-             "| tracing | clients | req/s | CPU µs/req | CPU over off |", "|---|---|---|---|---|"]
+             "| tracing | clients | req/s | CPU µs/req | CPU over off (of the medians) | CPU over off (median of the rounds' ratios) |",
+             "|---|---|---|---|---|---|"]
     for variant, by in summary.items():
         for clients, s in by.items():
             ratio = s["cpu_us"] / summary["off"][clients]["cpu_us"]
-            lines.append(f"| {variant} | {clients} | {s['rps']:,.0f} | {s['cpu_us']} | {ratio:.3f} |")
-    (out / "tracing_cost.md").write_text("\n".join(lines) + "\n")
+            lines.append(f"| {variant} | {clients} | {s['rps']:,.0f} | {s['cpu_us']} | {ratio:.3f} | {s['paired_cpu_ratio']:.3f} |")
+    (out / f"{name or 'tracing_cost'}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
