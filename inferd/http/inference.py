@@ -136,7 +136,7 @@ class InferenceApi:
         batch = pending.batch
         extra: tuple[tuple[str, str], ...] = (("X-Request-ID", request_id), ("X-Model-Version", model.version))  # type: ignore[union-attr]
         if batch is not None:
-            timing = f"queue;dur={batch.queue_s(pending) * 1000:.3f}, compute;dur={batch.compute_s * 1000:.3f}"
+            timing = batch.timing(pending)
             if pending.predicted_wait is not None:  # (what admission expected the queue to take)
                 timing += f", predicted_queue;dur={pending.predicted_wait * 1000:.3f}"
             extra += (("Server-Timing", timing + ', shared;desc="collapsed"' if pending.state is _ATTACHED else timing),)
