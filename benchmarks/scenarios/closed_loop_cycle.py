@@ -19,11 +19,10 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS, _machine, inferd_server, listening_pid, mosec_server, parse_args, sim_config, step
+from common import _machine, inferd_server, listening_pid, mosec_server, own_option, parse_args, sim_config, step
 from request_path import S2_BODY
 
 CLIENTS = 100
@@ -106,10 +105,7 @@ def _others(runs: list[dict[str, Any]]) -> list[float]:
 
 
 if __name__ == "__main__":
-    rounds_given = "--rounds" in sys.argv
-    n_rounds = int(sys.argv.pop(sys.argv.index("--rounds") + 1)) if rounds_given else 3
-    if rounds_given:
-        sys.argv.remove("--rounds")
+    n_rounds = int(own_option("--rounds") or 3)
     args = parse_args(__doc__)
     rounds: list[dict[str, dict[str, Any]]] = []
     with mosec_server(args.quick) as mosec:

@@ -34,6 +34,17 @@ SCENARIOS = Path(__file__).resolve().parent
 BODY = b'{"input": "E equals {i}"}'
 
 
+def own_option(name: str) -> str | None:
+    """The value of a scenario's own option (`--rounds 4`), taken out of argv before `parse_args` reads
+    the common ones; None when it is not given."""
+    if name not in sys.argv:
+        return None
+    at = sys.argv.index(name)
+    value = sys.argv[at + 1]
+    del sys.argv[at:at + 2]
+    return value
+
+
 def parse_args(description: str, baseline: bool = False) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="short steps: a smoke run, not for committing")

@@ -16,11 +16,10 @@ import json
 import multiprocessing
 import socket
 import statistics
-import sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
-from common import RESULTS, inferd_server, parse_args, sim_config, step
+from common import RESULTS, inferd_server, own_option, parse_args, sim_config, step
 
 BODY = b'{"input": "E equals {i}"}'
 CLIENTS = (100, 400)
@@ -53,20 +52,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _own_option(name: str) -> str | None:
-    """An option of this script's own, taken out of argv before the common ones are parsed."""
-    if name not in sys.argv:
-        return None
-    at = sys.argv.index(name)
-    value = sys.argv[at + 1]
-    del sys.argv[at:at + 2]
-    return value
-
-
 if __name__ == "__main__":
-    rounds_given, variants_given, name = _own_option("--rounds"), _own_option("--variants"), _own_option("--name")
+    rounds_given, variants_given, out_name = own_option("--rounds"), own_option("--variants"), own_option("--name")
+    out_name = out_name or "tracing_cost"
     if variants_given:
-        VARIANTS = {name: VARIANTS[name] for name in variants_given.split(",")}
+        VARIANTS = {variant: VARIANTS[variant] for variant in variants_given.split(",")}
         if "off" not in VARIANTS:
             raise SystemExit("--variants must include off (the ratios are to it)")
     args = parse_args(__doc__)
@@ -90,7 +80,7 @@ if __name__ == "__main__":
                          for c, xs in by.items()}
                for variant, by in runs.items()}
     out = Path(args.out_dir or RESULTS)
-    (out / f"{name or 'tracing_cost'}.json").write_text(json.dumps({"summary": summary, "runs": runs, "note": __doc__}, indent=1) + "\n")
+    (out / f"{out_name}.json").write_text(json.dumps({"summary": summary, "runs": runs, "note": __doc__}, indent=1) + "\n")
     lines = [f"### Tracing's cost on S2 (medians of {rounds} alternated rounds)", "",
              "| tracing | clients | req/s | CPU µs/req | CPU over off (of the medians) | CPU over off (median of the rounds' ratios) |",
              "|---|---|---|---|---|---|"]
@@ -98,5 +88,5 @@ if __name__ == "__main__":
         for clients, s in by.items():
             ratio = s["cpu_us"] / summary["off"][clients]["cpu_us"]
             lines.append(f"| {variant} | {clients} | {s['rps']:,.0f} | {s['cpu_us']} | {ratio:.3f} | {s['paired_cpu_ratio']:.3f} |")
-    (out / f"{name or 'tracing_cost'}.md").write_text("\n".join(lines) + "\n")
+    (out / f"{out_name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
