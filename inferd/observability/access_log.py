@@ -2,16 +2,25 @@
 
 A request that is not sampled costs one random draw. Answers that point at a server-side problem (500
 and 504) are always logged, whatever the sampling.
+
+Lines are written by a thread of their own, in bursts: the first line after a quiet spell wakes it, and
+it waits `GATHER_S` for the lines after it before writing them all at once. Why not a wake per line
+(logging's QueueListener): the writing thread then takes the GIL from the busy event loop for every
+line, a forced switch each, and burnt ~140-200 µs of CPU per line doing so (at 1% of S2's 5,800 req/s,
+1.2 µs per request, more than the loop's own share of logging).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import logging.handlers
 import queue
 import random
 import sys
+import threading
 import time
+from collections import deque
 from typing import Any
 
 import orjson
@@ -20,13 +29,14 @@ from ..messages import PendingRequest, RequestState
 
 _SHARED = (RequestState.ATTACHED, RequestState.CACHED)
 log = logging.getLogger("inferd.access")
+GATHER_S = 0.1  # how long the writer waits, once woken, for more lines to write with the first
 
 
 class _DroppingQueueHandler(logging.handlers.QueueHandler):
     """Never blocks the event loop: when the writer thread falls behind, lines are dropped and counted."""
 
-    def __init__(self, lines: queue.Queue[logging.LogRecord]) -> None:
-        super().__init__(lines)
+    def __init__(self, lines: PendingLines | queue.Queue[logging.LogRecord]) -> None:
+        super().__init__(lines)  # type: ignore[arg-type]
         self.dropped = 0
 
     def enqueue(self, record: logging.LogRecord) -> None:
@@ -41,17 +51,76 @@ def dropped_lines() -> int:
     return sum(h.dropped for h in log.handlers if isinstance(h, _DroppingQueueHandler))
 
 
-def configure_access_logger(max_pending_lines: int = 10_000) -> logging.handlers.QueueListener:
+class PendingLines:
+    """The lines waiting for the writer (the handler's queue): appended on the event loop, which wakes
+    the writer only for the first line after it last drained them. Full at `max_lines`."""
+
+    def __init__(self, max_lines: int) -> None:
+        self.max_lines = max_lines
+        self.records: deque[logging.LogRecord] = deque()
+        self.waiting = threading.Event()  # set: lines wait (or the writer is stopping)
+
+    def put_nowait(self, record: logging.LogRecord) -> None:
+        if len(self.records) >= self.max_lines:
+            raise queue.Full
+        self.records.append(record)
+        if not self.waiting.is_set():
+            self.waiting.set()
+
+
+class BurstWriter:
+    """The thread writing the pending lines through `handler` (its format, its stream), in bursts (see
+    the module docstring). `stop` writes what is left; it runs at exit."""
+
+    def __init__(self, lines: PendingLines, handler: logging.StreamHandler, gather_s: float = GATHER_S) -> None:  # type: ignore[type-arg]
+        self.lines, self.handler, self.gather_s = lines, handler, gather_s
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="inferd-access-log", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.lines.waiting.set()
+        if self._thread.ident is not None:  # (started)
+            self._thread.join(5.0)
+        self._write_pending()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self.lines.waiting.wait()
+            self._stopping.wait(self.gather_s)  # (the lines that follow the first are written with it)
+            self.lines.waiting.clear()  # (before taking them: a line appended from here on wakes it again)
+            self._write_pending()
+
+    def _write_pending(self) -> None:
+        records, handler = self.lines.records, self.handler
+        text = []
+        while records:
+            text.append(handler.format(records.popleft()))
+        if not text:
+            return
+        try:
+            with handler.lock:  # type: ignore[union-attr]
+                handler.stream.write("\n".join(text) + "\n")
+                handler.flush()
+        except Exception:  # noqa: BLE001 - stdout closed or full: these lines are lost, the writer goes on
+            handler.handleError(logging.LogRecord(log.name, logging.ERROR, "", 0, "access log lines lost", None, None))
+
+
+def configure_access_logger(max_pending_lines: int = 10_000) -> BurstWriter:
     """Bare JSON lines on stdout, written by a background thread so a slow stdout never stalls serving."""
-    writer = logging.StreamHandler(sys.stdout)
-    writer.setFormatter(logging.Formatter("%(message)s"))
-    lines: queue.Queue[logging.LogRecord] = queue.Queue(max_pending_lines)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    lines = PendingLines(max_pending_lines)
     log.addHandler(_DroppingQueueHandler(lines))
     log.propagate = False
     log.setLevel(logging.DEBUG)
-    listener = logging.handlers.QueueListener(lines, writer)
-    listener.start()
-    return listener
+    writer = BurstWriter(lines, handler)
+    writer.start()
+    atexit.register(writer.stop)  # (the last lines, gathered but not yet written)
+    return writer
 
 
 def _timestamp() -> str:
