@@ -6,8 +6,8 @@ and 504) are always logged, whatever the sampling.
 Lines are written by a thread of their own, in bursts: the first line after a quiet spell wakes it, and
 it waits `GATHER_S` for the lines after it before writing them all at once. Why not a wake per line
 (logging's QueueListener): the writing thread then takes the GIL from the busy event loop for every
-line, a forced switch each, and burnt ~140-200 µs of CPU per line doing so (at 1% of S2's 5,800 req/s,
-1.2 µs per request, more than the loop's own share of logging).
+line, a forced switch each, and burnt ~140-200 µs of CPU per line doing so (at 1% of S2's 5,200 req/s,
+1.4 µs per request; the loop's own share of logging is ~0.2).
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ class BurstWriter:
         self.lines.waiting.set()
         if self._thread.ident is not None:  # (started)
             self._thread.join(5.0)
-        self._write_pending()
+        if not self._thread.is_alive():  # (one stuck on a blocked stdout keeps its lines: exit does not wait)
+            self._write_pending()
 
     def _run(self) -> None:
         while not self._stopping.is_set():
