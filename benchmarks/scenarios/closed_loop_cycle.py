@@ -22,7 +22,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from common import _machine, inferd_server, listening_pid, mosec_server, own_option, parse_args, sim_config, step
+from common import _machine, _stat_fields, inferd_server, listening_pid, mosec_server, own_option, parse_args, sim_config, step
 from request_path import S2_BODY
 
 CLIENTS = 100
@@ -31,7 +31,7 @@ _TICK_S = 1 / os.sysconf("SC_CLK_TCK")  # (user and system times in /proc are in
 
 def thread_times(pid: int) -> dict[tuple[int, int], dict[str, float]]:
     """Per thread of a process and its children: user and system CPU seconds, seconds on a CPU and
-    seconds runnable but waiting (schedstat), voluntary and involuntary context switches."""
+    seconds runnable but waiting (schedstat), involuntary context switches."""
     out: dict[tuple[int, int], dict[str, float]] = {}
     todo = [pid]
     while todo:
@@ -42,7 +42,7 @@ def thread_times(pid: int) -> dict[tuple[int, int], dict[str, float]]:
             continue
         for task in tasks:
             try:
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                fields = _stat_fields(task / "stat")
                 run_ns, wait_ns = (int(x) for x in (task / "schedstat").read_text().split()[:2])
                 status = dict(line.split(":", 1) for line in (task / "status").read_text().splitlines() if ":" in line)
                 todo += [int(c) for c in (task / "children").read_text().split()]
@@ -50,8 +50,7 @@ def thread_times(pid: int) -> dict[tuple[int, int], dict[str, float]]:
                 continue
             out[(p, int(task.name))] = {
                 "user_s": int(fields[11]) * _TICK_S, "sys_s": int(fields[12]) * _TICK_S, "run_s": run_ns / 1e9,
-                "wait_s": wait_ns / 1e9, "voluntary": int(status["voluntary_ctxt_switches"]),
-                "involuntary": int(status["nonvoluntary_ctxt_switches"]), "name": (task / "comm").read_text().strip(),
+                "wait_s": wait_ns / 1e9, "involuntary": int(status["nonvoluntary_ctxt_switches"]), "name": (task / "comm").read_text().strip(),
             }
     return out
 
