@@ -43,7 +43,7 @@ from ..scheduling.preprocess import Preprocessor
 from . import reports
 from .delivery import Delivery
 from .forecast import Forecast
-from .shared_work import SharedWork, waited_for
+from .shared_work import UNKEYED, SharedWork, waited_for
 from .timeliness import Timeliness
 
 log = logging.getLogger("inferd.model")
@@ -158,9 +158,11 @@ class BatchModel:
         answered without entering the queue (an input repeated in the call rides on its first copy), so
         only the others count against the queue's room. Raises what refused it; the caller awaits each
         request's `.future`."""
-        if len(values) == 1:
-            return [self.from_shared_work(request_id, values[0], timeout_s, tier, tenant, use_cache)
-                    or self.submit(request_id, values[0], timeout_s, tier, tenant)]
+        if len(values) == 1:  # (its identity found once, for the look-up and, if fresh, its own key)
+            raw = values[0]
+            key = self.shared.key_of(raw, tenant) if self.shared.enabled else None
+            return [self.from_shared_work(request_id, raw, timeout_s, tier, tenant, use_cache, key)
+                    or self.submit(request_id, raw, timeout_s, tier, tenant, key=key)]
         ids = [f"{request_id}.{i}" for i in range(len(values))]
         taken = [self.from_shared_work(i, v, timeout_s, tier, tenant, use_cache) for i, v in zip(ids, values, strict=True)]
         try:
@@ -179,12 +181,14 @@ class BatchModel:
         return taken  # type: ignore[return-value]
 
     def from_shared_work(
-        self, request_id: str, raw: Any, timeout_s: float, tier: str, tenant: str, use_cache: bool = True
+        self, request_id: str, raw: Any, timeout_s: float, tier: str, tenant: str, use_cache: bool = True,
+        key: Any = UNKEYED,
     ) -> PendingRequest | None:
         """An input computed already (answered from the cache) or being computed now (attached to that
-        computation): a request that never enters the queue. None: it must be submitted."""
+        computation): a request that never enters the queue. None: it must be submitted. `key`: the
+        input's identity (`SharedWork.key_of`), when the caller has it."""
         now = self._clock()
-        found = self.shared.find(raw, tenant, use_cache, now)
+        found = self.shared.find(raw, tenant, use_cache, now, key)
         if found is None:
             return None
         key, cached, lead = found
@@ -206,19 +210,19 @@ class BatchModel:
 
     def submit(
         self, request_id: str, raw: Any, timeout_s: float, tier: str = "default", tenant: str = "anonymous",
-        call: str | None = None,
+        call: str | None = None, key: Any = UNKEYED,
     ) -> PendingRequest:
         """Take one admitted input: it is prepared (off the loop when the backend has `prepare_batch`),
         then queued, unless it would not finish in time (`timeliness`). The caller awaits `.future`.
         `call`: the id of the multi-input call it is one input of (its inputs take turns with the
-        tenant's other calls in the queue).
+        tenant's other calls in the queue); `key`: its identity, when the caller has it.
         Raises InvalidInput or ServiceOverloaded when that is known at once; otherwise the future
         carries it."""
         now = self._clock()
         request = self._new_request(request_id, raw, now, timeout_s, tier, tenant)
         request.call = call
         if self.shared.enabled:
-            request.key = self.shared.key_of(raw, tenant)
+            request.key = self.shared.key_of(raw, tenant) if key is UNKEYED else key
         if self.preprocessor is not None:
             if not self.timeliness.surely_in_time(request, now):  # (before the work of preparing it)
                 refusal = self.timeliness.refusal(request, now, bucket=None)

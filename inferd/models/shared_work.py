@@ -30,6 +30,7 @@ from ..messages import PendingRequest, RequestState
 from .result_cache import MISS, ResultCache
 
 _IN_FLIGHT = (RequestState.PREPARING, RequestState.QUEUED, RequestState.TAKEN)
+UNKEYED: Any = object()  # an input whose identity was not found yet (None is an identity's "never shared")
 
 
 class ImageIdentity:
@@ -96,12 +97,15 @@ class SharedWork:
     def __len__(self) -> int:
         return len(self.leads)
 
-    def find(self, raw: Any, tenant: str, use_cache: bool, now: float) -> tuple[Hashable, Any, PendingRequest | None] | None:
+    def find(self, raw: Any, tenant: str, use_cache: bool, now: float,
+             key: Any = UNKEYED) -> tuple[Hashable, Any, PendingRequest | None] | None:
         """Work that answers `raw` without computing it: (its key, the cached (output, bucket, tokens) or
-        MISS, the lead in flight or None); None when there is none."""
+        MISS, the lead in flight or None); None when there is none. `key`: `key_of(raw, tenant)`, when
+        the caller has it."""
         if not self.enabled:
             return None
-        key = self.key_of(raw, tenant)
+        if key is UNKEYED:
+            key = self.key_of(raw, tenant)
         if key is None or (not use_cache or self.cache is None) and (not self.collapse or key not in self.leads):
             return None  # (the usual case, decided with one look-up)
         cached = self.cached(key, tenant, now) if use_cache else MISS
