@@ -48,6 +48,8 @@ class Timeliness:
         self._promote_after_s = {t.name: t.promote_after_ms / 1000.0 for t in tiers if t.promote_after_ms}
         self.wait_error: dict[str, Histogram] = {}  # by tier: actual - predicted wait (seconds)
         self._unasked = 0  # requests the bound admitted since one was asked all the same
+        self._bound_revision = -1  # the cost model's revision the bound's terms were made at
+        self._bound_terms = (0.0, 0.0)  # the bound with nothing waiting, and what each waiting request adds
 
     def slo_s(self, tier: str) -> float | None:
         """A request's latency objective (seconds from admission), if its model or tier sets one."""
@@ -111,14 +113,24 @@ class Timeliness:
         (the linger alone can take all of it) or with tiers (a higher tier's burst may join the work
         ahead meanwhile) it never holds, and every request is asked exactly. A request it admits and
         `asks` does not pick has no predicted wait (no `predicted_queue` in its Server-Timing, no
-        wait-error observation): there was nothing to decide."""
+        wait-error observation): there was nothing to decide.
+
+        The bound is linear in the requests waiting: its two terms are made again only when the cost
+        model changes (once a batch), so that per request it is one multiplication (three calls fewer:
+        ~2,000 of ~216,000 instructions per S2 request, callgrind)."""
         if self._tiered:
             return False
-        costliest = self.costs.costliest_batch_s()
-        if not costliest:
+        costs = self.costs
+        if self._bound_revision != costs.revision:
+            self._bound_revision = costs.revision
+            costliest = costs.costliest_batch_s()
+            fixed = self._linger_bound_s + costs.safe_total(costliest * (self._workers + 1)) if costliest else 0.0
+            self._bound_terms = (fixed, costs.safe_total(costliest) - costs.stall_s)
+        fixed, per_waiting = self._bound_terms
+        if not fixed:
             return False  # nothing measured yet: ask
-        bound = self._linger_bound_s + self.costs.safe_total(costliest * (self._batcher.depth + self._workers + 1))
-        limit = self._wait_limit_s.get(request.tier)
+        bound = fixed + per_waiting * self._batcher.depth
+        limit = self._wait_limit_s.get(request.tier) if self._wait_limit_s else None
         return now + bound <= request.due and (limit is None or bound <= limit)
 
     def wait_and_ahead(self, tier: str | None, now: float, tenant: str | None = None, bucket: int | None = None,

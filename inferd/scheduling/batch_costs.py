@@ -65,6 +65,7 @@ class BatchCosts:
         self._limits: dict[int, int] = {}  # by bucket: the size a batch stops at
         self._full: dict[int, float] = {}  # by bucket: the shape of a batch of that size
         self._costliest = 0.0  # the largest of `_full`
+        self.revision = 0  # moves on whenever an estimate may have changed (what readers derive holds until then)
 
     # ---- learning (on the event loop) ------------------------------------------------------------
 
@@ -114,6 +115,7 @@ class BatchCosts:
         limit = self._limits[bucket] = self._useful_size(curve)
         self._full[bucket] = curve[limit]
         self._costliest = max(self._full.values())
+        self.revision += 1
 
     def _useful_size(self, curve: list[float]) -> int:
         """Without an objective, the largest batch allowed. With one, the largest useful batch: among the

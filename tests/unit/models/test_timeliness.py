@@ -125,6 +125,28 @@ async def test_only_a_request_that_could_be_refused_is_asked_the_exact_question(
     assert tiered.submit("t", "t", 10.0, tier="free").predicted_wait is not None
 
 
+async def test_the_bound_kept_between_batches_is_the_bound_made_afresh_and_follows_the_cost_model():
+    clock = FakeClock()
+    served = model(clock, timeout_ms=10_000)
+    FakeDevice(served, clock, SimulatedGPU(latency_ms=50, max_batch_size=32))
+    timeliness, costs = served.timeliness, served.costs
+
+    def afresh(request) -> bool:  # type: ignore[no-untyped-def]
+        """The bound as its docstring states it, from the cost model as it is now."""
+        waiting = served.batcher.depth + served.config.workers + 1
+        bound = served.config.max_wait_ms / 1000 + costs.safe_total(costs.costliest_batch_s() * waiting)
+        return clock() + bound <= request.due
+
+    probe = served.submit("probe", "probe", 1.0)
+    for i in range(5):  # bounded as 7 batches of 50 ms (each waiting request one of its own): within 1 s
+        served.submit(f"r{i}", f"r {i}", 10.0)
+    assert timeliness.surely_in_time(probe, clock()) is afresh(probe) is True
+    for seconds in (0.4, 0.5, 0.6):  # the model turns ~10x slower: its estimates move, and the bound with them
+        costs.observe(0, 32, seconds)
+        assert timeliness.surely_in_time(probe, clock()) is afresh(probe)
+    assert afresh(probe) is False
+
+
 @pytest.mark.parametrize("load", [1.2, 2.0])
 async def test_overload_keeps_the_queue_within_the_objective_and_every_admitted_request_meets_it(load):
     clock = FakeClock()
