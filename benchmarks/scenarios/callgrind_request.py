@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -71,18 +72,26 @@ def count(tree: Path, requests: int, clients: int = 100, extra_toml: str = "", m
         # (deadlines far off: under valgrind the server is ~50x slower, and a refusal would count as a request)
         config.write_text(sim_config(latency_ms=10, max_batch=max_batch,
                                      extra_model="timeout_ms = 600000\nmax_timeout_ms = 600000") + extra_toml)
-        out = Path(tmp) / "callgrind.out"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(SCENARIOS)])}
-        server = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
-             sys.executable, "-m", "inferd", "serve", "--config", str(config), "--port", str(port), "--log-level", "WARNING"],
-            cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{port}"
+        command = [sys.executable, "-m", "inferd", "serve", "--config", str(config), "--port", str(port),
+                   "--log-level", "WARNING"]
+        return count_server(command, tree, env, f"http://127.0.0.1:{port}", "/readyz", _batches, requests, clients)
+
+
+def count_server(command: list[str], cwd: Path, env: dict[str, str], url: str, ready_path: str,
+                 batches: Callable[[str], int], requests: int, clients: int = 100) -> float:
+    """Instructions per request of a server (`command`, serving `url`) run under valgrind with
+    instrumentation off until it is ready and warm, then on for `requests` from `clients` closed-loop
+    clients (`batches(url)`: the batches it has run, for the requests per batch)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        server = subprocess.Popen(["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
+                                   *command], cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             give_up = time.monotonic() + 600
             while True:
                 try:
-                    with urllib.request.urlopen(f"{url}/readyz", timeout=5) as resp:
+                    with urllib.request.urlopen(f"{url}{ready_path}", timeout=5) as resp:
                         if resp.status == 200:
                             break
                 except OSError:
@@ -90,17 +99,17 @@ def count(tree: Path, requests: int, clients: int = 100, extra_toml: str = "", m
                         raise RuntimeError("the server under valgrind never became ready") from None
                     time.sleep(1)
             asyncio.run(_load(url, 0, 500, clients))  # warm: every code path compiled, caches filled
-            batches = _batches(url)
+            ran = batches(url)
             subprocess.run(["callgrind_control", "-i", "on", str(server.pid)], check=True, capture_output=True)
             asyncio.run(_load(url, 1_000_000, requests, clients))
             subprocess.run(["callgrind_control", "-i", "off", str(server.pid)], check=True, capture_output=True)
-            batches = _batches(url) - batches
+            ran = batches(url) - ran
         finally:
             server.terminate()
             server.wait(timeout=300)
         totals = [int(m[1]) for f in Path(tmp).glob("callgrind.out*")
                   for m in re.finditer(r"^(?:summary|totals):\s+(\d+)", f.read_text(errors="replace"), re.M)]
-        MEAN_BATCH.append(round(requests / max(1, batches), 1))
+        MEAN_BATCH.append(round(requests / max(1, ran), 1))
         return max(totals) / requests
 
 
