@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,17 +29,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from callgrind_request import MEAN_BATCH, count, count_server
+from callgrind_request import MEAN_BATCH, _free_port, count, count_server
 from closed_loop_cycle import CLIENTS, measured, table
 from common import REPO, _machine, inferd_server, listening_pid, mosec_server, own_option, parse_args, sim_config
 
 FLOOR = REPO / "benchmarks" / "floor" / "bare_shape.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _floor_command(port: int, max_batch: int) -> list[str]:
