@@ -145,7 +145,7 @@ class InferenceApi:
         if one.call.base64:  # type: ignore[union-attr]
             output = encode_vector(output, base64=True)
         payload = {"output": output, "request_id": request_id, "model": model_name, "model_version": model.version,  # type: ignore[union-attr]
-                   "latency_ms": round((now - start.started) * 1000, 3)}
+                   "latency_ms": round((now - start.started) * 1e6) / 1000}  # (to the µs: no decimal rounding, half the cost)
         return dumps(payload), extra
 
     async def embeddings(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:

@@ -22,6 +22,7 @@ async def test_concurrent_callers_each_get_their_own_output_from_shared_batches(
             assert status == 200 and body["output"] == expected_output(f"text {i}")
             assert body["request_id"] == headers["X-Request-ID"] == f"c-{i}" and body["model"] == "m"
             assert headers["X-Model-Version"] == body["model_version"] == "1" and body["latency_ms"] > 0
+            assert round(body["latency_ms"], 3) == body["latency_ms"]  # (to the µs)
             assert "queue;dur=" in headers["Server-Timing"] and "compute;dur=" in headers["Server-Timing"]
         assert max(w.models["m"].stats.batch_sizes) > 1  # (batched together, and still each its own answer)
 
