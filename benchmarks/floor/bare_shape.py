@@ -13,7 +13,8 @@ Benchmark-only (`benchmarks/scenarios/shape_floor.py` runs it beside inferd and 
 
     python bare_shape.py --port N [--batch-ms 10] [--max-batch 100] [--linger-ms 20]
 
-`POST /inference` or `/v1/inference` with `{"input": "..."}`; `GET /stats` answers the batches run.
+A POST to any path with `{"input": "..."}` (`/inference`, `/v1/inference`); a GET to any path answers
+the batches run (`/stats`).
 """
 
 from __future__ import annotations

@@ -21,7 +21,6 @@ import http.server
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,13 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
-from common import REPO, RESULTS, SCENARIOS, sim_config
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from common import REPO, RESULTS, SCENARIOS, free_port, sim_config
 
 
 async def _load(url: str, first: int, count: int, clients: int) -> None:
@@ -66,7 +59,7 @@ class _Sink(http.server.BaseHTTPRequestHandler):
 
 def count(tree: Path, requests: int, clients: int = 100, extra_toml: str = "", max_batch: int = 100) -> float:
     """Instructions per request for the inferd in `tree`."""
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "s2.toml"
         # (deadlines far off: under valgrind the server is ~50x slower, and a refusal would count as a request)

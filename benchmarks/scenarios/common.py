@@ -120,6 +120,13 @@ def step(url: str, *, rate: float | None = None, clients: int | None = None, dur
     return result
 
 
+def free_port() -> int:
+    """A loopback port free now (for a server the benchmark starts itself)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @contextmanager
 def mosec_server(quick: bool) -> Iterator[tuple[str, int] | None]:
     """Mosec 0.9.8 with benchmarks/mosec/upper.py on a free port, in benchmarks/.mosec-venv (made on first
@@ -133,9 +140,7 @@ def mosec_server(quick: bool) -> Iterator[tuple[str, int] | None]:
             print("Mosec could not be installed: measured without it", file=sys.stderr)
             yield None
             return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([str(python), str(REPO / "benchmarks" / "mosec" / "upper.py"), "--port", str(port),
                              "--address", "127.0.0.1", "--timeout", "30000"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -22,7 +22,6 @@ import json
 import math
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from common import inferd_server, parse_args
+from common import free_port, inferd_server, parse_args
 
 from inferd.backends.tiny_llama import build_tiny_llama
 
@@ -53,12 +52,6 @@ KINDS = {
     "tool_required": ("openai-chat", "/v1/chat/completions", {"tools": TOOLS, "tool_choice": "required"}, False),
     "tool_auto": ("openai-chat", "/v1/chat/completions", {"tools": TOOLS, "tool_choice": "auto"}, False),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class VllmServe:

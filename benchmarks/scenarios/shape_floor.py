@@ -29,9 +29,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from callgrind_request import MEAN_BATCH, _free_port, count, count_server
+from callgrind_request import MEAN_BATCH, count, count_server
 from closed_loop_cycle import CLIENTS, measured, table
-from common import REPO, _machine, inferd_server, listening_pid, mosec_server, own_option, parse_args, sim_config
+from common import REPO, _machine, free_port, inferd_server, listening_pid, mosec_server, own_option, parse_args, sim_config
 
 FLOOR = REPO / "benchmarks" / "floor" / "bare_shape.py"
 
@@ -48,7 +48,7 @@ def _floor_batches(url: str) -> int:
 @contextmanager
 def floor_server() -> Iterator[tuple[str, int]]:
     """The bare shape on a free loopback port: (base URL, pid)."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(_floor_command(port, 100), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -69,7 +69,7 @@ def floor_server() -> Iterator[tuple[str, int]]:
 
 def instructions(requests: int) -> dict[str, dict[str, float]]:
     """Instructions per request at batches of 10: inferd (this checkout) and the bare shape."""
-    port = _free_port()
+    port = free_port()
     floor = count_server(_floor_command(port, 10), REPO, dict(os.environ), f"http://127.0.0.1:{port}", "/stats",
                          _floor_batches, requests)
     floor_batch = MEAN_BATCH[-1]

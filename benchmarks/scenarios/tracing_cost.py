@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import socket
 import statistics
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
-from common import RESULTS, inferd_server, own_option, parse_args, sim_config, step
+from common import RESULTS, free_port, inferd_server, own_option, parse_args, sim_config, step
 
 BODY = b'{"input": "E equals {i}"}'
 CLIENTS = (100, 400)
@@ -44,12 +43,6 @@ class _Sink(BaseHTTPRequestHandler):
 
 def _sink(port: int) -> None:
     HTTPServer(("127.0.0.1", port), _Sink).serve_forever()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 if __name__ == "__main__":
