@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
-from common import REPO, RESULTS, SCENARIOS, free_port, sim_config
+from common import QUIET_BLAS, REPO, RESULTS, SCENARIOS, free_port, sim_config
 
 
 async def _load(url: str, first: int, count: int, clients: int) -> None:
@@ -79,7 +79,7 @@ def count_server(command: list[str], cwd: Path, env: dict[str, str], url: str, r
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         server = subprocess.Popen(["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
-                                   *command], cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                   *command], cwd=cwd, env={**env, **QUIET_BLAS}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             give_up = time.monotonic() + 600
             while True:

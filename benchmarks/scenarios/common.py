@@ -120,6 +120,12 @@ def step(url: str, *, rate: float | None = None, clients: int | None = None, dur
     return result
 
 
+# Under valgrind, numpy's OpenBLAS threads (numpy is imported with the server, and unused on its request
+# path) spin in their wait loop for as long as the run lasts: ~5,000 of ~215,000 instructions per request
+# in `inprocess_request.py`, varying from run to run. One BLAS thread has none to spin.
+QUIET_BLAS = {"OPENBLAS_NUM_THREADS": "1"}
+
+
 def free_port() -> int:
     """A loopback port free now (for a server the benchmark starts itself)."""
     with socket.socket() as s:

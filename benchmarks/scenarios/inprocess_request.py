@@ -23,13 +23,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import REPO, RESULTS
+from common import QUIET_BLAS, REPO, RESULTS
 
 _REQUEST = b"POST /v1/inference HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
 
 
-async def _drive(rounds: int, fast_path: bool) -> None:
-    sys.path.insert(0, str(REPO))
+async def _drive(rounds: int, fast_path: bool, tree: str) -> None:
+    sys.path.insert(0, tree)
     from tests.helpers import RecordingTransport, running_server, sim_model
 
     answers, wanted, done = 0, 0, asyncio.Event()
@@ -61,12 +61,17 @@ async def _drive(rounds: int, fast_path: bool) -> None:
                 await done.wait()
 
 
-def _instructions(rounds: int, fast_path: bool) -> int:
+def instructions_per_request(rounds: int, fast_path: bool, tree: Path = REPO) -> float:
+    """Instructions per request of the server in `tree` (its `inferd` and `tests`): N rounds less none."""
+    return (_instructions(rounds, fast_path, tree) - _instructions(0, fast_path, tree)) / (rounds * 100)
+
+
+def _instructions(rounds: int, fast_path: bool, tree: Path) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
-                        "--drive", str(rounds), str(int(fast_path))], check=True, capture_output=True,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+                        "--drive", str(rounds), str(int(fast_path)), str(tree)], check=True, capture_output=True,
+                       env={**os.environ, **QUIET_BLAS, "PYTHONPATH": str(tree)})
         return max(int(m[1]) for m in re.finditer(r"^(?:summary|totals):\s+(\d+)", out.read_text(errors="replace"), re.M))
 
 
@@ -75,15 +80,14 @@ if __name__ == "__main__":
         import uvloop
 
         at = sys.argv.index("--drive")
-        uvloop.run(_drive(int(sys.argv[at + 1]), sys.argv[at + 2] == "1"))
+        uvloop.run(_drive(int(sys.argv[at + 1]), sys.argv[at + 2] == "1", sys.argv[at + 3]))
         sys.exit(0)
     rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 100
     repeats = int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv else 2
     runs: dict[str, list[int]] = {"fast path": [], "aiohttp's handler path": []}
     for _ in range(repeats):
         for name, fast in (("fast path", True), ("aiohttp's handler path", False)):
-            per_request = (_instructions(rounds, fast) - _instructions(0, fast)) / (rounds * 100)
-            runs[name].append(round(per_request))
+            runs[name].append(round(instructions_per_request(rounds, fast)))
             print(name, runs[name][-1], flush=True)
     median = {name: statistics.median(xs) for name, xs in runs.items()}
     (RESULTS / "inprocess_request.json").write_text(json.dumps({"rounds": rounds, "runs": runs, "median": median,
