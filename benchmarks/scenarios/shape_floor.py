@@ -4,7 +4,9 @@
 orjson, a future per request, one executor thread, a batch handed back in one call): no admission,
 routing, ids, deadlines, metrics, logs, timing headers, collapsing or cost model. What it costs per
 request no server of this shape can go below, whatever it leaves out; what inferd costs above it is
-inferd's own work. Measured, alternated round by round, at 100 closed-loop clients (S2's 10 ms batches
+inferd's own work. inferd is measured twice: as configured by default, and with what a setting turns off
+turned off (`LEAN`: metrics, the access log, collapsing), for how much of the way its optional
+per-request work is. Measured, alternated round by round, at 100 closed-loop clients (S2's 10 ms batches
 of up to 100, wrk in 2 processes with a distinct body per request, beside the servers on this
 machine's cores), with each server thread's CPU per request from /proc (`closed_loop_cycle.measured`);
 and, with `--callgrind N`, instructions per request under callgrind for N requests at batches of 10
@@ -78,6 +80,9 @@ def instructions(requests: int) -> dict[str, dict[str, float]]:
             "bare shape": {"instructions": round(floor), "per_batch": floor_batch}}
 
 
+LEAN_SERVER = 'metrics = false\naccess_log = "off"'  # (with collapse = false on the model)
+
+
 if __name__ == "__main__":
     n_rounds = int(own_option("--rounds") or 3)
     callgrind = int(own_option("--callgrind") or 0)
@@ -88,6 +93,9 @@ if __name__ == "__main__":
             this: dict[str, dict[str, Any]] = {}
             with inferd_server(sim_config(latency_ms=10.0)) as url:
                 this["inferd S2"] = measured(url, listening_pid(url), "/v1/inference", 10.0, args.quick)
+            with inferd_server(sim_config(latency_ms=10.0, extra_server=LEAN_SERVER, extra_model="collapse = false")) as url:
+                this["inferd S2, metrics, log, collapsing off"] = measured(url, listening_pid(url), "/v1/inference", 10.0,
+                                                                           args.quick)
             with floor_server() as (url, pid):
                 this["bare shape S2"] = measured(url, pid, "/v1/inference", 10.0, args.quick)
             if mosec is not None:
