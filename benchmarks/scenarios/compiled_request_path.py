@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -68,13 +69,13 @@ def compiled_copy(into: Path) -> Path:
     for part in ("inferd", "tests"):
         shutil.copytree(REPO / part, tree / part, ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.c"))
     sources = [f"inferd/{module}.py" for module in MODULES]
-    env = {"PYTHONPATH": str(cython_site()), "PATH": "/usr/bin:/bin"}
+    env = {**os.environ, "PYTHONPATH": str(cython_site())}
     built = subprocess.run([sys.executable, "-c", _BUILD, *sources], cwd=tree, env=env, capture_output=True, text=True)
     if built.returncode:  # (the C compiler's warnings are shown only when the build fails)
         raise RuntimeError(f"the Cython build failed:\n{built.stderr[-4000:]}")
     names = [f"inferd.{module.replace('/', '.')}" for module in MODULES]
     check = f"import importlib; print(all(importlib.import_module(n).__file__.endswith('.so') for n in {names!r}))"
-    loaded = subprocess.run([sys.executable, "-c", check], cwd=tree, env={"PYTHONPATH": str(tree)},
+    loaded = subprocess.run([sys.executable, "-c", check], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
                             capture_output=True, text=True, check=True).stdout.strip()
     if loaded != "True":
         raise RuntimeError("the compiled modules did not load in place of their source")
