@@ -56,17 +56,19 @@ def parse_args(description: str, baseline: bool = False) -> argparse.Namespace:
 
 
 @contextmanager
-def inferd_server(config_toml: str, env: dict[str, str] | None = None, tree: Path | str = REPO) -> Iterator[str]:
+def inferd_server(config_toml: str, env: dict[str, str] | None = None, tree: Path | str = REPO,
+                  python: str = sys.executable) -> Iterator[str]:
     """`inferd serve` on a free loopback port; yields its base URL; drained with SIGTERM afterwards.
 
-    `tree`: the checkout whose inferd serves (another one for a before/after). The benchmark-only
-    backends in this folder (e.g. `gpu_standin`) are importable by the server."""
+    `tree`: the checkout whose inferd serves (another one for a before/after); `python`: the interpreter
+    that runs it. The benchmark-only backends in this folder (e.g. `gpu_standin`) are importable by the
+    server."""
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
         f.write(config_toml)
     env = {**os.environ, **(env or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), str(SCENARIOS), env.get("PYTHONPATH")]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "inferd", "serve", "--config", f.name, "--port", "0", "--log-level", "WARNING"],
+        [python, "-m", "inferd", "serve", "--config", f.name, "--port", "0", "--log-level", "WARNING"],
         cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )
     try:

@@ -61,15 +61,16 @@ async def _drive(rounds: int, fast_path: bool, tree: str) -> None:
                 await done.wait()
 
 
-def instructions_per_request(rounds: int, fast_path: bool, tree: Path = REPO) -> float:
-    """Instructions per request of the server in `tree` (its `inferd` and `tests`): N rounds less none."""
-    return (_instructions(rounds, fast_path, tree) - _instructions(0, fast_path, tree)) / (rounds * 100)
+def instructions_per_request(rounds: int, fast_path: bool, tree: Path = REPO, python: str = sys.executable) -> float:
+    """Instructions per request of the server in `tree` (its `inferd` and `tests`) run by the interpreter
+    `python`: N rounds less none."""
+    return (_instructions(rounds, fast_path, tree, python) - _instructions(0, fast_path, tree, python)) / (rounds * 100)
 
 
-def _instructions(rounds: int, fast_path: bool, tree: Path) -> int:
+def _instructions(rounds: int, fast_path: bool, tree: Path, python: str) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
-        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
+        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", python, __file__,
                         "--drive", str(rounds), str(int(fast_path)), str(tree)], check=True, capture_output=True,
                        env={**os.environ, **QUIET_BLAS, "PYTHONPATH": str(tree)})
         return max(int(m[1]) for m in re.finditer(r"^(?:summary|totals):\s+(\d+)", out.read_text(errors="replace"), re.M))
