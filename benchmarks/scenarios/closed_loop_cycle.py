@@ -55,12 +55,14 @@ def thread_times(pid: int) -> dict[tuple[int, int], dict[str, float]]:
     return out
 
 
-def measured(url: str, pid: int, path: str, batch_ms: float, quick: bool) -> dict[str, Any]:
-    """One 100-client step (after a warm-up step), with every server thread's share per request."""
-    step(url, clients=CLIENTS, duration_s=2, warmup_s=0, quick=quick, path=path, stats_path=None, body=S2_BODY, processes=2)
+def measured(url: str, pid: int, path: str, batch_ms: float, quick: bool, body: bytes = S2_BODY,
+             duration_s: float = 10) -> dict[str, Any]:
+    """One 100-client step (after a warm-up step), with every server thread's share per request (`loop`:
+    the thread of the process `pid` itself, inferd's event loop)."""
+    step(url, clients=CLIENTS, duration_s=2, warmup_s=0, quick=quick, path=path, stats_path=None, body=body, processes=2)
     before = thread_times(pid)
-    result = step(url, clients=CLIENTS, duration_s=10, warmup_s=0, quick=quick, path=path, stats_path=None, body=S2_BODY,
-                  processes=2)
+    result = step(url, clients=CLIENTS, duration_s=duration_s, warmup_s=0, quick=quick, path=path, stats_path=None,
+                  body=body, processes=2)
     after = thread_times(pid)
     n = max(1, result["completed"])
     threads = []
@@ -71,7 +73,8 @@ def measured(url: str, pid: int, path: str, batch_ms: float, quick: bool) -> dic
         share = {k: round((end[k] - start[k]) / n * 1e6, 1) for k in ("user_s", "sys_s", "run_s", "wait_s")}
         share["involuntary"] = round((end["involuntary"] - start["involuntary"]) / n, 3)
         if share["run_s"] >= 0.5:  # (threads that did something per request)
-            threads.append({"thread": end["name"], **{k.replace("_s", "_us"): v for k, v in share.items()}})
+            threads.append({"thread": end["name"], "loop": key[1] == pid,
+                            **{k.replace("_s", "_us"): v for k, v in share.items()}})
     threads.sort(key=lambda t: -t["run_us"])
     rps = result["achieved_rps"]
     cycle_ms = CLIENTS / rps * 1000 if rps else None

@@ -27,10 +27,9 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
-from closed_loop_cycle import thread_times
-from common import REPO, RESULTS, inferd_server, listening_pid, sim_config, step
+from closed_loop_cycle import measured
+from common import REPO, RESULTS, inferd_server, listening_pid, sim_config
 from inprocess_request import instructions_per_request
-from request_path import S2_BODY
 
 # What the server imports to serve the simulated GPU, and what aiohttp imports: pinned to this venv's versions.
 REQUEST_PATH_PACKAGES = (
@@ -60,15 +59,9 @@ def venv_for(base: str) -> str:
 def s2_at_100(python: str) -> tuple[float, float, float]:
     """req/s, and the event loop thread's user and system µs per request, over 8 s after a 2 s warm-up."""
     with inferd_server(sim_config(latency_ms=10), python=python) as url:
-        pid = listening_pid(url)
-        step(url, clients=100, duration_s=2, warmup_s=0, quick=False, body=S2_BODY, processes=2, stats_path=None)
-        before = thread_times(pid)[(pid, pid)]
-        result = step(url, clients=100, duration_s=8, warmup_s=0, quick=False, body=S2_BODY, processes=2,
-                      stats_path=None)
-        after = thread_times(pid)[(pid, pid)]
-    n = result["completed"]
-    return (round(result["achieved_rps"]), round((after["user_s"] - before["user_s"]) / n * 1e6, 1),
-            round((after["sys_s"] - before["sys_s"]) / n * 1e6, 1))
+        result = measured(url, listening_pid(url), "/v1/inference", 10.0, False, duration_s=8)
+    loop = next(thread for thread in result["threads"] if thread["loop"])
+    return round(result["rps"]), loop["user_us"], loop["sys_us"]
 
 
 def main() -> None:

