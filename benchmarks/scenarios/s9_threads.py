@@ -5,8 +5,8 @@ clients on this machine (issue 27 asks for at least 0.85 of S2). This says wheth
 costs more, or the threads beside it: the tokenising (preprocessing) thread and the executor's collation
 and output rows, which a host with more cores than this one's two runs beside the loop, holding the GIL
 only for their Python parts. Both served as in `s9_real_frontend.py` (10 ms per batch of up to 100, wrk
-at 100 clients, distinct bodies), alternated; per thread, user and system CPU per request from /proc (`closed_loop_cycle.measured`;
-threads that ran under 0.5 µs per request left out).
+at 100 clients, distinct bodies), alternated; per thread, user and system CPU per request from /proc
+(`closed_loop_cycle.measured`: threads that ran under 0.5 µs per request left out).
 
 Then the Rust tokenizer's own CPU per input (batches of 100 short texts, as S9 sends), alone: how much
 of the other threads' share it is.
