@@ -78,7 +78,8 @@ def main() -> None:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "S9_threads.json").write_text(json.dumps(
         {"runs": runs, "median": median, "tokenizer_us_per_input": tokenizer, "note": __doc__}, indent=1) + "\n")
-    lines = [f"### S9's CPU by thread beside S2's (100 clients, {args.rounds} alternated rounds, medians; µs per request)",
+    lines = [f"### S9's CPU by thread beside S2's (100 clients, {args.rounds} alternated rounds, medians; "
+             "µs per request)",
              "", "| path | req/s | loop user | loop system | other threads user | other threads system | all |",
              "|---|---|---|---|---|---|---|"]
     for name, m in median.items():
