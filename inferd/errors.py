@@ -17,6 +17,7 @@ class InferdError(Exception):
     status: int = 500
     code: str = "INTERNAL_ERROR"
     drops_connection = False  # the request's body cannot be read to its end: close without trying
+    server_timing: str | None = None  # Server-Timing entries of its own (a refusal's predicted figures)
 
     def __init__(self, message: str, *, retry_after_ms: int | None = None, reason: str | None = None) -> None:
         super().__init__(message)

@@ -29,6 +29,7 @@ class ModelConfig:
     max_batch_size: int = 32
     max_wait_ms: float = 5.0  # linger, counted from the oldest waiting request
     slo_ms: float | None = None  # a latency objective, from admission to answer: admitted only if predicted to meet it
+    refuse_early: bool = True  # refuse at once what is predicted to miss its due (false: deadlines only, 504 when missed)
     max_batch_tokens: int | None = None  # a batch's token budget besides max_batch_size (None: none)
     workers: int = 1  # executor threads, one per GPU
     devices: tuple[str, ...] = ()  # one per worker; default "auto:0", "auto:1", ...

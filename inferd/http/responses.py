@@ -138,13 +138,17 @@ def error_response(
     Retry-After header for a 429 or 503), OpenAI's (`{"error": {"message", "type", "code", ...}}`), or
     the Open Inference Protocol's (`{"error": message}`, inferd's `code` beside it).
     `close`: the connection closes after it (draining); `allow`: the Allow header of a 405; `held_s`:
-    how long the server held the request (`Server-Timing: total`, e.g. how fast a refusal came)."""
+    how long the server held the request (`Server-Timing: total`, e.g. how fast a refusal came), beside
+    the error's own entries (a refusal's predicted completion, margin and budget)."""
     # A raised error's traceback holds the handler's frame, and with it the request whose future holds the
     # error: a cycle only the cyclic collector would free. Answered, the error needs no traceback.
     error.__traceback__ = None
     headers: tuple[tuple[str, str], ...] = (("X-Request-ID", request_id),)
     if held_s is not None:
-        headers += (("Server-Timing", f"total;dur={held_s * 1000:.3f}"),)
+        total = f"total;dur={held_s * 1000:.3f}"
+        headers += (("Server-Timing", total if error.server_timing is None else f"{total}, {error.server_timing}"),)
+    elif error.server_timing is not None:
+        headers += (("Server-Timing", error.server_timing),)
     if allow is not None:
         headers += (("Allow", allow),)
     if error.status == 401:

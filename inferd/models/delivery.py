@@ -67,7 +67,7 @@ class Delivery:
         compute = batch.compute_s
         # (a failed batch's time holds its bisection's extra calls: it says nothing of what a batch costs)
         self.forecast.observe_batch(compute, batch.size if batch.error is None else 0, batch.bucket,
-                                     batch.backlog, batch.gap_s)
+                                     batch.backlog, batch.gap_s, batch.finished_at)
         self.forecast.note_capacity(self.healthy_workers())
         self.latencies.observe(compute)
         self.stats.record(batch)

@@ -37,9 +37,10 @@ class Forecast:
         self.gaps_s: deque[float] = deque(maxlen=2048)  # a worker's turnarounds between back-to-back calls
 
     def observe_batch(self, seconds: float, size: int = 0, bucket: int = 0, backlog: int = 0,
-                      gap_s: float | None = None) -> None:
+                      gap_s: float | None = None, at: float = 0.0) -> None:
         """A backend call of `size` requests of length bucket `bucket` took `seconds` (the first one, e.g.
-        a warm-up call, sets the mean), taken while `backlog` more waited; `gap_s`: it ran back to back with its worker's previous call, this long after it. The cost model
+        a warm-up call, sets the mean), taken while `backlog` more waited, ending at `at`; `gap_s`: it ran
+        back to back with its worker's previous call, this long after it. The cost model
         learns the call with that turnaround (a queued batch costs the worker both), so what the loop
         or a collector pause takes from the workers is in every predicted wait."""
         self.batch_s = seconds if not self.batch_s else self.batch_s + EWMA_ALPHA * (seconds - self.batch_s)
@@ -47,7 +48,7 @@ class Forecast:
             self.gaps_s.append(gap_s)
         if not size:
             return
-        self.costs.observe(bucket, size, seconds + (gap_s or 0.0))
+        self.costs.observe(bucket, size, seconds + (gap_s or 0.0), at)
         if backlog > 0:
             self.loaded_batch += EWMA_ALPHA * (size - self.loaded_batch)
 

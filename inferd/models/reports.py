@@ -48,6 +48,7 @@ class BatchModel(Protocol):
 
 
 def snapshot(model: BatchModel, now: float) -> BatchModelSnapshot:
+    model.costs.refresh_margins(now)  # (they fade with time: the gauge shows them as they stand now)
     return BatchModelSnapshot(
         name=model.name, version=model.version, takes_traffic=model.takes_traffic, ready=model.ready, waiting_by_tier=model.batcher.depth_by_tier(),
         oldest_age_by_tier=model.batcher.oldest_age_by_tier(now), workers=model.pool.snapshot(now),
@@ -56,6 +57,7 @@ def snapshot(model: BatchModel, now: float) -> BatchModelSnapshot:
         compute=model.stats.compute, batch_sizes=dict(model.stats.batch_sizes), flushes=dict(model.batcher.flushes),
         collapsed=model.shared.collapsed, cache=_cache_snapshot(model.shared.cache),
         batch_costs=tuple(model.costs.measured_shapes()), wait_error=dict(model.timeliness.wait_error),
+        admission_margin=model.costs.slack,
     )
 
 

@@ -2,9 +2,12 @@
 
 The question a batch model asks before it queues a request (`refusal`): its predicted wait (the work
 ahead of it, by length bucket and tier, each batch costed by the cost model: `forecast`) plus its own
-batch, with the cost model's slack and its worst recent stall, must end by its due: its deadline, or sooner the latency objective
+batch, plus a margin calibrated on how far recent batches ran from their estimates
+(`scheduling.prediction_errors`), must end by its due: its deadline, or sooner the latency objective
 of its model or tier (`slo_ms`, the tighter of the two). Otherwise it is refused at once with a 503,
-never queued to miss. A tier's `max_predicted_wait_ms` refuses a lower tier while a higher one still
+never queued to miss; the refusal says the figures it compared (the message, and Server-Timing's
+`predicted`, `margin` and `budget`). A model with nothing to do admits a request that fits without the
+margin: the margin is what it would be wrong about. A tier's `max_predicted_wait_ms` refuses a lower tier while a higher one still
 gets in. Each admitted request that was asked carries its predicted wait (most of those surely in time
 are not asked: `asks`); delivery reports the actual one, and the difference is kept per tier
 (`wait_error`), so an operator can tell a wrong prediction from a slow model from time spent lingering
@@ -41,6 +44,7 @@ class Timeliness:
         self._pool = pool
         self._tiered = len(tiers) > 1
         self._workers = config.workers
+        self._refuses_early = config.refuse_early  # false: deadlines only (a request predicted late is queued all the same)
         # the longest a partial batch lingers: max_wait_ms, or with an objective less than the objective
         self._linger_bound_s = (config.max_wait_ms if config.slo_ms is None else config.slo_ms) / 1000.0
         self._slo_s = {t.name: _tighter(config.slo_ms, t.slo_ms) for t in tiers}
@@ -75,20 +79,34 @@ class Timeliness:
             if (here + 1) % self.costs.size_limit(bucket) and 0.0 < wait < math.inf:
                 joining = self._batcher.arrival_rate(now) * wait
             own = self.forecast.own_batch_s(here, bucket, joining)
-        finish = now + lingering + self.costs.safe_total(wait - lingering + own)
-        if finish <= request.due + EXACT_S:
+        costs = self.costs
+        costs.refresh_margins(now)
+        predicted = wait + own  # from now to its answer (the lingering part is the rule's own, exact)
+        work = predicted - lingering
+        margin = costs.margin_s(work, max(own, costs.costliest_batch_s())) if work < math.inf else 0.0
+        if not self._refuses_early or now + predicted + margin <= request.due + EXACT_S or (
+                now + predicted <= request.due + EXACT_S and self._idle()):  # (idle: a probe, see `_idle`)
             limit = self._wait_limit_s.get(tier)
             if limit is None or wait <= limit:
                 return None
             return ServiceOverloaded(f"predicted wait {wait * 1000:.0f} ms is over the {tier} tier's {limit * 1000:.0f} ms",
                                      retry_after_ms=errors.retry_after_ms(wait), reason="tier_predicted_wait")
-        late_for_deadline = finish > request.deadline + EXACT_S
+        late_for_deadline = now + predicted + margin > request.deadline + EXACT_S
         which = "deadline" if late_for_deadline else "latency objective"
         budget_ms = ((request.deadline if late_for_deadline else request.due) - now) * 1000
-        return ServiceOverloaded(
-            f"predicted wait {wait * 1000:.0f} ms plus {own * 1000:.0f} ms of compute exceeds this request's "
-            f"{budget_ms:.0f} ms {which}", retry_after_ms=errors.retry_after_ms(wait),
-            reason="deadline_infeasible" if late_for_deadline else "slo_infeasible")
+        refused = ServiceOverloaded(
+            f"predicted {predicted * 1000:.0f} ms (wait {wait * 1000:.0f} ms, compute {own * 1000:.0f} ms) plus a "
+            f"{margin * 1000:.0f} ms margin exceeds this request's {budget_ms:.0f} ms {which}",
+            retry_after_ms=errors.retry_after_ms(wait), reason="deadline_infeasible" if late_for_deadline else "slo_infeasible")
+        refused.server_timing = (f"predicted;dur={predicted * 1000:.3f}, margin;dur={margin * 1000:.3f}, "
+                                 f"budget;dur={budget_ms:.3f}")
+        return refused
+
+    def _idle(self) -> bool:
+        """Nothing waits or runs. A request whose prediction fits its due only without the margin is then
+        admitted all the same: the batch it makes tells the model whether its estimates were wrong (a
+        model that refused everything on a figure only new batches correct would stay locked)."""
+        return self._batcher.depth == 0 and not self._pool.running()
 
     def asks(self, request: PendingRequest, now: float) -> bool:
         """Whether a prepared request is asked `refusal` (the exact question): wherever the bound below
@@ -124,8 +142,9 @@ class Timeliness:
         if self._bound_revision != costs.revision:
             self._bound_revision = costs.revision
             costliest = costs.costliest_batch_s()
-            fixed = self._linger_bound_s + costs.safe_total(costliest * (self._workers + 1)) if costliest else 0.0
-            self._bound_terms = (fixed, costs.safe_total(costliest) - costs.stall_s)
+            per_batch = costliest * (1.0 + costs.slack)  # (a margin is at most this share of what it covers)
+            fixed = self._linger_bound_s + per_batch * (self._workers + 1) if costliest else 0.0
+            self._bound_terms = (fixed, per_batch)
         fixed, per_waiting = self._bound_terms
         if not fixed:
             return False  # nothing measured yet: ask

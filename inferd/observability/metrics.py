@@ -112,6 +112,9 @@ def _batch_families(models: list[BatchModelSnapshot]) -> Iterator[Metric]:
             "inferd_capacity_requests_per_second", "Requests/s the healthy workers sustain, measured.", labels=["model", "version"]),
         "inferd_predicted_wait_seconds": GaugeMetricFamily(
             "inferd_predicted_wait_seconds", "Predicted wait of a request queued now: the scaling signal.", labels=["model", "version"]),
+        "inferd_admission_margin_ratio": GaugeMetricFamily(
+            "inferd_admission_margin_ratio", "What admission adds to one batch's estimate, as a share of it: the recent "
+            "99th percentile of batches' excess over their estimates.", labels=["model", "version"]),
     }
     collapsed = CounterMetricFamily("inferd_collapsed_requests", "Requests answered by an identical request's computation.",
                                     labels=["model", "version"])
@@ -139,6 +142,7 @@ def _batch_families(models: list[BatchModelSnapshot]) -> Iterator[Metric]:
         gauges["inferd_workers"].add_metric([m.name, m.version], len(m.workers))
         gauges["inferd_capacity_requests_per_second"].add_metric([m.name, m.version], m.capacity_rps)
         gauges["inferd_predicted_wait_seconds"].add_metric([m.name, m.version], min(m.predicted_wait_s, 1e9))
+        gauges["inferd_admission_margin_ratio"].add_metric([m.name, m.version], m.admission_margin)
         for w in m.workers:
             busy.add_metric([m.name, m.version, w.name], w.busy_ratio)
         collapsed.add_metric([m.name, m.version], m.collapsed)

@@ -55,6 +55,7 @@ class BatchModelSnapshot:
     cache: CacheSnapshot | None = None  # None: the model has no result cache
     batch_costs: tuple[tuple[int, int, float], ...] = ()  # (bucket, size, estimated seconds) of each measured shape
     wait_error: dict[str, Histogram] = field(default_factory=dict)  # by tier: actual - predicted wait
+    admission_margin: float = 0.0  # what admission adds to one batch's estimate, as a share of it (the 99th percentile)
 
     @property
     def waiting(self) -> int:

@@ -14,11 +14,15 @@ An estimate is `level x shape`: a cell's shape is the mean of its own observatio
 then a slow moving one), the level a fast moving mean of how far observations have been from their
 cells. Sizes never run are interpolated between the measured ones of their bucket (flat below the
 smallest, the last slope above the largest), and never cost less than a smaller size. A bucket never
-run borrows the nearest measured bucket's curve. The spread of observations around their estimates is
-kept too, as what a prediction adds to stay on the safe side: `slack`, a share of the predicted time
-(two standard deviations of the log error), and `stall_s`, the worst recent excess of one batch over its
-estimate, in seconds (decaying by half in about 140 batches): a pause of the process (a collector, a
-busy core) delays every batch queued behind it by its length, whatever their number.
+run borrows the nearest measured bucket's curve.
+
+One odd batch must not lock the estimates in a state nothing corrects (a cell's first batch, slowed by
+one very long input, once made every larger size cost 5 s, so that none of them ran again): a cell's
+first observation is taken within a factor of two of what the curve predicted there, the first few
+teach their cell alone (their mean: `SETTLING_RUNS`), and a later one moves the level and its cell by
+at most a factor of two; a real change is followed within a few batches all the same. How far batches ran from their estimates is kept apart
+(`prediction_errors`): it makes the margin predictions add, calibrated on what happened and fading
+with time.
 
 Thread-safety: written on the event loop only; read by the batcher under its lock from worker threads.
 Readers see either a bucket's old curve or its new one (each is replaced whole), never half of one.
@@ -31,12 +35,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .prediction_errors import PredictionErrors
+
 LEVEL_ALPHA = 0.3  # how fast the level follows (a 2x slowdown: within 10% in about 8 batches)
 CELL_ALPHA = 0.05  # how fast a cell's shape moves once it has 20 observations (before: their mean)
-SPREAD_ALPHA = 0.05
-SPREAD_SIGMAS = 2.0  # slack: this many standard deviations of the log error...
-MIN_SLACK = 0.1  # ...and never less than 10% (scheduling noise, the response's own time)
-STALL_DECAY = 0.995  # per batch: the worst recent excess fades by half in about 140 batches
+MAX_STEP = math.log(2.0)  # one observation moves the level, or its cell, by at most 2x
+SETTLING_RUNS = 3  # a cell's first observations teach it alone; the level learns from the later ones
 KNEE_LOSS = 0.05  # the useful batch: the smallest with 95% of the best throughput in the objective
 
 
@@ -57,9 +61,7 @@ class BatchCosts:
         self.slo_s = slo_s
         self.level = 1.0
         self.batches = 0  # observations since start (warm-up measurements included)
-        self._log_spread = 0.0  # moving mean of the squared log error of estimates of measured cells
-        self.slack = MIN_SLACK  # what a prediction adds to stay on the safe side (see `_spread`)...
-        self.stall_s = 0.0  # ...and the worst recent excess of a batch over its estimate
+        self.errors = PredictionErrors()  # how far batches ran from their estimates: the margins
         self._cells: dict[int, dict[int, _Cell]] = {}
         self._curves: dict[int, list[float]] = {}  # by bucket: shape by size (index 0: 0.0), at level 1.0
         self._limits: dict[int, int] = {}  # by bucket: the size a batch stops at
@@ -81,31 +83,45 @@ class BatchCosts:
         for bucket in touched:
             self._refresh(bucket)
 
-    def observe(self, bucket: int, size: int, seconds: float) -> None:
-        """A batch of `size` requests of `bucket` ran in `seconds`."""
+    def observe(self, bucket: int, size: int, seconds: float, at: float) -> None:
+        """A batch of `size` requests of `bucket` ran in `seconds`, ending at `at` (the model's clock)."""
         if seconds <= 0 or not 1 <= size <= self.max_batch_size:
             return
         self.batches += 1
         cells = self._cells.setdefault(bucket, {})
         cell = cells.get(size)
-        if cell is None:  # a new shape: what interpolation got wrong is not the level's business
+        if cell is None:  # a new shape: within a factor of two of what the curve predicted there, if anything
+            prior = self.estimate(size, bucket)
+            if prior:
+                self.errors.observe(seconds / prior, at)
+                seconds = _within_step(seconds, prior)  # (what interpolation got wrong is not the level's business)
             cells[size] = _Cell(seconds / self.level, 1)
+            self.errors.refresh(at)
             self._refresh(bucket)
             return
         expected = cell.shape * self.level
-        self.stall_s = max(seconds - expected, self.stall_s * STALL_DECAY)
-        error = max(-3.0, min(3.0, math.log(seconds / expected)))
-        self._spread(error)
-        self.level *= math.exp(LEVEL_ALPHA * error)
+        self.errors.observe(seconds / expected, at)
         cell.runs += 1
-        cell.shape += max(CELL_ALPHA, 1.0 / cell.runs) * (seconds / self.level - cell.shape)
+        if cell.runs <= SETTLING_RUNS:  # still settling: the mean of its observations, wrong on its own account
+            cell.shape += (seconds / self.level - cell.shape) / cell.runs
+        else:
+            error = max(-MAX_STEP, min(MAX_STEP, math.log(seconds / expected)))
+            self.level *= math.exp(LEVEL_ALPHA * error)
+            seen = _within_step(seconds, expected) / self.level
+            cell.shape += max(CELL_ALPHA, 1.0 / cell.runs) * (seen - cell.shape)
+        self.errors.refresh(at)
         self._refresh(bucket)
 
-    def _spread(self, log_error: float) -> None:
-        """Keep the spread of estimates' log errors, and the slack it makes: two standard deviations,
-        at least `MIN_SLACK`."""
-        self._log_spread += SPREAD_ALPHA * (log_error * log_error - self._log_spread)
-        self.slack = max(MIN_SLACK, math.exp(SPREAD_SIGMAS * math.sqrt(self._log_spread)) - 1.0)
+    def refresh_margins(self, now: float) -> None:
+        """Bring the margins up to `now` (they fade with time, batches or none): the revision moves on
+        when they changed."""
+        if self.errors.refresh(now):
+            self.revision += 1
+
+    @property
+    def slack(self) -> float:
+        """What one batch may take beyond its estimate, as a share of it (the 99th percentile, recently)."""
+        return self.errors.batch_excess
 
     def _refresh(self, bucket: int) -> None:
         cells = self._cells[bucket]
@@ -156,13 +172,13 @@ class BatchCosts:
         return curve[size if 0 < size <= self.max_batch_size else max(1, min(size, self.max_batch_size))] * self.level
 
     def safe_estimate(self, size: int, bucket: int) -> float:
-        """What a batch may take, for decisions that must not be late: `estimate` with the slack and the
-        worst recent stall."""
-        return self.safe_total(self.estimate(size, bucket))
+        """What a batch may take, for decisions that must not be late: `estimate` with one batch's margin."""
+        return self.estimate(size, bucket) * (1.0 + self.errors.batch_excess)
 
-    def safe_total(self, seconds: float) -> float:
-        """What `seconds` of predicted batches may take: with the slack, and the worst recent stall."""
-        return seconds * (1.0 + self.slack) + self.stall_s
+    def margin_s(self, total_s: float, batch_s: float) -> float:
+        """What a prediction of `total_s` seconds of batches (each up to `batch_s`) adds to hold at the
+        99th percentile (`PredictionErrors.margin_s`)."""
+        return self.errors.margin_s(total_s, batch_s)
 
     def full_batch_s(self, bucket: int) -> float:
         """What a batch of `bucket` at its size limit is expected to take (0.0: nothing measured)."""
@@ -187,7 +203,7 @@ class BatchCosts:
         """The curve as `GET /v1/models` shows it: per bucket, the estimate (ms) and runs of every measured
         size, and the size a batch stops at."""
         return {
-            "level": round(self.level, 4), "slack": round(self.slack, 4), "stall_ms": round(self.stall_s * 1000, 3),
+            "level": round(self.level, 4), "slack": round(self.slack, 4), "margin": self.errors.describe(),
             "batches": self.batches,
             "buckets": {
                 str(bucket): {
@@ -202,6 +218,12 @@ class BatchCosts:
     def measured_shapes(self) -> list[tuple[int, int, float]]:
         """(bucket, size, estimated seconds) of every measured shape: for the metrics exporter."""
         return [(b, n, cells[n].shape * self.level) for b, cells in sorted(self._cells.items()) for n in sorted(cells)]
+
+
+def _within_step(seconds: float, expected: float) -> float:
+    """`seconds`, brought within a factor of e^MAX_STEP of `expected`."""
+    bound = math.exp(MAX_STEP)
+    return min(expected * bound, max(expected / bound, seconds))
 
 
 def _floor_curve(sizes: list[int], shapes: list[float], max_size: int) -> list[float]:

@@ -32,6 +32,10 @@ async def test_a_burst_past_the_objective_is_refused_at_once_and_what_is_admitte
     assert {body["error"] for body, _ in refused} == {"SERVICE_OVERLOADED"}
     assert all("latency objective" in body["message"] and body["retry_after_ms"] > 0 for body, _ in refused)
     assert max(timing(headers)["total"] for _, headers in refused) < 50  # refused at once, not queued first
+    for _, headers in refused:  # what was compared: the predicted answer with its margin, past the budget
+        figures = timing(headers)
+        assert figures["predicted"] + figures["margin"] > figures["budget"] > 0, figures
+    assert 'inferd_admission_margin_ratio{model="m",version="1"}' in metrics
     assert all("predicted_queue" in timing(headers) for _, headers in served)
     assert 'inferd_shed_total{model="m",reason="slo_infeasible",tier="default"}' in metrics
     assert f'inferd_objective_requests_total{{model="m",result="met",tier="default",version="1"}} {len(served)}.0' in metrics

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -134,7 +135,7 @@ async def test_the_bound_kept_between_batches_is_the_bound_made_afresh_and_follo
     def afresh(request) -> bool:  # type: ignore[no-untyped-def]
         """The bound as its docstring states it, from the cost model as it is now."""
         waiting = served.batcher.depth + served.config.workers + 1
-        bound = served.config.max_wait_ms / 1000 + costs.safe_total(costs.costliest_batch_s() * waiting)
+        bound = served.config.max_wait_ms / 1000 + costs.costliest_batch_s() * waiting * (1 + costs.slack)
         return clock() + bound <= request.due
 
     probe = served.submit("probe", "probe", 1.0)
@@ -142,7 +143,7 @@ async def test_the_bound_kept_between_batches_is_the_bound_made_afresh_and_follo
         served.submit(f"r{i}", f"r {i}", 10.0)
     assert timeliness.surely_in_time(probe, clock()) is afresh(probe) is True
     for seconds in (0.4, 0.5, 0.6):  # the model turns ~10x slower: its estimates move, and the bound with them
-        costs.observe(0, 32, seconds)
+        costs.observe(0, 32, seconds, clock())
         assert timeliness.surely_in_time(probe, clock()) is afresh(probe)
     assert afresh(probe) is False
 
@@ -177,3 +178,94 @@ async def test_overload_keeps_the_queue_within_the_objective_and_every_admitted_
     assert refused > 0 and all(r.state.value == "taken" for r in done)
     errors = served.timeliness.wait_error["default"]
     assert errors.count == len(done) and abs(errors.mean) < 0.01  # predictions within 10 ms on average
+
+
+def drive(served: BatchModel, device: FakeDevice, clock: FakeClock, rate: float, seconds: float, rng: random.Random,
+          timeout_s: float = 2.0, odd: dict[int, str] | None = None) -> tuple[list, list[ServiceOverloaded]]:
+    """Open-loop Poisson arrivals at `rate` for `seconds` of the fake clock, the device stepping every
+    0.5 ms; `odd`: the inputs to send instead at those arrival numbers. Returns (admitted, refusals)."""
+    admitted, refused = [], []
+    next_arrival, i, end = clock(), 0, clock() + seconds
+    while clock() < end:
+        while next_arrival <= clock():
+            text = (odd or {}).get(i, f"input {clock():.6f} {i}")
+            try:
+                admitted.append(served.submit(f"r{clock():.6f}.{i}", text, timeout_s, tenant=f"t{i % 7}"))
+            except ServiceOverloaded as error:
+                refused.append(error)
+            next_arrival += rng.expovariate(rate)
+            i += 1
+        device.step()
+        clock.advance(0.0005)
+    return admitted, refused
+
+
+def answered_within(requests: list, start: float, end: float) -> int:
+    return sum(1 for r in requests if r.batch is not None and start <= r.batch.finished_at < end and r.future.done()
+               and not r.future.cancelled() and r.future.exception() is None)
+
+
+async def test_a_refusal_states_the_figures_it_compared():
+    clock = FakeClock()
+    served = model(clock, slo_ms=300)
+    FakeDevice(served, clock, SimulatedGPU(latency_ms=50, max_batch_size=32))
+    for i in range(32 * 5):
+        served.submit(f"r{i}", f"in {i}", 2.0)
+    with pytest.raises(ServiceOverloaded) as refused:
+        served.submit("late", "late", 2.0)
+    figures = re.fullmatch(r"predicted (\d+) ms \(wait (\d+) ms, compute (\d+) ms\) plus a (\d+) ms margin exceeds "
+                           r"this request's (\d+) ms latency objective", refused.value.message)
+    assert figures is not None, refused.value.message
+    predicted, wait, compute, margin, budget = map(int, figures.groups())
+    assert abs(predicted - (wait + compute)) <= 1 and predicted + margin > budget == 300
+    timing = dict(re.findall(r"(\w+);dur=([\d.]+)", refused.value.server_timing or ""))
+    assert round(float(timing["predicted"])) == predicted and round(float(timing["margin"])) == margin
+    assert round(float(timing["budget"])) == budget
+
+
+async def test_a_single_stall_does_not_refuse_requests_with_ten_times_the_time_they_need_once_it_has_passed():
+    clock = FakeClock()
+    served = model(clock, timeout_ms=10_000)
+    gpu = SimulatedGPU(latency_ms=50, max_batch_size=32)
+    device = FakeDevice(served, clock, gpu)
+    rng = random.Random(11)
+    drive(served, device, clock, 200.0, 3.0, rng)  # a quarter of capacity: batches as estimated
+    gpu.slowdown = 9.0  # one batch held up 400 ms (a collector, a preempted process)
+    drive(served, device, clock, 200.0, 0.06, rng)
+    gpu.slowdown = 1.0
+    drive(served, device, clock, 200.0, 1.0, rng)  # it has passed
+    admitted, refused = drive(served, device, clock, 200.0, 3.0, rng, timeout_s=1.0)
+    assert len(admitted) > 400 and len(refused) == 0  # 1 s deadlines, over ten times what a request needs
+    assert served.costs.slack == pytest.approx(0.1, abs=0.02)  # the stall has faded from the margin
+
+
+async def test_one_very_long_input_does_not_lock_the_model_against_every_tenant():
+    """The audit's case: one 90,000-character input (its batch 18 times the usual) on a model with an
+    objective and no length buckets once left every tenant's request refused for good: nothing ran, so
+    nothing corrected the figure. Now the model answers others again at once, and its throughput is
+    back within seconds."""
+    clock = FakeClock()
+    served = model(clock, slo_ms=300)
+    device = FakeDevice(served, clock, SimulatedGPU(latency_ms=20, per_token_ms=0.001, max_batch_size=32))
+    rng = random.Random(13)
+    before, _ = drive(served, device, clock, 500.0, 5.0, rng)
+    start = clock()
+    after, refused = drive(served, device, clock, 500.0, 30.0, rng, odd={0: "x" * 90_000})
+    rate_before = answered_within(before, start - 4.0, start) / 4.0
+    first_answered = min(r.batch.finished_at for r in after[1:] if r.batch is not None)
+    assert first_answered - start < 10.0  # others are answered again within 10 s...
+    assert answered_within(after, start + 20.0, start + 30.0) / 10.0 >= 0.9 * rate_before  # ...at the old rate by 30 s
+
+
+async def test_a_model_with_nothing_to_do_admits_what_fits_without_its_margin_so_it_can_learn():
+    clock = FakeClock()
+    served = model(clock, timeout_ms=10_000)
+    FakeDevice(served, clock, SimulatedGPU(latency_ms=50, max_batch_size=32))
+    for _ in range(3):  # batches have recently run four times their estimate: a wide margin
+        served.costs.errors.observe(4.0, clock())
+    served.costs.refresh_margins(clock())
+    assert served.costs.slack > 2.5
+    probe = served.submit("probe", "probe", 0.08)  # 50 ms of compute fits 80 ms; with the margin it would not
+    assert probe.predicted_wait is not None
+    with pytest.raises(ServiceOverloaded):
+        served.submit("behind", "behind", 0.08)  # not idle any more: the margin holds

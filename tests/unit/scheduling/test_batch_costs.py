@@ -3,12 +3,14 @@ batches that run, following a slowdown, the spread it keeps as slack, and the la
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
 
 from inferd.backends.sim import SimulatedGPU
-from inferd.scheduling.batch_costs import MIN_SLACK, BatchCosts
+from inferd.scheduling.batch_costs import BatchCosts
+from inferd.scheduling.prediction_errors import MIN_EXCESS
 
 
 def sim(**options: float) -> SimulatedGPU:
@@ -29,11 +31,12 @@ def test_nothing_measured_nothing_predicted_and_one_measurement_is_flat():
 
 
 def test_the_curve_of_a_real_model_is_learned_from_the_batches_it_runs():
+    clock = itertools.count(0.0, 0.05)  # when each batch ends: one every 50 ms
     device, costs = sim(), BatchCosts(64)
     for _ in range(5):
         for n in (1, 4, 16, 64):  # the sizes that happened to run, in two length buckets
-            costs.observe(0, n, device.call_s(texts(n, 60)))
-            costs.observe(1, n, device.call_s(texts(n, 400)))
+            costs.observe(0, n, device.call_s(texts(n, 60)), next(clock))
+            costs.observe(1, n, device.call_s(texts(n, 400)), next(clock))
     for n in (1, 2, 8, 10, 33, 50, 64):  # measured or not, every size is within 10% of the truth
         assert costs.estimate(n, 0) == pytest.approx(device.call_s(texts(n, 60)), rel=0.1)
         assert costs.estimate(n, 1) == pytest.approx(device.call_s(texts(n, 400)), rel=0.1)
@@ -41,30 +44,32 @@ def test_the_curve_of_a_real_model_is_learned_from_the_batches_it_runs():
 
 
 def test_a_model_that_gets_twice_as_slow_is_followed_within_ten_batches_even_where_nothing_ran():
+    clock = itertools.count(0.0, 0.05)  # when each batch ends: one every 50 ms
     device, costs = sim(), BatchCosts(64)
     for _ in range(30):  # served a while: batches of several sizes ran
         for n in (1, 8, 32, 64):
-            costs.observe(0, n, device.call_s(texts(n, 60)))
+            costs.observe(0, n, device.call_s(texts(n, 60)), next(clock))
     before = {n: costs.estimate(n, 0) for n in (1, 8, 20, 64)}
     device.slowdown = 2.0
     for _ in range(10):  # only full batches run meanwhile
-        costs.observe(0, 64, device.call_s(texts(64, 60)))
+        costs.observe(0, 64, device.call_s(texts(64, 60)), next(clock))
     assert costs.estimate(64, 0) == pytest.approx(2 * before[64], rel=0.05)
     for n in (1, 8, 20):  # shapes that did not run moved with the level
         assert costs.estimate(n, 0) == pytest.approx(2 * before[n], rel=0.15)
     device.slowdown = 1.0
     for _ in range(10):
-        costs.observe(0, 64, device.call_s(texts(64, 60)))
+        costs.observe(0, 64, device.call_s(texts(64, 60)), next(clock))
     assert costs.estimate(20, 0) == pytest.approx(before[20], rel=0.15)  # and back
 
 
 def test_noisy_batches_widen_the_slack_and_the_estimate_stays_at_the_mean():
+    clock = itertools.count(0.0, 0.05)  # when each batch ends: one every 50 ms
     steady, noisy = BatchCosts(8), BatchCosts(8)
     rng = random.Random(1)
     for _ in range(300):
-        steady.observe(0, 8, 0.05)
-        noisy.observe(0, 8, 0.05 * max(0.1, 1 + 0.2 * rng.gauss(0, 1)))
-    assert steady.slack == MIN_SLACK  # never less than 10%
+        steady.observe(0, 8, 0.05, next(clock))
+        noisy.observe(0, 8, 0.05 * max(0.1, 1 + 0.2 * rng.gauss(0, 1)), next(clock))
+    assert steady.slack == MIN_EXCESS  # never less than 10%
     assert 0.3 < noisy.slack < 0.8  # two standard deviations of a 20% jitter
     assert noisy.estimate(8, 0) == pytest.approx(0.05, rel=0.1)
 
@@ -91,3 +96,34 @@ def test_a_larger_batch_is_never_predicted_cheaper_and_wrong_figures_are_ignored
     curve = [costs.estimate(n, 0) for n in range(1, 17)]
     assert curve == sorted(curve) and costs.estimate(8, 0) == pytest.approx(0.04)
     assert costs.describe()["buckets"]["0"]["sizes"].keys() == {"4", "8"}
+
+
+def test_one_slow_batch_of_a_size_never_run_does_not_shrink_the_useful_batch_for_good():
+    """The audit's case: one batch of a new size, slowed a hundredfold (a stall, one odd input), once set
+    that size's cell outright; the curve's floor made every larger size as costly, and the useful batch
+    fell from 16 to 1, where no batch of that size ran again to correct it."""
+    clock = itertools.count(0.0, 0.05)
+    costs = BatchCosts(64, slo_s=0.3)
+    costs.measured([(0, 1, 0.012), (0, 16, 0.047), (0, 32, 0.094), (0, 64, 0.180)])
+    useful, prior = costs.size_limit(0), costs.estimate(12, 0)
+    costs.observe(0, 12, 5.4, next(clock))
+    assert costs.estimate(12, 0) <= 2 * prior  # within a factor of two of what the curve predicted
+    assert costs.size_limit(0) >= useful - 4
+    for _ in range(5):  # the size runs again as it should: its cell follows
+        costs.observe(0, 12, prior, next(clock))
+    assert costs.estimate(12, 0) == pytest.approx(prior, rel=0.25) and abs(costs.size_limit(0) - useful) <= 2
+
+
+def test_one_outlier_moves_the_level_at_most_twofold_and_a_real_slowdown_is_still_followed():
+    clock = itertools.count(0.0, 0.05)
+    costs = BatchCosts(8)
+    for _ in range(30):
+        costs.observe(0, 8, 0.05, next(clock))
+    costs.observe(0, 8, 5.0, next(clock))  # a hundred times its estimate, once
+    assert costs.estimate(8, 0) < 0.05 * 1.3
+    for _ in range(30):
+        costs.observe(0, 8, 0.05, next(clock))
+    assert costs.estimate(8, 0) == pytest.approx(0.05, rel=0.05)
+    for _ in range(15):  # four times slower for good: followed within fifteen batches
+        costs.observe(0, 8, 0.2, next(clock))
+    assert costs.estimate(8, 0) == pytest.approx(0.2, rel=0.1)

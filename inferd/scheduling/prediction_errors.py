@@ -1,0 +1,105 @@
+"""How far batches have recently run from their estimates, and the margin a prediction adds for it.
+
+Admission refuses a request whose predicted completion, with a margin, ends past its due. A margin that
+is too small lets requests in to miss; one that is too large refuses work the model could have done (a
+busy host's CPU model: batch times vary threefold, and a margin that multiplied the whole predicted time
+by its worst case refused 96% of requests with ten times the time they needed). So the margin is
+calibrated on what happened:
+
+- every batch's excess over its estimate (actual / estimated - 1) is kept, weighted by its age (half of
+  its weight gone every `HALF_LIFE_S`), beside a prior that never fades: one batch that ran exactly as
+  estimated;
+- a prediction of `total` seconds made of batches of up to `batch` seconds adds the recent median excess
+  (a bias the estimates have not caught up with yet; the median, so that one stall is not every
+  batch's) times `total`, plus the 99th percentile's distance
+  above that mean times sqrt(total x batch): the errors of independent batches add up as their
+  variances do, so the margin of n batches grows as sqrt(n), not n. One batch's margin is the 99th
+  percentile of one batch's excess; never more than that times `total` (what the recent batches
+  justify);
+- a stall (a collector, a preempted process) is one large excess: it widens the margin while it is
+  among the recent batches, and fades as newer batches outweigh it or as time passes, batches or none,
+  so a model that refuses everything is not held there by a figure nothing can correct.
+
+Excess is kept in fixed bins of its logarithm, so a batch costs O(1) and a question O(bins), asked at
+most once per `TICK_S` (then kept). Written and read on the event loop.
+"""
+
+from __future__ import annotations
+
+import math
+
+HALF_LIFE_S = 3.0
+MIN_EXCESS = 0.1  # the least a batch's margin is: scheduling noise, the response's own time
+PRIOR_WEIGHT = 1.0  # the prior (a batch that ran as estimated) counts as this many batches
+QUANTILE = 0.99
+TICK_S = 0.25  # the margin's figures are made again at most this often (and after each batch)
+_LOG_LO, _LOG_HI, _BIN = -1.0, 3.0, 0.05  # ratio bins from e^-1 (0.37x) to e^3 (20x), 5% wide
+_BINS = int((_LOG_HI - _LOG_LO) / _BIN) + 1
+_EXACT_BIN = round(-_LOG_LO / _BIN)  # the bin of batches that ran as estimated, where the prior sits
+_RESCALE_S = 30 * HALF_LIFE_S  # weights are kept as exp(age / tau) from an origin moved on this often
+
+
+class PredictionErrors:
+    """The recent distribution of batches' actual time against their estimate, for one model version."""
+
+    def __init__(self) -> None:
+        self._tau = HALF_LIFE_S / math.log(2)
+        self._weights = [0.0] * _BINS  # by bin of log(actual / estimated), in units of exp((t - origin) / tau)
+        self._origin = 0.0
+        self._made_at = -math.inf  # when `bias` and `spread` were made
+        self._dirty = False
+        self.bias = 0.0  # the recent median excess, at least 0
+        self.spread = MIN_EXCESS  # the 99th percentile's excess above `bias`, at least MIN_EXCESS (scheduling noise)
+        self.observed = 0
+
+    def observe(self, ratio: float, at: float) -> None:
+        """A batch took `ratio` times its estimate, at `at` (seconds, the model's clock)."""
+        if not ratio > 0:
+            return
+        if at - self._origin > _RESCALE_S:
+            shrink = math.exp(-(at - self._origin) / self._tau)
+            self._weights = [w * shrink for w in self._weights]
+            self._origin = at
+        index = min(_BINS - 1, max(0, round((math.log(ratio) - _LOG_LO) / _BIN)))
+        self._weights[index] += math.exp((at - self._origin) / self._tau)
+        self.observed += 1
+        self._dirty = True
+
+    def refresh(self, now: float) -> bool:
+        """Make `bias` and `spread` again if a batch came in or a tick passed since; True if they changed."""
+        if not self._dirty and now - self._made_at < TICK_S:
+            return False
+        self._made_at, self._dirty = now, False
+        scale = math.exp(-(now - self._origin) / self._tau)
+        weights = self._weights
+        total = PRIOR_WEIGHT + sum(weights) * scale
+        upper = 1.0 - QUANTILE  # the weight above the 99th percentile, then above the median
+        quantile = median = None
+        above = 0.0
+        for i in range(_BINS - 1, -1, -1):
+            above += weights[i] * scale + (PRIOR_WEIGHT if i == _EXACT_BIN else 0.0)
+            if quantile is None and above > upper * total:
+                quantile = math.exp(_LOG_LO + i * _BIN) - 1.0
+            if above >= 0.5 * total:
+                median = math.exp(_LOG_LO + i * _BIN) - 1.0
+                break
+        bias = max(0.0, median or 0.0)
+        spread = max(MIN_EXCESS, (quantile or 0.0) - bias)
+        changed = bias != self.bias or spread != self.spread
+        self.bias, self.spread = bias, spread
+        return changed
+
+    @property
+    def batch_excess(self) -> float:
+        """What one batch may take beyond its estimate, as a share of it: the 99th percentile."""
+        return self.bias + self.spread
+
+    def margin_s(self, total_s: float, batch_s: float) -> float:
+        """What a prediction of `total_s` seconds, in batches of up to `batch_s`, adds to stay on the safe
+        side at the 99th percentile (see the module docstring)."""
+        if total_s <= 0.0:
+            return 0.0
+        return self.bias * total_s + self.spread * math.sqrt(total_s * min(batch_s, total_s))
+
+    def describe(self) -> dict[str, float]:
+        return {"bias": round(self.bias, 4), "spread": round(self.spread, 4), "batches": self.observed}

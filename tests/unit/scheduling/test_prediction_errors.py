@@ -1,0 +1,76 @@
+"""The margin admission adds to a prediction, on a fake clock: calibrated on how far batches ran from
+their estimates, growing with the work ahead as independent errors add up, and fading after a stall
+whether batches run or not."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from inferd.scheduling.prediction_errors import HALF_LIFE_S, MIN_EXCESS, PredictionErrors
+
+
+def feed(errors: PredictionErrors, ratios: list[float], start: float, every_s: float = 0.02) -> float:
+    """One batch every `every_s` from `start`, each `ratio` times its estimate; returns the time after."""
+    at = start
+    for ratio in ratios:
+        errors.observe(ratio, at)
+        at += every_s
+    errors.refresh(at)
+    return at
+
+
+def test_nothing_observed_gives_the_floor_and_exact_batches_keep_it():
+    errors = PredictionErrors()
+    errors.refresh(0.0)
+    assert errors.bias == 0.0 and errors.batch_excess == MIN_EXCESS
+    feed(errors, [1.0] * 200, 0.0)
+    assert errors.batch_excess == MIN_EXCESS
+
+
+def test_the_margin_follows_injected_errors_up_and_back_down():
+    errors = PredictionErrors()
+    rng = random.Random(3)
+    at = feed(errors, [1.0] * 200, 0.0)
+    at = feed(errors, [math.exp(rng.gauss(0.0, 0.3)) for _ in range(400)], at)  # a busy host: ~30% either way
+    noisy = errors.batch_excess
+    assert 0.6 < noisy < 1.4  # the 99th percentile of e^N(0, 0.3) - 1 is ~1.0
+    at = feed(errors, [1.0] * 400, at)  # 8 s of batches as estimated again: on its way down
+    assert errors.batch_excess < 0.75 * noisy
+    feed(errors, [1.0] * 600, at)  # 12 s more: the noisy spell has faded
+    assert errors.batch_excess == pytest.approx(MIN_EXCESS, abs=0.005)
+
+
+def test_a_stall_widens_the_margin_briefly_then_fades_with_batches_or_with_time_alone():
+    busy, idle = PredictionErrors(), PredictionErrors()
+    for errors in (busy, idle):
+        at = feed(errors, [1.0] * 100, 0.0)
+        errors.observe(9.0, at)  # one batch held up: a collector pause, a preempted process
+        errors.refresh(at)
+        assert errors.batch_excess == pytest.approx(8.0, rel=0.05)
+    feed(busy, [1.0] * 150, at + 0.02)  # 3 s of batches as estimated
+    assert busy.batch_excess == pytest.approx(MIN_EXCESS, abs=0.005)
+    idle.refresh(at + 10 * HALF_LIFE_S)  # nothing ran: the stall fades all the same
+    assert idle.batch_excess == pytest.approx(MIN_EXCESS, abs=0.005)
+
+
+def test_the_margin_grows_as_the_square_root_of_the_work_ahead_and_never_past_what_batches_justify():
+    errors = PredictionErrors()
+    rng = random.Random(5)
+    feed(errors, [max(0.2, 1.0 + rng.gauss(0.0, 0.2)) for _ in range(500)], 0.0)
+    one = errors.margin_s(0.1, 0.1)
+    assert one == pytest.approx(errors.batch_excess * 0.1)  # one batch: its own 99th percentile
+    hundred = errors.margin_s(10.0, 0.1)  # a hundred batches ahead: ~10x one batch's margin, not 100x
+    assert 8 * one < hundred < 15 * one
+    for total in (0.05, 0.1, 1.0, 10.0, 100.0):
+        assert errors.margin_s(total, 0.1) <= errors.batch_excess * total + 1e-12
+    assert errors.margin_s(0.0, 0.1) == 0.0
+
+
+def test_a_bias_the_estimates_have_not_caught_up_with_counts_in_full():
+    errors = PredictionErrors()
+    feed(errors, [1.5] * 300, 0.0)  # every batch 50% over its estimate
+    assert errors.bias == pytest.approx(0.5, abs=0.03)
+    assert errors.margin_s(10.0, 0.1) >= 0.5 * 10.0
