@@ -104,7 +104,7 @@ class GenerationApi:
             call = parse_text_call(body, chat)
             tools = model.tool_plan(body) if chat else None
             if tools is not None and tools.forced and call.structured is not None:
-                raise InvalidInput("`response_format` and a forced `tool_choice` cannot both hold the output")
+                raise InvalidInput("`response_format` (or `structured_outputs`) and a forced `tool_choice` cannot both hold the output")
         except InferdError as error:
             self.outcomes.record_error(request_id, "-", tier, error, started, tenant=tenant)
             return error_response(error, request_id, close=self.lifecycle.draining, openai=True)

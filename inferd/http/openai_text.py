@@ -30,7 +30,7 @@ class TextCall:
     chars: int = 0
     include_usage: bool = False
     logprobs: int | None = None  # how many most likely tokens to show beside each generated one; None: no logprobs
-    structured: dict[str, Any] | None = None  # `response_format` as vLLM's structured outputs; None: free text
+    structured: dict[str, Any] | None = None  # `response_format` as vLLM's structured outputs, or vLLM's own; None: free text
 
 
 def parse_text_call(body: dict[str, Any], chat: bool) -> TextCall:
@@ -43,6 +43,11 @@ def parse_text_call(body: dict[str, Any], chat: bool) -> TextCall:
     options = body.get("stream_options")  # (its shape is checked with the sampling fields)
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
     logprobs, structured = _logprobs(body, chat), _structured(body.get("response_format"))
+    own = body.get("structured_outputs")  # vLLM's own (choice, regex, grammar, json): checked with the sampling fields
+    if own is not None:
+        if structured is not None:
+            raise InvalidInput("`response_format` and `structured_outputs` cannot both hold the output: send one")
+        structured = own
     if chat:
         messages = [_message(m, i) for i, m in enumerate(_non_empty_list(body.get("messages")))]
         # every string that reaches the chat template counts against `max_input_chars`, roles too

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 import time
 
 import aiohttp
@@ -413,6 +414,18 @@ async def test_structured_outputs_hold_the_output_to_a_schema_or_a_choice(server
     status, chosen = await generate(client, url, {"model": "tiny", "input": "pick", "max_tokens": 8, "timeout_ms": 60000,
                                                   "structured_outputs": {"choice": ["yes", "no"]}}, headers)
     assert status == 200 and chosen["output"] in ("yes", "no"), chosen
+    # vLLM's own field holds on OpenAI's routes too (it was once overwritten by `response_format`'s absence)
+    own = {"model": "tiny", "max_tokens": 8, "timeout_ms": 60000, "structured_outputs": {"choice": ["yes", "no"]}}
+    async with client.post(f"{url}/v1/completions", json={**own, "prompt": "pick"}, headers=headers) as resp:
+        completion = await resp.json()
+    assert resp.status == 200 and completion["choices"][0]["text"] in ("yes", "no"), completion
+    async with client.post(f"{url}/v1/chat/completions", json={**own, "messages": [{"role": "user", "content": "pick"}],
+                                                              "structured_outputs": {"regex": "[ab]{3}"}}, headers=headers) as resp:
+        chat = await resp.json()
+    assert resp.status == 200 and re.fullmatch("[ab]{3}", chat["choices"][0]["message"]["content"]), chat
+    async with client.post(f"{url}/v1/chat/completions", json={**body, "structured_outputs": {"choice": ["a"]}},
+                           headers=headers) as resp:  # both ways at once: which would hold is the client's to say
+        assert resp.status == 400 and "cannot both" in (await resp.json())["error"]["message"]
     for bad in ({"type": "xml"}, {"type": "json_schema", "json_schema": {"name": "x"}}):
         async with client.post(f"{url}/v1/chat/completions", json={**body, "response_format": bad}, headers=headers) as resp:
             assert resp.status == 400 and "response_format" in (await resp.json())["error"]["message"]

@@ -38,3 +38,14 @@ def test_the_chunks_of_two_choices_carry_their_index_the_role_once_each_and_the_
     whole = answer.whole([Choice("ad", "stop"), Choice("bc", "length")], usage)
     assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in whole["choices"]] == [
         (0, "ad", "stop"), (1, "bc", "length")]
+
+
+def test_vllms_own_structured_outputs_are_kept_and_one_way_at_a_time():
+    call = parse_text_call({"prompt": "pick", "structured_outputs": {"choice": ["yes", "no"]}}, chat=False)
+    assert call.structured == {"choice": ["yes", "no"]}
+    chat = parse_text_call({"messages": [{"role": "user", "content": "x"}], "structured_outputs": {"regex": "a+"},
+                            "response_format": {"type": "text"}}, chat=True)
+    assert chat.structured == {"regex": "a+"}
+    with pytest.raises(InvalidInput, match="cannot both"):
+        parse_text_call({"prompt": "x", "structured_outputs": {"regex": "a+"}, "response_format": {"type": "json_object"}},
+                        chat=False)
