@@ -105,6 +105,7 @@ class InferenceServer:
             idempotency_window_s=config.idempotency_window_s, idempotency_max_keys=config.idempotency_max_keys,
             idempotency_max_bytes=config.idempotency_max_bytes, fast_path=config.fast_path,
             connections=lambda: self.connections.stats(), tracing=self.tracing, rollouts=self.rollouts,
+            file_drift=self.config_reload.drift,
         )
         # The API reads bodies itself, with its own limits (413, 408): no client_max_size here.
         limits = ConnectionLimits(config.max_connections or connection_budget(), config.connection_reserve,

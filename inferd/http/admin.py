@@ -17,6 +17,7 @@ unload one. The steps themselves, and what they guarantee, are `models.rollout`'
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
@@ -49,8 +50,10 @@ def inherit(table: dict[str, Any], rollouts: Rollouts) -> dict[str, Any]:
 
 
 class AdminApi:
-    def __init__(self, *, rollouts: Rollouts, auth: Authenticator, body: BodyReader, ids: RequestIds) -> None:
+    def __init__(self, *, rollouts: Rollouts, auth: Authenticator, body: BodyReader, ids: RequestIds,
+                 file_drift: Callable[[], dict[str, Any]] | None = None) -> None:
         self.rollouts = rollouts
+        self.file_drift = file_drift  # where the server and its config file differ (`ConfigReload.drift`)
         self.auth = auth
         self.body = body
         self.ids = ids
@@ -68,7 +71,8 @@ class AdminApi:
             self.auth.require_admin(request.headers)
             rollouts = self.rollouts
             if not parts and request.method == "GET":
-                return json_response({"models": rollouts.describe()}, request_id)
+                return json_response({"models": rollouts.describe(),
+                                      "file_drift": self.file_drift() if self.file_drift is not None else {}}, request_id)
             if not parts:
                 table = json_object(await self.body.read(request))
                 inherited = inherit(table, rollouts)

@@ -58,6 +58,7 @@ class HttpApi:
         connections: Callable[[], dict[str, int]] | None = None, idempotency_window_s: float = 0.0,
         idempotency_max_keys: int = 1, idempotency_max_bytes: int = 64 << 20, tracing: Tracing | None = None,
         rollouts: Rollouts | None = None, fast_path: bool = True,
+        file_drift: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.models = models
         self.admission = admission
@@ -80,7 +81,8 @@ class HttpApi:
             call_routes = tuple(traced_route(tracing, self.ids, route) for route in call_routes)
         self.open_inference = OpenInferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle,
                                                ids=self.ids, body=body, tracing=tracing)
-        self.admin = AdminApi(rollouts=rollouts, auth=admission.auth, body=body, ids=self.ids) if rollouts else None
+        self.admin = AdminApi(rollouts=rollouts, auth=admission.auth, body=body, ids=self.ids,
+                              file_drift=file_drift) if rollouts else None
         self.idempotency = IdempotentReplies(admission.auth, body, self.ids, idempotency_window_s, idempotency_max_keys,
                                              idempotency_max_bytes)
         keyed = self.idempotency.wrap

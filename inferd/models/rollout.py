@@ -29,7 +29,7 @@ from .registry import Models
 from .versions import ServedModel, Version, VersionState
 
 log = logging.getLogger("inferd.rollout")
-_GONE = (VersionState.UNLOADED, VersionState.FAILED)
+GONE = (VersionState.UNLOADED, VersionState.FAILED)
 
 
 def configured_traffic(configs: list[ModelConfig]) -> dict[str, float]:
@@ -96,7 +96,7 @@ class Rollouts:
     def _check_conflicts(self, config: ModelConfig) -> None:
         served = self.models.served.get(config.name)
         current = served.versions.get(config.version) if served is not None else None
-        if current is not None and current.state not in _GONE:
+        if current is not None and current.state not in GONE:
             raise VersionConflict(f"model {config.name} version {config.version} is {current.state.value} already")
         if config.kind != "batch" or config.name in self.models.generation:
             raise VersionConflict("only batch models are loaded at run time; generation models need a restart")
@@ -162,13 +162,13 @@ class Rollouts:
         if found is not None and found.state is VersionState.FAILED:
             served.retire(version)  # (it never served and holds nothing: deleting it is forgetting it)
             return found
-        if found is None or found.state in _GONE:
+        if found is None or found.state in GONE:
             raise ModelNotFound(f"model {name} has no version {version!r} loaded")
         if found.state is VersionState.DRAINING:
             return found
         rest = {v: w for v, w in served.traffic.items() if v != version}
         others = [v for v, f in served.versions.items() if v != version and f.state is VersionState.READY]
-        if not last_too and not any(v != version and f.state not in _GONE for v, f in served.versions.items()):
+        if not last_too and not any(v != version and f.state not in GONE for v, f in served.versions.items()):
             raise VersionConflict(f"version {version} is model {name}'s last: unloading it removes the model "
                                   "(say so with ?last=true)")
         if version in served.traffic and not rest and others:
@@ -190,7 +190,7 @@ class Rollouts:
         model.shared.cache = None  # (what it computed goes too)
         version.enter(VersionState.UNLOADED)
         served.retire(model.version)  # (its model, scheduler, workers and timers go with it)
-        if all(v.state in _GONE for v in served.versions.values()):
+        if all(v.state in GONE for v in served.versions.values()):
             self.models.served.pop(served.name, None)  # the name is gone with its last version
         _release_memory()
         log.info("model %s version %s unloaded", served.name, model.version)

@@ -282,6 +282,8 @@ async def test_a_reload_applies_what_changed_in_the_file_and_never_undoes_the_ad
         unchanged = srv.config
         assert await srv.reload(unchanged) == []  # the same file: the admin API's version and split stay
         assert set(srv.models.served["m"].versions) == {"1", "2"} and srv.models.served["m"].traffic == {"2": 1.0}
+        drift = (await admin(http, "GET", f"{url}/v1/admin/models"))[1]["file_drift"]
+        assert drift == {"m": {"file": ["1"], "server": ["1", "2"]}}  # what the admin API changed, shown
 
         broken = replace(unchanged, models=(first, parse_model({**version_table("3"), "backend": "no_such_module:create"}),
                                             parse_model({**version_table("4"), "name": "other"})))

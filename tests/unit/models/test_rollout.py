@@ -8,9 +8,10 @@ import asyncio
 import pytest
 
 from inferd.backends.sim import expected_output
-from inferd.config import ModelConfig
+from inferd.config import ModelConfig, ServerConfig
 from inferd.errors import InvalidInput, ModelNotFound, VersionConflict
 from inferd.models.batch_model import BatchModel
+from inferd.models.config_reload import ConfigReload
 from inferd.models.registry import Models
 from inferd.models.rollout import Rollouts, configured_traffic
 from inferd.models.versions import VersionState
@@ -121,3 +122,57 @@ async def test_the_version_taking_all_traffic_is_unloaded_only_after_its_traffic
     await until(lambda: rollouts.state("m", "1") is None)  # retired
     assert await answer(rollouts.models.route("m"), "y") == "v2:" + expected_output("y")
     assert [r.version for r in rollouts.models.served["m"].retired] == ["1"]
+
+
+async def serving_first(rollouts: Rollouts) -> ConfigReload:
+    """m@1 from the file, ready and serving; the reload that follows the file."""
+    rollouts.add_configured([version("1")])
+    rollouts.models.served["m"].versions["1"].model.start()
+    await until(lambda: rollouts.state("m", "1") is VersionState.READY)
+    return ConfigReload(rollouts, [version("1")])
+
+
+async def settled(reload: ConfigReload) -> None:
+    await until(lambda: reload._settling is None or reload._settling.done())
+
+
+async def test_a_reload_whose_replacement_fails_to_build_keeps_the_serving_version(rollouts):
+    reload = await serving_first(rollouts)
+    fakes.build_failing.set()
+    try:
+        await reload.apply(ServerConfig(models=(version("2", backend="tests.fakes:switchable"),)))
+        await until(lambda: rollouts.state("m", "2") is VersionState.FAILED)
+        await settled(reload)
+    finally:
+        fakes.build_failing.clear()
+    assert rollouts.state("m", "1") is VersionState.READY and rollouts.models.served["m"].traffic == {"1": 1.0}
+    assert await answer(rollouts.models.route("m"), "x") == "v1:" + expected_output("x")
+    assert reload.drift() == {"m": {"file": ["2"], "server": ["1"]}}  # and the server says it differs from its file
+
+
+async def test_a_reload_reverted_while_its_replacement_loads_keeps_the_model(rollouts):
+    reload = await serving_first(rollouts)
+    slow = version("2", backend="tests.fakes:switchable", options={"startup_delay_ms": 300})
+    await reload.apply(ServerConfig(models=(slow,)))
+    assert rollouts.state("m", "2") is VersionState.LOADING
+    await reload.apply(ServerConfig(models=(version("1"),)))  # the operator changes their mind meanwhile
+    await settled(reload)
+    await until(lambda: rollouts.state("m", "2") in (None, VersionState.UNLOADED))
+    await asyncio.sleep(0.5)  # (past the moment the first reload would have settled)
+    assert rollouts.state("m", "1") is VersionState.READY and rollouts.models.served["m"].traffic == {"1": 1.0}
+    assert await answer(rollouts.models.route("m"), "x") == "v1:" + expected_output("x")
+    assert reload.drift() == {}
+
+
+async def test_a_reload_during_an_admin_load_waits_for_it_before_moving_traffic(rollouts):
+    reload = await serving_first(rollouts)
+    slow = version("2", backend="tests.fakes:switchable", options={"startup_delay_ms": 300})
+    loading = rollouts.load(slow)  # the admin API's load, in flight
+    await reload.apply(ServerConfig(models=(slow,)))  # the file now lists only m@2
+    await asyncio.sleep(0.1)
+    assert rollouts.state("m", "1") is VersionState.READY  # still serving while m@2 loads
+    assert await answer(rollouts.models.route("m"), "x") == "v1:" + expected_output("x")
+    await until(lambda: loading.state is VersionState.READY)
+    await settled(reload)
+    assert rollouts.models.served["m"].traffic == {"2": 1.0}
+    await until(lambda: rollouts.state("m", "1") is None)  # then m@1 goes, as the file says
