@@ -12,14 +12,24 @@ A config names one as "package.module:name". The object found there is either
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from .contract import BatchBackend, Capabilities, module_check_options, module_memory_bytes  # noqa: F401 - the contract, re-exported
 
 BackendFactory = Callable[[str, Mapping[str, Any]], BatchBackend]
+T = TypeVar("T")
 
 _FACTORY_MARK = "__inferd_factory__"
+
+BUILDING = threading.Lock()
+"""Held while one backend is built (a factory's call, a generation engine's start), so that no two
+threads build at once in this process. Why: libraries that import their parts lazily on first use
+(transformers' `AutoModel`, accelerate under peft) are not safe to touch from two threads at once:
+two models built together failed every time with `cannot import name 'AutoModel'`. Process-wide
+because what it guards is: the interpreter's modules. Building alone costs a multi-worker start the
+overlap of constructing its models; warm-up, the long part, still runs side by side."""
 
 
 class Prepared(NamedTuple):
@@ -28,6 +38,13 @@ class Prepared(NamedTuple):
     input: Any
     bucket: int = 0  # batches never mix buckets
     tokens: int = 0  # its size in tokens, where that means something (usage counts)
+
+
+def built_alone(build: Callable[[], T]) -> T:
+    """`build()` with `BUILDING` held: for what imports a backend's libraries outside a worker's build
+    (a generation engine's start, an admin load's import check)."""
+    with BUILDING:
+        return build()
 
 
 def backend_factory(fn: BackendFactory) -> BackendFactory:
@@ -59,10 +76,13 @@ def is_factory(obj: Any, configured: bool | None) -> bool:
 def build_batch_function(
     spec: str, device: str, options: Mapping[str, Any], factory: bool | None = None
 ) -> BatchBackend:
-    """What one worker calls: the factory's product for its device, or the plain function itself."""
-    obj = resolve_backend(spec)
+    """What one worker calls: the factory's product for its device (built alone: `BUILDING`), or the
+    plain function itself."""
+    with BUILDING:  # (importing the module is a build's first step, and may be the racing one)
+        obj = resolve_backend(spec)
     if is_factory(obj, factory):
-        fn = obj(device, options)
+        with BUILDING:
+            fn = obj(device, options)
         if not callable(fn):
             raise TypeError(f"backend factory {spec!r} returned a non-callable {type(fn).__name__}")
         return fn

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
+from ..backends import built_alone
 from ..backends.vllm import Delta, EngineStats, VllmEngine
 from ..backends.vllm_tools import ToolPlan
 from ..backends.vllm_tools import preload as preload_tools
@@ -89,7 +90,7 @@ class GenerationModel:
             # Will it fit? (the weights and the KV cache; a refusal says how much is free, before vLLM
             # takes the memory other models use)
             await self.loop.run_in_executor(None, check_fits, self.config, self.headroom_bytes)
-            await self.loop.run_in_executor(None, engine.start)  # seconds: keep /healthz answering
+            await self.loop.run_in_executor(None, built_alone, engine.start)  # seconds: keep /healthz answering
             for adapter in self.config.adapters:  # (one that cannot load fails the model's start, said once)
                 await self.adapters.load(adapter.name, adapter.path, adapter.pinned)
             warm = engine.sampling({"max_tokens": 2, "seed": 0})
@@ -98,7 +99,7 @@ class GenerationModel:
             self.ready = True
             log.info("generation model %s ready", self.name)
             # vLLM's request model and tool parsers (seconds to import), before the first request with tools
-            self.loop.run_in_executor(None, preload_tools)
+            self.loop.run_in_executor(None, built_alone, preload_tools)
         except Exception as exc:  # noqa: BLE001 - reported by /readyz
             log.error("generation model %s failed to start: %s", self.name, describe(exc))
             log.debug("generation model %s start-up failure", self.name, exc_info=True)

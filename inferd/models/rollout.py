@@ -18,9 +18,10 @@ import importlib
 import logging
 import sys
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
-from ..backends import module_check_options
+from ..backends import built_alone, module_check_options
 from ..config import ModelConfig
 from ..errors import Draining, InvalidInput, ModelNotFound, VersionConflict, describe
 from .batch_model import BatchModel
@@ -84,7 +85,7 @@ class Rollouts:
         module = config.backend.partition(":")[0]
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(None, importlib.import_module, module)
+            await loop.run_in_executor(None, built_alone, partial(importlib.import_module, module))
         except Exception as exc:  # noqa: BLE001 - ImportError, or whatever the module raised while importing
             raise InvalidInput(f"backend module {module!r} does not import: {describe(exc)}") from None
         try:

@@ -8,6 +8,7 @@ import base64
 import json
 import logging
 import threading
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -20,7 +21,7 @@ from inferd.backends.transformer import TextModel, default_model_path  # noqa: E
 from inferd.config import ModelConfig  # noqa: E402
 
 from .. import fakes  # noqa: E402
-from ..helpers import infer, running_server  # noqa: E402
+from ..helpers import PYTHON, ServerProcess, infer, running_server, write_config  # noqa: E402
 
 EDGES = [8, 16, 32, 64]
 
@@ -193,3 +194,30 @@ async def test_a_token_budget_counts_the_tokenizers_tokens(http, reference, capl
     long_bucket = EDGES.index(64)
     long_batches = {line["batch_id"]: line["batch_size"] for line in lines if line["bucket"] == long_bucket}
     assert sum(long_batches.values()) == 6 and max(long_batches.values()) <= 2, long_batches
+
+
+def test_two_hugging_face_models_and_two_workers_start_together_in_a_fresh_process(tmp_path):
+    """transformers imports its parts lazily, and two worker threads touching it first at once failed
+    every start (`cannot import name 'AutoModel'`): only a process that has not imported it yet shows
+    it, so the server runs as one."""
+    config = write_config(tmp_path / "two.toml", """
+[server]
+access_log = "off"
+[[models]]
+name = "a"
+backend = "inferd.backends.transformer:create"
+workers = 2
+[[models]]
+name = "b"
+backend = "inferd.backends.transformer:create"
+""")
+    server = ServerProcess([PYTHON, "-m", "inferd", "serve", "--config", str(config), "--port", "0"])
+    try:
+        server.wait_listening()
+        give_up = time.monotonic() + 120
+        while not any("inferd ready" in line for line in server.lines) and time.monotonic() < give_up:
+            assert not any("failed to start" in line for line in server.lines), server.lines[-5:]
+            time.sleep(0.1)
+        assert any("inferd ready" in line for line in server.lines), server.lines[-5:]
+    finally:
+        assert server.stop() == 0
