@@ -87,11 +87,17 @@ def _read_server(table: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_versions(models: tuple[ModelConfig, ...]) -> None:
-    """A (name, version) once; several versions only for batch models; a split with somewhere to go."""
+    """A (name, version) once; several versions only for batch models; a split to go to; each name one thing's."""
     keys = [(m.name, m.version) for m in models]
     if len(set(keys)) != len(keys):
         raise ConfigError(f"each model version must be configured once: {[f'{n}@{v}' for n, v in keys]}")
-    for name in {m.name for m in models}:
+    adapters = [(a.name, m.name) for m in models for a in m.adapters]
+    names = {m.name for m in models}
+    for adapter, model in (a for a in adapters if a[0] in names):  # (a request names an adapter as its `model`)
+        raise ConfigError(f"model {model}: adapter {adapter!r} has a model's name: each name once, models and adapters")
+    if len({a for a, _ in adapters}) != len(adapters):
+        raise ConfigError(f"each adapter name once across models: {sorted(a for a, _ in adapters)}")
+    for name in names:
         versions = [m for m in models if m.name == name]
         if len(versions) > 1 and any(m.kind != "batch" for m in versions):
             raise ConfigError(f"model {name}: only batch models have several versions")
@@ -199,7 +205,7 @@ def parse_model(raw: Any) -> ModelConfig:
     return model
 
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # a model's, version's, adapter's: an admin path segment
 
 
 def _parse_adapters(raw: Any, where: str) -> tuple[AdapterConfig, ...]:
@@ -213,7 +219,7 @@ def _parse_adapters(raw: Any, where: str) -> tuple[AdapterConfig, ...]:
         check_types(table, AdapterConfig, at)
         if not all(isinstance(table.get(key), str) and table[key] for key in ("name", "path")):
             raise ConfigError(f"{at}: `name` and `path` are required strings")
-        if not _NAME.fullmatch(table["name"]):
+        if not NAME.fullmatch(table["name"]):
             raise ConfigError(f"{at}: `name` must be letters, digits and . _ : - (at most 128)")
         adapters.append(AdapterConfig(**table))
     names = [a.name for a in adapters]
@@ -245,7 +251,7 @@ def _check_model(m: ModelConfig, where: str) -> None:
     if m.traffic is not None and m.traffic < 0:
         raise ConfigError(f"{where}: `traffic` must be >= 0")
     for key in ("name", "version"):  # (both are path segments of the admin API, and go into log lines)
-        if not _NAME.fullmatch(getattr(m, key)):
+        if not NAME.fullmatch(getattr(m, key)):
             raise ConfigError(f"{where}: `{key}` must be 1-128 letters, digits, '.', '_', '-' or ':' "
                               f"(starting with a letter or digit), got {getattr(m, key)!r}")
     if m.cache_bytes < 0 or m.cache_ttl_s <= 0 or m.cache_scope not in ("tenant", "shared"):

@@ -25,7 +25,8 @@ from aiohttp import web
 
 from ..admission.auth import Authenticator
 from ..config import ConfigError, parse_model
-from ..errors import InferdError, InvalidInput, MethodNotAllowed, NotFound
+from ..config.parsing import NAME
+from ..errors import InferdError, InvalidInput, MethodNotAllowed, NotFound, VersionConflict
 from ..models.rollout import Rollouts
 from ..models.versions import Version
 from .body_reader import BodyReader, json_object
@@ -112,8 +113,12 @@ class AdminApi:
             return json_response({"model": model.name, "adapter": parts[2], "state": "unloading"}, request_id, status=202)
         table = json_object(await self.body.read(request))
         name, path, pinned = table.get("name"), table.get("path"), table.get("pinned", False)
-        if not (isinstance(name, str) and name and isinstance(path, str) and isinstance(pinned, bool)) or "@" in name:
-            raise InvalidInput('an adapter is {"name": string (no @), "path": a folder, "pinned": true or false}')
+        if not (isinstance(name, str) and NAME.fullmatch(name) and isinstance(path, str) and isinstance(pinned, bool)):
+            raise InvalidInput('an adapter is {"name": 1-128 letters, digits, ".", "_", "-" or ":" (as a model\'s), '
+                               '"path": a folder, "pinned": true or false}')
+        holder = self.rollouts.models.holder(name)
+        if holder is not None:  # (a request names an adapter as its model: one name, one thing)
+            raise VersionConflict(f"the name {name!r} is taken by {holder}")
         adapter = await adapters.load(name, path, pinned)
         return json_response({"model": model.name, **adapter.describe(model.name), "state": "loaded"}, request_id)
 

@@ -60,6 +60,11 @@ class Adapters:
         self.traffic: dict[str, float] = {}  # requests naming the model itself, split: {model or adapter: weight}
         self._random = random.Random()
 
+    @property
+    def names(self) -> frozenset[str]:
+        """The names its adapters hold: loaded, or still unloading."""
+        return frozenset(self._names_taken)
+
     def get(self, name: str) -> Adapter:
         """The adapter a request names; ModelNotFound (404) when it has none by that name."""
         adapter = self.loaded.get(name)

@@ -37,6 +37,19 @@ class Models:
                 found[name] = next(iter(served.versions.values())).model
         return found
 
+    def holder(self, name: str) -> str | None:
+        """What answers to `name` now, if anything: a batch model, a generation model, or an adapter of
+        one (loaded, or still unloading: its name is not free yet). A request names any of them as its
+        `model`, so a name is one thing's at a time."""
+        if name in self.served:
+            return f"batch model {name}"
+        if name in self.generation:
+            return f"generation model {name}"
+        for model in self.generation.values():
+            if name in model.adapters.names:
+                return f"an adapter of model {model.name}"
+        return None
+
     def route(self, spec: str, version: str | None = None) -> BatchModel | None:
         """The batch model version a request for `spec` (`name` or `name@version`) goes to; None when no
         batch model has that name. Raises ModelNotFound for a version it does not have."""

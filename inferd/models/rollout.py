@@ -101,6 +101,9 @@ class Rollouts:
             raise VersionConflict(f"model {config.name} version {config.version} is {current.state.value} already")
         if config.kind != "batch" or config.name in self.models.generation:
             raise VersionConflict("only batch models are loaded at run time; generation models need a restart")
+        holder = self.models.holder(config.name) if served is None else None
+        if holder is not None:  # (an adapter's name: requests for it would go to one or the other)
+            raise VersionConflict(f"the name {config.name!r} is taken by {holder}")
 
     def _watch(self, served: ServedModel, version: Version, traffic: dict[str, float] | None,
                check_memory: bool = True) -> None:

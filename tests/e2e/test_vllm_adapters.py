@@ -130,7 +130,8 @@ async def test_an_adapter_loaded_and_unloaded_under_load_loses_nothing(server, h
     await until(lambda: not model.adapters.unloading)
     assert 3 not in await model.engine.engine.list_loras()  # removed from the engine once they were done
     for bad, code in (({"name": "alpha", "path": folders["gamma"]}, 409), ({"name": "x", "path": "/nowhere"}, 400),
-                      ({"name": "x@y", "path": folders["gamma"]}, 400)):
+                      ({"name": "x@y", "path": folders["gamma"]}, 400), ({"name": "x/y", "path": folders["gamma"]}, 400),
+                      ({"name": "tiny", "path": folders["gamma"]}, 409)):  # (x/y could never be unloaded: not a path segment)
         async with http.post(url, json=bad, headers=ADMIN) as resp:
             assert resp.status == code, await resp.text()
     async with http.post(url, json={"name": "delta", "path": folders["gamma"]}) as resp:
@@ -173,3 +174,16 @@ async def test_requests_are_counted_by_the_adapter_or_version_that_answered(serv
     for version, code, error in (("alpha", 200, ""), ("beta", 200, ""), ("1", 200, ""), ("alpha", 400, "INVALID_INPUT")):
         assert f'inferd_requests_total{{code="{code}",error="{error}",model="tiny",tier="default",version="{version}"}}' \
             in counted, (version, code, counted)
+
+
+async def test_a_batch_model_cannot_take_an_adapters_name(server, http):
+    """A request names an adapter as its `model`: a batch model loaded under an adapter's name would take
+    its requests, and /v1/models would list the name twice."""
+    table = {"name": "alpha", "backend": "inferd.backends.sim:create", "options": {"latency_ms": 1}}
+    async with http.post(f"{server.url}/v1/admin/models", json=table, headers=ADMIN) as resp:
+        refused = await resp.json()
+    assert resp.status == 409 and "an adapter of model tiny" in refused["message"], refused
+    async with http.get(f"{server.url}/v1/models") as resp:
+        assert [m["id"] for m in (await resp.json())["data"]].count("alpha") == 1
+    status, body = await complete(http, server.url, "alpha")
+    assert status == 200 and body["model"] == "alpha"  # still the adapter's

@@ -151,3 +151,13 @@ def test_a_generation_models_adapters_are_read_in_order():
                        "adapters": [{"name": "sql", "path": "/lora/sql", "pinned": True}, {"name": "chat", "path": "/lora/chat"}]}]}
     (model,) = parse_config(raw).models
     assert [(a.name, a.path, a.pinned) for a in model.adapters] == [("sql", "/lora/sql", True), ("chat", "/lora/chat", False)]
+
+
+def test_an_adapter_name_is_apart_from_every_model_name_and_every_other_adapter():
+    generation = {"name": "g", "kind": "generation", "backend": "inferd.backends.vllm",
+                  "adapters": [{"name": "m", "path": "/a"}]}
+    with pytest.raises(ConfigError, match="adapter 'm' has a model's name"):
+        parse_config({"models": [{"name": "m", "backend": "inferd.backends.sim:create"}, generation]})
+    twice = {**generation, "name": "h", "adapters": [{"name": "x", "path": "/a"}]}
+    with pytest.raises(ConfigError, match="each adapter name once across models"):
+        parse_config({"models": [{**generation, "adapters": [{"name": "x", "path": "/a"}]}, twice]})
