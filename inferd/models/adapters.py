@@ -102,8 +102,8 @@ class Adapters:
                 raise InvalidInput(f"traffic weights are numbers >= 0, got {weight!r} for {name}")
             if name != self.model and name not in self.loaded:
                 raise VersionConflict(f"model {self.model} has no adapter {name!r} loaded to take traffic")
-        if not sum(weights.values()) > 0:
-            raise InvalidInput("traffic weights must add up to more than 0")
+        if not 0 < sum(weights.values()) < float("inf"):  # (1e308 twice is inf: every share NaN)
+            raise InvalidInput("traffic weights must add up to more than 0, and not overflow")
         self.traffic = {name: float(w) for name, w in weights.items() if w > 0}
         log.info("model %s traffic: %s", self.model, self.traffic)
 

@@ -145,8 +145,8 @@ class Rollouts:
         for version, weight in weights.items():
             if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not 0 <= weight < float("inf"):
                 raise InvalidInput(f"traffic weights are numbers >= 0, got {weight!r} for version {version}")
-        if not sum(weights.values()) > 0:
-            raise InvalidInput("traffic weights must add up to more than 0")
+        if not 0 < sum(weights.values()) < float("inf"):  # (1e308 twice is inf: every share NaN)
+            raise InvalidInput("traffic weights must add up to more than 0, and not overflow")
         for version, weight in weights.items():
             found = served.versions.get(version)
             if weight > 0 and (found is None or found.state is not VersionState.READY):

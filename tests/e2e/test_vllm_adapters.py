@@ -155,7 +155,7 @@ async def test_traffic_for_the_model_itself_can_go_to_an_adapter(server, http):
     async with http.post(f"{server.url}/v1/completions", json=body) as resp:
         assert resp.headers["X-Model-Version"] == "alpha"
         assert (await resp.json())["choices"][0]["text"] == alpha["choices"][0]["text"]
-    for bad, code in (({"nope": 1}, 409), ({"tiny": 0}, 400), ({"tiny": -1}, 400)):
+    for bad, code in (({"nope": 1}, 409), ({"tiny": 0}, 400), ({"tiny": -1}, 400), ({"tiny": 1e308, "alpha": 1e308}, 400)):
         async with http.put(url, json=bad, headers=ADMIN) as resp:
             assert resp.status == code, await resp.text()
     async with http.put(url, json={"tiny": 1}, headers=ADMIN) as resp:

@@ -78,7 +78,7 @@ def test_workers_default_to_auto_devices():
         (lambda r: r["models"][0].update(adapters=[{"name": "a", "path": "/a"}]), "only generation models have adapters"),
         (lambda r: r["models"][0].update(kind="generation", adapters=[{"name": "a", "path": "/a"}] * 2), "each adapter name once"),
         (lambda r: r["models"][0].update(kind="generation", adapters=[{"name": r["models"][0]["name"], "path": "/a"}]),
-         "cannot take its model's name"),
+         "has a model's name"),
         (lambda r: r["models"][0].update(kind="generation", adapters=[{"name": "a", "path": "/a", "rank": 8}]), "unknown keys"),
         (lambda r: r["models"][0].update(kind="generation", adapters=[{"name": "a@b", "path": "/a"}]), "`name` must be"),
         (lambda r: r["models"][0].update(kind="generation", adapters={"name": "a"}), "adapters"),
@@ -161,3 +161,11 @@ def test_an_adapter_name_is_apart_from_every_model_name_and_every_other_adapter(
     twice = {**generation, "name": "h", "adapters": [{"name": "x", "path": "/a"}]}
     with pytest.raises(ConfigError, match="each adapter name once across models"):
         parse_config({"models": [{**generation, "adapters": [{"name": "x", "path": "/a"}]}, twice]})
+
+
+def test_sizes_and_weights_an_operator_sets_are_bounded():
+    model = {"name": "m", "backend": "inferd.backends.sim:create"}
+    with pytest.raises(ConfigError, match="`max_batch_size` is at most 4096"):
+        parse_config({"models": [{**model, "max_batch_size": 1_000_000}]})
+    with pytest.raises(ConfigError, match="not overflow"):  # 1e308 twice: every share would be NaN
+        parse_config({"models": [{**model, "traffic": 1e308}, {**model, "version": "2", "traffic": 1e308}]})

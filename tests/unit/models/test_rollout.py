@@ -74,6 +74,8 @@ async def test_a_new_version_loads_beside_the_serving_one_and_takes_traffic_only
         rollouts.set_traffic("m", {"1": 0, "2": 0})
     with pytest.raises(InvalidInput, match="numbers >= 0"):
         rollouts.set_traffic("m", {"1": -1, "2": 2})
+    with pytest.raises(InvalidInput, match="not overflow"):  # (each finite, their sum not: every share NaN)
+        rollouts.set_traffic("m", {"1": 1e308, "2": 1e308})
     rollouts.set_traffic("m", {"1": 1, "2": 3})
     assert served.traffic == {"1": 0.25, "2": 0.75} and second.model.takes_traffic
 
