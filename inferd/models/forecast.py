@@ -111,9 +111,14 @@ class Forecast:
 
     def own_batch_s(self, ahead_in_bucket: int, bucket: int, joining: float = 0.0) -> float:
         """How long the request's own batch takes: it holds what is ahead of it in its bucket's partial
-        batch, itself, and up to `joining` requests expected to arrive before it is taken."""
+        batch, itself, and up to `joining` requests expected to arrive before it is taken (no more than
+        the largest batch of the bucket measured so far)."""
         size = self.costs.size_limit(bucket)
-        holds = ahead_in_bucket % size + 1 + int(joining)
+        holds = ahead_in_bucket % size + 1
+        # Joiners beyond the largest batch this bucket has run are not counted: an arrival rate read in a
+        # burst (8 closed-loop clients echoing a 3 s batch) once priced 14-input batches that could never
+        # form, refusing requests with 10 s to spare. Larger batches, when they come, are learned as they run.
+        holds = max(holds, min(holds + int(joining), self.costs.largest_measured(bucket) or size))
         return (self.costs.full_batch_s(bucket) or self.batch_s) if holds >= size else self.batch_cost_s(holds, bucket)
 
     def batch_cost_s(self, size: int, bucket: int) -> float:

@@ -13,14 +13,15 @@ a batch asks this table, so it is learned from what runs, never configured:
 An estimate is `level x shape`: a cell's shape is the mean of its own observations (a running mean,
 then a slow moving one), the level a fast moving mean of how far observations have been from their
 cells. Sizes never run are interpolated between the measured ones of their bucket (flat below the
-smallest, the last slope above the largest), and never cost less than a smaller size. A bucket never
+smallest, above the largest, the slope from the smallest to the largest), and never cost less than a smaller size. A bucket never
 run borrows the nearest measured bucket's curve.
 
 One odd batch must not lock the estimates in a state nothing corrects (a cell's first batch, slowed by
 one very long input, once made every larger size cost 5 s, so that none of them ran again): a cell's
 first observation is taken within a factor of two of what the curve predicted there, the first few
 teach their cell alone (their mean: `SETTLING_RUNS`), and a later one moves the level and its cell by
-at most a factor of two; a real change is followed within a few batches all the same. How far batches ran from their estimates is kept apart
+at most a factor of two; a real change is followed within a few batches all the same. Only settled
+cells' errors make the margins: an unsettled one's are its own learning, not noise. How far batches ran from their estimates is kept apart
 (`prediction_errors`): it makes the margin predictions add, calibrated on what happened and fading
 with time.
 
@@ -92,19 +93,18 @@ class BatchCosts:
         cell = cells.get(size)
         if cell is None:  # a new shape: within a factor of two of what the curve predicted there, if anything
             prior = self.estimate(size, bucket)
-            if prior:
-                self.errors.observe(seconds / prior, at)
-                seconds = _within_step(seconds, prior)  # (what interpolation got wrong is not the level's business)
+            if prior:  # (what interpolation got wrong is its cell's to learn: neither the level's, nor a margin's)
+                seconds = _within_step(seconds, prior)
             cells[size] = _Cell(seconds / self.level, 1)
             self.errors.refresh(at)
             self._refresh(bucket)
             return
         expected = cell.shape * self.level
-        self.errors.observe(seconds / expected, at)
         cell.runs += 1
         if cell.runs <= SETTLING_RUNS:  # still settling: the mean of its observations, wrong on its own account
             cell.shape += (seconds / self.level - cell.shape) / cell.runs
-        else:
+        else:  # settled: how far it ran from its estimate is the noise a margin covers
+            self.errors.observe(seconds / expected, at)
             error = max(-MAX_STEP, min(MAX_STEP, math.log(seconds / expected)))
             self.level *= math.exp(LEVEL_ALPHA * error)
             seen = _within_step(seconds, expected) / self.level
@@ -199,6 +199,11 @@ class BatchCosts:
             return self._limits[self._nearest(bucket)] if self._limits else self.max_batch_size
         return limit
 
+    def largest_measured(self, bucket: int) -> int:
+        """The largest batch of `bucket` measured (at warm-up or run); 0: none."""
+        cells = self._cells.get(bucket)
+        return max(cells) if cells else 0
+
     def describe(self) -> dict[str, Any]:
         """The curve as `GET /v1/models` shows it: per bucket, the estimate (ms) and runs of every measured
         size, and the size a batch stops at."""
@@ -228,12 +233,14 @@ def _within_step(seconds: float, expected: float) -> float:
 
 def _floor_curve(sizes: list[int], shapes: list[float], max_size: int) -> list[float]:
     """The shape at every size 1..max_size (index 0: 0.0) from the measured sizes: flat below the first,
-    straight between two, the last slope (never negative) past the last; then never lower than at a
+    straight between two, past the last the slope from the first to the last (never negative); then never lower than at a
     smaller size. Built in one pass over the sizes (rebuilt after every batch: a bisection per size
     made this most of a batch's own cost on the loop, ~50 us, measured)."""
     curve = [0.0] * (max_size + 1)
     last = len(sizes) - 1
-    slope = max(0.0, (shapes[-1] - shapes[-2]) / (sizes[-1] - sizes[-2])) if last else 0.0
+    # past the last measured size: the slope across every measured size, first to last (two neighbours'
+    # slope, 7 and 8 on a busy CPU, once made 32 cost 8 s where it took 4)
+    slope = max(0.0, (shapes[-1] - shapes[0]) / (sizes[-1] - sizes[0])) if last else 0.0
     floor, i = 0.0, 0  # i: the first measured size >= n
     for n in range(1, max_size + 1):
         while i <= last and sizes[i] < n:

@@ -94,3 +94,13 @@ def test_the_linger_is_max_wait_or_what_the_objective_leaves_after_two_of_that_b
     assert f.linger_s(max_wait_ms=5, slo_ms=100) == pytest.approx(0.1 - 2 * 0.022)  # 56 ms (10% slack) to fill a batch
     assert f.linger_s(max_wait_ms=5, slo_ms=100, bucket=1) == pytest.approx(0.1 - 2 * 0.044)  # longer inputs: less
     assert f.linger_s(max_wait_ms=5, slo_ms=30) == 0.0  # the objective leaves none
+
+
+def test_an_own_batch_never_counts_more_joiners_than_the_largest_batch_of_its_bucket_that_ran():
+    """8 closed-loop clients echoing a 3 s batch: the arrival rate read right after a burst (8 a second)
+    times a 1.7 s wait once priced a 14-input batch that could never form."""
+    costs = BatchCosts(32)
+    costs.measured([(5, 1, 0.78), (5, 8, 3.4)])
+    f = Forecast(costs)
+    assert f.own_batch_s(0, 5, joining=8 * 1.7) == pytest.approx(3.4)  # the 8 that ran, not 14
+    assert f.own_batch_s(0, 5, joining=3.0) == pytest.approx(costs.estimate(4, 5))  # fewer: as expected

@@ -127,3 +127,17 @@ def test_one_outlier_moves_the_level_at_most_twofold_and_a_real_slowdown_is_stil
     for _ in range(15):  # four times slower for good: followed within fifteen batches
         costs.observe(0, 8, 0.2, next(clock))
     assert costs.estimate(8, 0) == pytest.approx(0.2, rel=0.1)
+
+
+def test_new_sizes_teach_their_own_cells_without_widening_the_margin_and_extrapolate_across_all_sizes():
+    """MiniLM on long inputs beside a busy core: warm-up timed one input (194 ms); batches of 7 and 8 then
+    ran at 0.80 and 1.10 s. Their first runs, far off the flat guess, once made the margin 5x every
+    prediction (most requests refused with 10 s to spare), and the slope between 7 and 8 made 32 cost 8 s."""
+    clock = itertools.count(0.0, 0.5)
+    costs = BatchCosts(32)
+    costs.measured([(0, 1, 0.194)])
+    for _ in range(3):
+        costs.observe(0, 7, 0.80, next(clock))
+        costs.observe(0, 8, 1.10, next(clock))
+    assert costs.slack == pytest.approx(MIN_EXCESS)  # settling cells are learning, not noise
+    assert 3.5 < costs.estimate(32, 0) < 5.0  # the slope from 1 to 8, not from 7 to 8
