@@ -114,6 +114,6 @@ class ImageGraphs(CapturedShapes):
             return out[:n].to("cpu", torch.float32).numpy().copy()
         with torch.cuda.stream(self.stream):
             self._graphs[shape].graph.replay()
-        self.stream.synchronize()  # type: ignore[union-attr]  # the one wait; the GIL is free meanwhile
+        self.wait()  # the one wait; the GIL is free meanwhile
         # Copied out: the pinned buffer is the next call's, the outputs live until they are answered.
         return host_out.numpy()[:n].copy()

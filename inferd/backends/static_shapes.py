@@ -19,6 +19,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -100,6 +101,7 @@ class CapturedShapes:
         self.capture_s = 0.0
         self.error: str | None = None  # why graphs were given up at warm-up, if they were
         self._graphs: dict[tuple[int, int], Graph] = {}
+        self._done: torch.cuda.Event | None = None  # (made on first use: a CUDA event needs CUDA)
 
     @property
     def graphs(self) -> int:
@@ -136,6 +138,15 @@ class CapturedShapes:
         if self.error is not None:
             report["graph_error"] = self.error
         return report
+
+    def wait(self) -> None:
+        """Until the stream's work is done, with this thread asleep: a blocking event. (A stream's own
+        `synchronize()` spins a core for the whole forward, a core the tokeniser or the loop could use.)"""
+        done = self._done
+        if done is None:
+            done = self._done = torch.cuda.Event(blocking=True)
+        done.record(self.stream)
+        done.synchronize()
 
     def _capture_all(self) -> None:
         raise NotImplementedError
@@ -217,11 +228,33 @@ class ShapedForward(CapturedShapes):
             raise RuntimeError(f"a replayed graph differs from the eager forward by {difference:.3g}")
 
     @torch.inference_mode()
-    def run(self, rows: Sequence[np.ndarray]) -> np.ndarray | None:
-        """The outputs for `rows` ((len(rows), width) float32, a fresh array), or None when no shape holds
-        the batch (the caller runs it eagerly)."""
+    def timings(self, eager: Compute, repeats: int = 3) -> tuple[list[tuple[int, int, float]], list[tuple[int, int, float]]]:
+        """(batch size, length, seconds) of each captured graph's replay and of an eager forward (`eager`,
+        the model's own path) at the same shape, the fastest of `repeats` each: `PathChoice`'s start."""
+        graphs, eagers = [], []
+        for (b, s), graph in sorted(self._graphs.items()):
+            ids = torch.full((b, s), self.pad_id, dtype=torch.long, device=self.device)
+            mask = torch.ones((b, s), dtype=torch.long, device=self.device)
+            graphs.append((b, s, self._fastest(repeats, graph.graph.replay)))
+            eagers.append((b, s, self._fastest(repeats, partial(eager, ids, mask))))
+        return graphs, eagers
+
+    def _fastest(self, repeats: int, call: Callable[[], Any]) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            started = time.perf_counter()
+            with torch.cuda.stream(self.stream):
+                call()
+            self.wait()
+            best = min(best, time.perf_counter() - started)
+        return best
+
+    @torch.inference_mode()
+    def run(self, rows: Sequence[np.ndarray], shape: tuple[int, int] | None = None) -> np.ndarray | None:
+        """The outputs for `rows` ((len(rows), width) float32, a fresh array) at `shape` (default: the
+        smallest that holds them), or None when no shape holds the batch (the caller runs it eagerly)."""
         n = len(rows)
-        shape = self.grid.pick(n, max(len(r) for r in rows))
+        shape = shape or self.grid.pick(n, max(len(r) for r in rows))
         if shape is None:
             return None
         b, s = shape
@@ -234,6 +267,6 @@ class ShapedForward(CapturedShapes):
             return out[:n].to("cpu", torch.float32).numpy().copy()
         with torch.cuda.stream(self.stream):
             self._graphs[shape].graph.replay()
-        self.stream.synchronize()  # type: ignore[union-attr]  # the one wait; the GIL is free meanwhile
+        self.wait()  # the one wait; the GIL is free meanwhile
         # Copied out: the pinned buffer is the next call's, the outputs live until they are answered.
         return host_out.numpy()[:n].copy()

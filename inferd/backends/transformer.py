@@ -31,13 +31,17 @@ always the last), `torch_threads` (CPU threads per worker; default: torch's own 
 
 A graph runs at its captured length, an eager call at the batch's longest input: on an H200 a
 BERT-large's batch of 126 inputs of ~190 tokens took 46.5 ms as the 256-token graph and 31.1 ms eagerly.
-Lengths between the bucket edges (`graph_lengths = [64, 128, 192, 256]`) cut that padding, for more
-graphs to capture at warm-up; batching is still by bucket.
+So each batch runs the cheaper way (`path_choice`): every graph's replay and an eager forward at the
+same shape are timed at warm-up, and every call after updates the figures. Lengths between the bucket
+edges (`graph_lengths = [64, 128, 192, 256]`) cut a graph's padding, for more graphs to capture at
+warm-up; batching is still by bucket. The worker waits for the GPU asleep (a blocking event), not
+spinning a core.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,6 +50,7 @@ import numpy as np
 import torch
 
 from . import Prepared, backend_factory
+from .path_choice import PathChoice
 from .static_shapes import DEFAULT_BATCH_SIZES, ShapedForward, ShapeGrid, collate
 from .text_inputs import InputTooLong, TextInputs
 
@@ -169,6 +174,7 @@ class TextModel:
         grid = ShapeGrid(tuple(options.get("graph_batch_sizes", DEFAULT_BATCH_SIZES)), seq_lens)
         self.shaped = ShapedForward(self._compute_fixed, grid, self.device, width, self.pad_id,
                                     graphs=bool(options.get("cuda_graphs", True)), stream=self.stream)
+        self.paths = PathChoice()  # per batch, graph or eager (CUDA only: on the CPU every batch is eager)
 
     # ---- on the way in (the preprocessing thread) ------------------------------------------------
 
@@ -186,8 +192,13 @@ class TextModel:
     # ---- warm-up (the worker thread, before the model is ready) ----------------------------------
 
     def warmup(self) -> dict[str, Any]:
-        """Capture the CUDA graphs (a no-op on the CPU); what it did, for `GET /v1/models`."""
-        return self.shaped.warmup_report()
+        """Capture the CUDA graphs (a no-op on the CPU), time each against an eager forward at its shape;
+        what it did, for `GET /v1/models`."""
+        report = self.shaped.warmup_report()
+        if self.shaped.use_graphs:
+            self.paths.learn_warmup(*self.shaped.timings(self._compute))
+            report["paths"] = self.paths.describe()
+        return report
 
     def warmup_batches(self) -> list[list[np.ndarray]]:
         """One batch per bucket, each as long as its bucket's longest input."""
@@ -197,10 +208,18 @@ class TextModel:
 
     def __call__(self, batch: list[np.ndarray]) -> list[Any]:
         self.calls += 1
-        out = self.shaped.run(batch) if self.shaped.use_graphs else None
-        if out is None:
+        if not self.shaped.use_graphs:
+            return self._outputs(self._eager(batch))
+        rows, longest = len(batch), max(len(ids) for ids in batch)
+        shape = self.shaped.grid.pick(rows, longest)
+        started = time.perf_counter()
+        if shape is not None and self.paths.use_graph(shape, rows, longest):
+            out = self.shaped.run(batch, shape)
+            self.paths.ran_graph(shape, time.perf_counter() - started)
+        else:
             out = self._eager(batch)
-        return self._outputs(out)
+            self.paths.ran_eager(rows, longest, time.perf_counter() - started)
+        return self._outputs(out)  # type: ignore[arg-type]
 
     def _eager(self, batch: list[np.ndarray]) -> np.ndarray:
         try:
@@ -226,7 +245,7 @@ class TextModel:
             input_ids = input_ids.pin_memory().to(self.device, non_blocking=True)
             attention = attention.pin_memory().to(self.device, non_blocking=True)
             host = self._compute(input_ids, attention).to("cpu", non_blocking=True)
-        self.stream.synchronize()  # type: ignore[union-attr]  # the one wait: results are on the host
+        self.shaped.wait()  # the one wait (asleep): results are on the host
         return host.numpy()
 
     def _compute(self, input_ids: torch.Tensor, mask: torch.Tensor, attention: torch.Tensor | None = None) -> torch.Tensor:
