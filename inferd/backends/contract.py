@@ -14,6 +14,7 @@ instead of being silently skipped.
 | `warmup_batches() -> [batch per length bucket]` | runs each before the worker is ready, then times each bucket's at 1, 2, 4... inputs: the cost model's first figures |
 | `cost(batch_size, bucket) -> seconds or None` | the cost model's first figures instead of timing them (e.g. timed CUDA graphs) |
 | `close()` | called when the worker lets go of the backend (a version unloaded), to free what it holds |
+| `launch(inputs) -> handle` and `collect(handle) -> outputs` (both or neither) | a batch in two steps, so the device never waits for the host: `launch` does the host's part (padding, pinned copies) and queues the device's work without waiting for it; `collect` waits for it and returns one output per input. The worker launches the next batch while one computes (a full batch only), and collects them in order: one batch computes at a time, as the device runs its queue in order |
 | `prepare_threads` | how many threads run `prepare_batch` at once (default 1): more only where preparing costs per input and runs outside the GIL (an image decoder); a tokenizer that is parallel inside needs one |
 | `prepare_nice` | how many nice levels below the event loop its preparing threads run (default 0; `[server] worker_nice` when that is more): bulk CPU work such as image decoding, which should take what the loop leaves |
 | `execute_nice` | how many nice levels below the event loop its executor thread runs once it is built (default 0; `[server] worker_nice` when that is more), and the threads it starts from then on, such as PyTorch's CPU pool at the warm-up's first forward: a forward computed on the CPU, which should take what the loop leaves |
@@ -43,7 +44,7 @@ class BatchBackend(Protocol):
 
 
 INPUT_KINDS = ("text", "image", "pair")
-_HOOKS = ("prepare_batch", "prepare", "warmup", "warmup_batches", "cost", "close")
+_HOOKS = ("prepare_batch", "prepare", "warmup", "warmup_batches", "cost", "close", "launch", "collect")
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class Capabilities:
     warmup_batches: Callable[[], list[list[Any]]] | None = None
     cost: Callable[[int, int], float | None] | None = None
     close: Callable[[], None] | None = None
+    launch: Callable[[list[Any]], Any] | None = None
+    collect: Callable[[Any], Sequence[Any]] | None = None
     output_kind: str | None = None
     input_kind: str = "text"
     compatibility: Mapping[str, Any] = field(default_factory=dict)
@@ -75,6 +78,8 @@ class Capabilities:
             if hook is not None and not callable(hook):
                 raise TypeError(f"backend {type(backend).__name__}: `{name}` must be a method, not {type(hook).__name__}")
             hooks[name] = hook
+        if (hooks["launch"] is None) != (hooks["collect"] is None):
+            raise TypeError(f"backend {type(backend).__name__}: `launch` and `collect` come together")
         kind = getattr(backend, "output_kind", None)
         if kind is not None and not isinstance(kind, str):
             raise TypeError(f"backend {type(backend).__name__}: `output_kind` must be a string")

@@ -15,7 +15,10 @@ Options: `latency_ms` (default 100), `per_item_ms` (0), `per_token_ms` (0), `jit
 count every input computed, for tests that check what ran), `tag` (put before every output, to tell
 versions apart), `memory_mb` (what a device claims to need, for the memory check), `bucket_chars` (e.g. [50]: inputs of up to
 50 characters in bucket 0, longer ones in bucket 1, with a rough token count of a quarter of their
-characters, as a tokenizer would bucket them; default: one bucket).
+characters, as a tokenizer would bucket them; default: one bucket), `prepare_ms` (host-side work per
+batch before its device time, default 0) and `pipelined` (default false: the worker calls the device in
+two steps, `launch` and `collect`, and prepares the next batch while one computes: a stand-in for a
+GPU backend that does).
 """
 
 from __future__ import annotations
@@ -107,6 +110,46 @@ class SimulatedGPU:
         return [tag + expected_output(text) for text in inputs] if tag else [expected_output(text) for text in inputs]
 
 
+class PipelinedGPU(SimulatedGPU):
+    """The simulated GPU in two steps: `launch` does `prepare_ms` of host-side work (slept: padding and
+    pinned copies mostly run outside the GIL) and queues the batch on the device, where it computes once
+    the batch before it is done; `collect` waits for it. With `pipelined`, the worker sees the two steps
+    (the contract's `launch` and `collect`); without, only the call that does both. Each batch's time on
+    the device is recorded (`calls`) and never overlaps another's; `launches` holds when each launch
+    began and ended. An input holding POISON_LAUNCH makes its launch raise."""
+
+    def __init__(self, prepare_ms: float = 0.0, pipelined: bool = True, **sim: Any) -> None:
+        super().__init__(**sim)
+        self.prepare_s = prepare_ms / 1000.0
+        self._device_free_at = 0.0
+        self.launches: list[tuple[float, float]] = []
+        if not pipelined:  # (the contract reads a hook set to None as absent)
+            self.launch = self.collect = None  # type: ignore[assignment]
+
+    def launch(self, inputs: list[str]) -> tuple[list[str], float, float]:
+        if not inputs or len(inputs) > self.max_batch_size:
+            raise SimulatedDeviceError(f"batch of {len(inputs)} inputs for a device of 1..{self.max_batch_size}")
+        began = time.monotonic()
+        if any("POISON_LAUNCH" in text for text in inputs):
+            raise SimulatedDeviceError("this batch cannot be prepared")
+        time.sleep(self.prepare_s)
+        start = max(time.monotonic(), self._device_free_at)
+        end = self._device_free_at = start + self.call_s(inputs)
+        self.launches.append((began, time.monotonic()))
+        return list(inputs), start, end
+
+    def collect(self, handle: tuple[list[str], float, float]) -> list[str]:
+        inputs, start, end = handle
+        remaining = end - time.monotonic()
+        if remaining > 0:
+            time.sleep(remaining)
+        self.calls.append((start, end, len(inputs)))
+        return self.compute(inputs)
+
+    def __call__(self, inputs: list[str]) -> list[str]:
+        return PipelinedGPU.collect(self, PipelinedGPU.launch(self, inputs))
+
+
 class BucketedGPU(SimulatedGPU):
     """The simulated GPU with inputs in length buckets (`prepare`, run on the way in)."""
 
@@ -123,12 +166,16 @@ def create(device: str, options: Mapping[str, Any]) -> SimulatedGPU:
     """One simulated GPU per worker."""
     options = dict(options)
     bucket_chars = options.pop("bucket_chars", None)
+    pipelined, prepare_ms = bool(options.pop("pipelined", False)), float(options.pop("prepare_ms", 0.0))
     sim = sim_options(options, "inferd.backends.sim")
+    if pipelined or prepare_ms:
+        return PipelinedGPU(prepare_ms, pipelined, name=device, **sim)
     return SimulatedGPU(name=device, **sim) if bucket_chars is None else BucketedGPU(list(bucket_chars), name=device, **sim)
 
 
 def check_options(options: Mapping[str, Any]) -> None:
-    sim_options({k: v for k, v in options.items() if k != "bucket_chars"}, "inferd.backends.sim")
+    sim_options({k: v for k, v in options.items() if k not in ("bucket_chars", "pipelined", "prepare_ms")},
+                "inferd.backends.sim")
 
 
 def memory_bytes(options: Mapping[str, Any]) -> int:

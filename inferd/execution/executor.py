@@ -6,11 +6,21 @@ output list against the input list, and pass the finished batch to the event loo
 `call_soon_threadsafe` per batch. When no batch is due it parks: it leaves a taker with `next_batch` and
 waits for a batch to be handed to it. Futures are only touched on the loop.
 
+A backend that splits a call in two (`launch`, then `collect`: the contract) is pipelined: while one
+batch computes, the worker takes the next full batch and launches it behind it, so its host-side
+preparation and copies overlap the computing one and the device never waits for the host; batches are
+collected in order, one computing at a time. A partial batch still waits for a free worker, to grow.
+
 When the backend raises for a batch, the worker bisects it (calls on each half, recursively, within a
 budget of extra calls) so only the inputs that fail on their own are failed: one poison input does not
 take its 99 neighbours down with it. An exception that is not an `Exception` (SystemExit and the like)
 kills the worker: the loop is told, re-queues its batch and starts a replacement. A worker the watchdog
 gave up on (`abandoned`) exits as soon as its call returns and delivers nothing.
+
+Why one module: everything a worker's thread does with a batch, from taking it to handing it back (the
+plain loop, the pipelined one, isolating the inputs of a failed call), and the state the pool reads
+from another thread (`current`, `behind`, `abandoned`), kept together where "one call at a time per
+device" can be read.
 """
 
 from __future__ import annotations
@@ -32,7 +42,8 @@ from .thread_priority import lower_this_thread
 log = logging.getLogger("inferd.executor")
 
 Taker = Callable[[Batch | None], None]
-NextBatch = Callable[[int, Taker], Batch | None]  # (requests just answered, taker) -> a due batch, or None: parked
+NextBatch = Callable[[int, Taker | None], Batch | None]  # (requests just answered, taker) -> a due batch, or None: parked
+# (taker None: a full batch or nothing, never parked: a worker asking for one to launch behind its computing one)
 
 
 class OutputMismatch(RuntimeError):
@@ -82,6 +93,7 @@ class Worker:
         self.max_batch_size = max_batch_size
         self.batches = 0
         self.current: Batch | None = None  # the batch inside the backend now (or handed to it, not begun)
+        self.behind: Batch | None = None  # pipelined: the batch launched behind `current`, next on the device
         self.call_started_at = 0.0  # start of the backend call in progress (the watchdog's clock)
         self.max_isolation_calls = max_isolation_calls
         self._nice = nice  # levels below the loop's CPU priority its thread runs at (`thread_priority`)
@@ -143,11 +155,14 @@ class Worker:
         self.ready = True
         self._call_loop(self._on_ready, self)
         try:
-            self._serve(fn)
+            if offers.launch is not None and offers.collect is not None:
+                self._serve_pipelined(fn, offers.launch, offers.collect)
+            else:
+                self._serve(fn)
         except BaseException as exc:  # noqa: BLE001 - the worker dies; the loop re-queues and replaces
             if not self.abandoned:
                 log.error("worker %s died: %r", self.name, exc)
-                self._call_loop(self._on_died, self, self.current, exc)
+                self._call_loop(self._on_died, self, self.current, exc)  # (`behind` too: the pool hands both back)
 
     def _serve(self, fn: BatchBackend) -> None:
         last_end = 0.0
@@ -179,6 +194,69 @@ class Worker:
                 return  # the watchdog already re-queued this batch: its results are discarded
             if not self._call_loop(self._on_batch_done, batch):
                 return
+
+    def _serve_pipelined(self, fn: BatchBackend, launch: Callable[[list[Any]], Any],
+                         collect: Callable[[Any], Sequence[Any]]) -> None:
+        """Two batches in flight at most: the one computing (`current`) and a full one launched behind it
+        (`behind`), collected in order (see the module docstring)."""
+        flight: deque[tuple[Batch, Any]] = deque()  # launched, not collected: (batch, handle or the launch's error)
+        finished, last_end = 0, 0.0
+        while not self.abandoned:
+            if len(flight) < 2:
+                parked_at = 0.0
+                batch = self._next_batch(finished, self._hand_over if not flight else None)
+                finished = 0
+                if batch is None and not flight:  # nothing due, nothing computing: parked until one is
+                    parked_at = time.monotonic()
+                    batch = self._handoff.get()
+                    if batch is None:
+                        return
+                if batch is not None:
+                    batch.worker = self.name
+                    launched_at = time.monotonic()
+                    if parked_at:
+                        batch.linger_s = max(0.0, batch.formed_at - max(parked_at, batch.requests[0].enqueued_at))
+                    for request in batch.requests:
+                        request.attempts += 1
+                    try:
+                        handle: Any = launch([r.input for r in batch.requests])
+                    except Exception as exc:  # noqa: BLE001 - this batch fails alone, in its turn
+                        handle = _LaunchFailed(exc)
+                    if flight:
+                        self.behind = batch
+                    else:  # the device is free: it starts now
+                        batch.started_at = launched_at
+                        if last_end and not parked_at:
+                            batch.gap_s = launched_at - last_end
+                        self.current, self.call_started_at = batch, launched_at
+                    flight.append((batch, handle))
+                    if len(flight) < 2:
+                        continue  # one more behind it, if a full one is due
+            batch, handle = flight.popleft()
+            self._collect(fn, collect, batch, handle)
+            last_end = batch.finished_at = time.monotonic()
+            self.busy_s += last_end - batch.started_at
+            self.batches += 1
+            finished = len(batch.requests)
+            if flight:  # the one behind computes from now on (its launch overlapped this one)
+                following = flight[0][0]
+                following.started_at = last_end
+                self.current, self.behind, self.call_started_at = following, None, last_end
+            else:
+                self.current, self.call_started_at = None, 0.0
+            if self.abandoned:
+                return  # the watchdog already re-queued what was in flight: its results are discarded
+            if not self._call_loop(self._on_batch_done, batch):
+                return
+
+    def _collect(self, fn: BatchBackend, collect: Callable[[Any], Sequence[Any]], batch: Batch, handle: Any) -> None:
+        """A launched batch's outputs; a failed one is bisected with plain calls, as `_execute` does."""
+        try:
+            if isinstance(handle, _LaunchFailed):
+                raise handle.error
+            batch.outputs = check_outputs(collect(handle), len(batch.requests))
+        except Exception:  # noqa: BLE001 - find out which inputs did it, the usual way
+            self._execute(fn, batch)
 
     def _hand_over(self, batch: Batch | None) -> None:
         """The taker this worker leaves when it parks (called on another thread): the batch is its
@@ -214,6 +292,15 @@ class Worker:
             return True
         except RuntimeError:  # the loop is closed: the process is exiting
             return False
+
+
+class _LaunchFailed:
+    """What a launch that raised leaves in the pipeline: its batch fails in its turn, alone."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
 
 
 PROBE_CALL_LIMIT_S = 0.1  # a bucket's warm-up measurement stops doubling its batch once a call takes half this

@@ -118,8 +118,9 @@ class WorkerPool:
         self._count_healthy()
 
     def running(self) -> list[Batch]:
-        """The batches inside backend calls now."""
-        return [batch for w in self.workers if (batch := w.current) is not None]  # (read once: a worker changes it)
+        """The batches inside backend calls now (a pipelined worker's launched one behind it too)."""
+        running = [batch for w in self.workers if (batch := w.current) is not None]  # (read once: a worker changes it)
+        return running + [batch for w in self.workers if (batch := w.behind) is not None and batch not in running]
 
     # ---- from the workers (on the loop) ----------------------------------------------------------
 
@@ -166,12 +167,14 @@ class WorkerPool:
                     self._give_up_on(worker, worker.current)
 
     def _give_up_on(self, worker: Worker, batch: Batch | None) -> None:
-        """Take a worker out of rotation, hand its batch back, and start a replacement."""
+        """Take a worker out of rotation, hand its batch back (and the one launched behind it), and start
+        a replacement."""
         worker.abandoned = True
         self._count_healthy()
-        if batch is not None and not batch.abandoned:
-            batch.abandoned = True  # its results, if they ever come, are discarded
-            self._on_requeue(batch)
+        for lost in (batch, worker.behind):
+            if lost is not None and not lost.abandoned:
+                lost.abandoned = True  # its results, if they ever come, are discarded
+                self._on_requeue(lost)
         self._replace(worker)
 
     def _replace(self, worker: Worker) -> None:
@@ -201,6 +204,9 @@ class WorkerPool:
             if running is None:
                 return 0.0
             left = max(0.0, batch_s(running) - (now - (running.started_at or running.formed_at)))  # (handed, not begun)
+            behind = worker.behind
+            if behind is not None and behind is not running:  # (pipelined: the batch launched behind it goes next)
+                left += batch_s(behind)
             first = left if first is None else min(first, left)
         return first or 0.0
 

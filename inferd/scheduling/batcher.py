@@ -303,10 +303,12 @@ class Batcher:
 
     # ---- worker thread side ----------------------------------------------------------------------
 
-    def next_batch(self, finished: int, taker: Taker) -> Batch | None:
+    def next_batch(self, finished: int, taker: Taker | None) -> Batch | None:
         """Called by a free worker that just answered `finished` requests (0: none): the next due batch
         at once, or None after leaving `taker`, which is called with the batch once one is due (or with
-        None when the batcher stops; also at once if it has stopped already)."""
+        None when the batcher stops; also at once if it has stopped already). `taker` None: a worker
+        with a batch still computing asks for one to launch behind it: a full batch or nothing, and it
+        does not park (a partial batch waits to grow until a worker is free for it)."""
         now = self._clock()
         with self._lock:
             stopped = self._stopped
@@ -315,6 +317,8 @@ class Batcher:
                     self.echo.batch_finished(now, finished)
                 decision = self._decision(now, "idle_worker")
                 trigger = decision.trigger
+                if taker is None:
+                    return self._take(trigger, now, decision.bucket) if trigger == "full" else None
                 if trigger in ("idle_worker", "sparse") and finished and self.echo.expected:
                     # Stale and partial: the clients of the batch just finished are about to send again.
                     self._hold_until = now + self.max_wait_s
@@ -326,7 +330,8 @@ class Batcher:
                 self._takers.append(taker)
                 needs_timer = self._depth > 0  # a linger to time for it
         if stopped:
-            taker(None)
+            if taker is not None:
+                taker(None)
         elif needs_timer:
             self._loop.call_soon_threadsafe(self._wake.set)
         return None

@@ -22,7 +22,7 @@ def pool_of(*workers: SimpleNamespace) -> WorkerPool:
 
 def worker(name: str, *, healthy: bool = True, started_at: float | None = None, busy_s: float = 0.0) -> SimpleNamespace:
     current = None if started_at is None else SimpleNamespace(started_at=started_at, formed_at=started_at, requests=[1, 2], size=2)
-    w = SimpleNamespace(name=name, healthy=healthy, current=current, busy_s=busy_s)
+    w = SimpleNamespace(name=name, healthy=healthy, current=current, behind=None, busy_s=busy_s)
     w.busy_total_s = lambda now: w.busy_s + (now - w.current.started_at if w.current is not None else 0.0)
     return w
 
@@ -32,6 +32,11 @@ def test_the_first_free_worker_is_the_one_with_the_least_time_left():
     assert pool_of(worker("a", started_at=10.0), worker("b")).first_free_s(10.05, lambda batch: 0.1) == 0.0  # b is free
     assert pool_of(worker("a", started_at=9.0)).first_free_s(10.0, lambda batch: 0.1) == 0.0  # overdue: any moment now
     assert pool_of(worker("a", started_at=10.0), worker("dead", healthy=False)).first_free_s(10.0, lambda batch: 0.1) == approx(0.1)
+    pipelined = worker("p", started_at=10.0)
+    pipelined.behind = SimpleNamespace(started_at=0.0, formed_at=10.01, requests=[1], size=1)  # launched behind it
+    pool = pool_of(pipelined)
+    assert pool.first_free_s(10.05, lambda batch: 0.1) == approx(0.15)  # free once both have run
+    assert pool.running() == [pipelined.current, pipelined.behind]
 
 
 def test_the_busy_ratio_is_the_share_of_the_window_spent_in_calls():

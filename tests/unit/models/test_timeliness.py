@@ -27,7 +27,7 @@ class FakeDevice:
 
     def __init__(self, model: BatchModel, clock: FakeClock, gpu: SimulatedGPU) -> None:
         self.model, self.clock, self.gpu = model, clock, gpu
-        self.worker = SimpleNamespace(healthy=True, current=None)
+        self.worker = SimpleNamespace(healthy=True, current=None, behind=None)
         model.pool.workers, model.pool.healthy = [self.worker], 1
         self.handed: list[Batch | None] = []
         self.ends_at = 0.0
