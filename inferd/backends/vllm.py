@@ -264,3 +264,15 @@ def _stat_logger_factory(stats: EngineStats):
             pass
 
     return InferdStatLogger
+
+
+def client_mistake(error: BaseException) -> bool:
+    """Whether vLLM refused a request for the request's own sake, as its own server would answer it with
+    a 4xx: its client-error classes (`VLLMValidationError` is no ValueError: a bad JSON-schema `$ref`,
+    regex or tool `parameters` type were once answered 500), and the plain ValueError, TypeError and
+    OverflowError its checks raise."""
+    try:
+        from vllm.exceptions import VLLMClientError
+    except ImportError:  # (an older vLLM: its checks raise ValueError)
+        return isinstance(error, (ValueError, TypeError, OverflowError))
+    return isinstance(error, (VLLMClientError, ValueError, TypeError, OverflowError))

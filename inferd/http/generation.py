@@ -203,7 +203,7 @@ class GenerationApi:
             model.record_abort("engine_error")
             log.warning("model %s request %s: the engine failed it: %s", model.name, request_id, describe(exc))
             failure = (InvalidInput(f"the engine refused this request: {describe(exc)}")
-                       if isinstance(exc, ValueError) and last is None else
+                       if last is None and model.refused_by_client(exc) else
                        InferenceFailed(f"generation failed: {describe(exc)}"))
         else:
             failure = None

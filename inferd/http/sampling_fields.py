@@ -26,6 +26,9 @@ def sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
         overrides[key] = value
     if "min_tokens" in overrides and overrides["min_tokens"] > overrides.get("max_tokens", math.inf):
         raise InvalidInput(f"`min_tokens` must be at most `max_tokens` ({overrides['max_tokens']})")
+    seed = overrides.get("seed")  # (choice i samples with seed + i: each must fit a signed 64-bit integer)
+    if seed is not None and not -(2**63) <= seed <= 2**63 - overrides.get("n", 1):
+        raise InvalidInput(f"`seed` must fit in 64 bits with `n` choices (seed + n - 1 < 2^63), got {str(seed)[:40]}")
     for key, (fits, what) in _LABELS.items():
         if body.get(key) is not None and not fits(body[key]):
             raise InvalidInput(f"`{key}` must be {what}, got {str(body[key])[:40]}")

@@ -21,7 +21,7 @@ from functools import partial
 from typing import Any
 
 from ..backends import built_alone
-from ..backends.vllm import Delta, EngineStats, VllmEngine
+from ..backends.vllm import Delta, EngineStats, VllmEngine, client_mistake
 from ..backends.vllm_tools import ToolPlan
 from ..backends.vllm_tools import preload as preload_tools
 from ..config import ModelConfig
@@ -173,6 +173,11 @@ class GenerationModel:
             return self.engine.tool_plan(body)
         except ValueError as exc:
             raise InvalidInput(f"tools: {exc}") from None
+
+    def refused_by_client(self, error: BaseException) -> bool:
+        """Whether the engine refused a request for the request's own sake (a 400, never a 500): a bad
+        JSON schema, regex or tool parameters (`backends.vllm.client_mistake`)."""
+        return client_mistake(error)
 
     def sampling(self, overrides: Mapping[str, Any]) -> Any:
         """The engine's sampling parameters for a request's own fields; InvalidInput when it refuses them."""

@@ -426,6 +426,16 @@ async def test_structured_outputs_hold_the_output_to_a_schema_or_a_choice(server
     async with client.post(f"{url}/v1/chat/completions", json={**body, "structured_outputs": {"choice": ["a"]}},
                            headers=headers) as resp:  # both ways at once: which would hold is the client's to say
         assert resp.status == 400 and "cannot both" in (await resp.json())["error"]["message"]
+    # a client's mistake is a 400, never a 500: what vLLM's own checks refuse (its validation error is no ValueError)
+    mistakes = [{**own, "prompt": "x", "structured_outputs": {"regex": "(unclosed"}},
+                {**own, "prompt": "x", "structured_outputs": {"json": {"$ref": "#/definitions/missing"}}},
+                {**own, "prompt": "x", "seed": 2**64 - 1, "n": 2},
+                {**own, "messages": [{"role": "user", "content": "x"}], "tool_choice": "required",
+                 "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}]}]
+    for mistake in mistakes:
+        route = "chat/completions" if "messages" in mistake else "completions"
+        async with client.post(f"{url}/v1/{route}", json=mistake, headers=headers) as resp:
+            assert resp.status == 400, (mistake, await resp.text())
     for bad in ({"type": "xml"}, {"type": "json_schema", "json_schema": {"name": "x"}}):
         async with client.post(f"{url}/v1/chat/completions", json={**body, "response_format": bad}, headers=headers) as resp:
             assert resp.status == 400 and "response_format" in (await resp.json())["error"]["message"]
