@@ -182,11 +182,11 @@ class InferenceApi:
             model_name, version = model.name, model.version
             if model.ready and model.output_kind != kind:
                 raise InvalidInput(f"model {name} {_NOT_OF_KIND[kind]}")
+            cap = model.config.max_inputs_per_call
+            if call.count > cap:  # (before each input is read: their number alone can be a 400)
+                raise InvalidInput(f"the call holds {call.count} inputs; model {name} takes at most {cap} per call")
             inputs = call.inputs
             _refuse_what_the_model_cannot_honour(call, model, inputs)
-            cap = model.config.max_inputs_per_call
-            if len(inputs) > cap:
-                raise InvalidInput(f"the call holds {len(inputs)} inputs; model {name} takes at most {cap} per call")
             items = self.calls.admit(model, start, inputs, who, call.timeout_ms, cache_allowed(headers))
             outputs = await self.calls.answers(model, start, items, who)
         except InferdError as error:

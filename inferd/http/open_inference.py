@@ -130,8 +130,8 @@ class OpenInferenceApi:
         try:
             who = self.admission.identify(headers)
             tier, tenant = who.tier, who.tenant
-            call = parse_infer(await self.body.read(request), headers.get(HEADER_LENGTH), model.input_kind == "image")
             cap = model.config.max_inputs_per_call
+            call = parse_infer(await self.body.read(request), headers.get(HEADER_LENGTH), model.input_kind == "image", cap)
             if len(call.inputs) > cap:
                 raise InvalidInput(f"the input holds {len(call.inputs)} elements; model {model.name} takes at most {cap}")
             items = self.calls.admit(model, start, call.inputs, who, call.timeout_ms, cache_allowed(headers))

@@ -34,6 +34,10 @@ class RerankCall:
     timeout_ms: int | None
 
     @property
+    def count(self) -> int:
+        return len(self.documents)
+
+    @property
     def inputs(self) -> list[tuple[str, str]]:
         """One input per document: the pair (query, document)."""
         return [(self.query, document) for document in self.documents]
