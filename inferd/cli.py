@@ -6,6 +6,8 @@ import argparse
 import dataclasses
 import logging
 import sys
+import tomllib
+from pathlib import Path
 
 from . import __version__
 from .config import ConfigError, default_config, load_config
@@ -63,20 +65,20 @@ def _check_config(path: str) -> int:
     from .backends import module_check_options, resolve_backend
     from .errors import describe
 
+    problems: list[str] = []
     try:
         config = load_config(path)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            print(f"inferd: {problem}", file=sys.stderr)
-        return 2
-    problems = []
-    for m in config.models:
+        models = [(m.name, m.version, m.kind, m.backend, m.options) for m in config.models]
+    except ConfigError as exc:  # (its backends are checked all the same, as far as the tables can be read)
+        problems.extend(exc.problems)
+        models = _readable_models(path)
+    for name, version, kind, backend, options in models:
         try:
-            if m.kind == "batch":
-                resolve_backend(m.backend)
-            module_check_options(m.backend, m.options)
+            if kind == "batch":
+                resolve_backend(backend)
+            module_check_options(backend, options)
         except Exception as exc:  # noqa: BLE001 - whatever importing or checking raised is the file's problem
-            problems.append(f"[[models]] {m.name!r} version {m.version}: backend {m.backend!r}: {describe(exc)}")
+            problems.append(f"[[models]] {name!r} version {version}: backend {backend!r}: {describe(exc)}")
     for problem in problems:
         print(f"inferd: {problem}", file=sys.stderr)
     if problems:
@@ -167,3 +169,16 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"inferd bench: no request succeeded (answers by status: {statuses})", file=sys.stderr)
         return 1
     return 0
+
+
+def _readable_models(path: str) -> list[tuple[str, str, str, str, dict]]:
+    """(name, version, kind, backend, options) of each [[models]] table that names a backend, read from a
+    file that did not parse whole: its backends are worth checking all the same."""
+    try:
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return []
+    tables = raw.get("models") if isinstance(raw.get("models"), list) else []
+    return [(str(t.get("name", "?")), str(t.get("version", "1")), str(t.get("kind", "batch")), t["backend"],
+             t.get("options") if isinstance(t.get("options"), dict) else {})
+            for t in tables if isinstance(t, dict) and isinstance(t.get("backend"), str)]

@@ -7,6 +7,7 @@ a number belongs is a mistake, not 1.
 
 from __future__ import annotations
 
+import difflib
 import types
 import typing
 from collections.abc import Mapping
@@ -79,6 +80,12 @@ def field_names(cls: type) -> set[str]:
 
 
 def reject_unknown(table: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    """A ConfigError naming every unknown key, each with the allowed key it is closest to where one is
+    close ("did you mean"), and the allowed keys where one is not."""
     unknown = sorted(set(table) - allowed)
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {unknown}; allowed: {sorted(allowed)}")
+    if not unknown:
+        return
+    guesses = {key: difflib.get_close_matches(key, allowed, n=1, cutoff=0.75) for key in unknown}
+    named = [f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key) for key, close in guesses.items()]
+    hint = "" if all(guesses.values()) else f"; allowed: {sorted(allowed)}"
+    raise ConfigError(f"{where}: unknown keys {', '.join(named)}{hint}")

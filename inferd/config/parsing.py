@@ -2,6 +2,9 @@
 
 Unknown keys are errors: a misspelt `max_wait_ms` silently falling back to a default is the kind of
 mistake an operator only finds under load.
+
+Why one module: every table is read here so that one ConfigError says every problem of a file, the
+checks across tables (versions, names, adapters) included.
 """
 
 from __future__ import annotations
@@ -187,7 +190,15 @@ def parse_model(raw: Any) -> ModelConfig:
     if not isinstance(raw, dict):
         raise ConfigError("each [[models]] entry must be a table")
     where = f"[[models]] {raw.get('name', '?')!r}"
-    reject_unknown(raw, field_names(ModelConfig), where)
+    try:  # (an unknown key does not hide the table's other mistakes: the rest is read all the same)
+        reject_unknown(raw, field_names(ModelConfig), where)
+    except ConfigError as unknown:
+        raw = {k: v for k, v in raw.items() if k in field_names(ModelConfig)}
+        try:
+            parse_model(raw)
+        except ConfigError as more:
+            raise ConfigError(*unknown.problems, *more.problems) from None
+        raise
     adapters = _parse_adapters(raw.get("adapters", []), where)
     raw = {k: v for k, v in raw.items() if k != "adapters"}
     check_types(raw, ModelConfig, where)

@@ -155,7 +155,8 @@ async def test_version_and_check_config_build_nothing(tmp_path):
     assert results[0][0] == 0 and results[0][1].startswith("inferd 0.")
     assert results[1][0] == 0 and "valid" in results[1][1] and "slow (batch" in results[1][1]
     assert results[2][0] == 2 and "`grace_period_s` must be a number" in results[2][1]
-    assert "unknown keys ['max_wait']" in results[2][1] and "[tiers.free]" in results[2][1]  # every mistake at once
+    assert "unknown keys 'max_wait' (did you mean 'max_wait_ms'?)" in results[2][1] and "[tiers.free]" in results[2][1]
+    assert "No module named 'x'" in results[2][1]  # every mistake at once: a table's backend, though the table is wrong
     assert results[3][0] == 2 and "unknown options ['latncy_ms']" in results[3][1]  # what serve would refuse
     assert "No module named 'no_such_module'" in results[3][1] and "missing' not found" in results[3][1]
     assert "Traceback" not in results[2][1] + results[3][1]

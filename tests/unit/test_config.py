@@ -169,3 +169,13 @@ def test_sizes_and_weights_an_operator_sets_are_bounded():
         parse_config({"models": [{**model, "max_batch_size": 1_000_000}]})
     with pytest.raises(ConfigError, match="not overflow"):  # 1e308 twice: every share would be NaN
         parse_config({"models": [{**model, "traffic": 1e308}, {**model, "version": "2", "traffic": 1e308}]})
+
+
+def test_every_mistake_of_a_model_table_at_once_and_a_near_miss_named():
+    with pytest.raises(ConfigError) as refused:
+        parse_config({"models": [{"name": "m", "backend": "inferd.backends.sim:create", "max_wait": 5,
+                                  "max_batch_size": 0, "colapse": True}]})
+    problems = refused.value.problems
+    assert "unknown keys 'colapse' (did you mean 'collapse'?), 'max_wait' (did you mean 'max_wait_ms'?)" in problems[0]
+    assert "allowed:" not in problems[0]  # (every key had a near miss: no list of all 33)
+    assert any("`max_batch_size` must be positive" in p for p in problems)  # not hidden by the unknown keys
