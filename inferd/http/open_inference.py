@@ -51,6 +51,8 @@ class OpenInferenceApi:
     async def route(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
         request_id = self.ids.pick(request.headers.get("X-Request-ID") or request.headers.get("Idempotency-Key"))
         parts = path.rstrip("/").split("/")[2:]  # (after "", "v2")
+        if not _known(parts):  # (before the method: a path that is no route is a 404 whatever the method)
+            return error_v2(NotFound(f"no route for {request.method} {path}"), request_id)
         method = "POST" if parts[-1:] == ["infer"] or parts == ["repository", "index"] else "GET"
         if request.method != method:
             return error_v2(MethodNotAllowed(f"{path} accepts {method} only"), request_id, allow=method)
@@ -175,3 +177,16 @@ def error_v2(error: InferdError, request_id: str, *, close: bool = False, allow:
 def _json(payload: dict[str, Any], request_id: str, status: int = 200) -> WholeResponse:
     return WholeResponse(status, dumps(payload), (("X-Request-ID", request_id),))
 
+
+def _known(parts: list[str]) -> bool:
+    """Whether a path under /v2 (its parts after "v2") has the shape of one of the protocol's routes."""
+    if not parts or parts == ["repository", "index"]:
+        return True
+    if parts[0] == "health":
+        return len(parts) == 2 and parts[1] in ("live", "ready")
+    if parts[0] != "models" or len(parts) < 2:
+        return False
+    rest = parts[2:]
+    if rest[:1] == ["versions"]:
+        rest = rest[2:] if len(rest) >= 2 else ["?"]
+    return rest in ([], ["ready"], ["config"], ["infer"])

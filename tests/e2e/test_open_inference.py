@@ -125,4 +125,7 @@ async def test_bad_tensors_are_400s_and_nothing_is_computed(http):
             assert resp.status == 405 and resp.headers["Allow"] == "POST"
         async with http.get(f"{srv.url}/v2/nothing") as resp:
             assert resp.status == 404 and "error" in await resp.json()
+        for method in ("GET", "POST"):  # no route is a 404 whatever the method (POST /v2/rerank once said "GET only")
+            async with http.request(method, f"{srv.url}/v2/rerank") as resp:
+                assert resp.status == 404 and "no route" in (await resp.json())["error"]
         assert sum(backend_of(srv).computed.values()) == 1  # the warm-up's input only
