@@ -20,7 +20,7 @@ from aiohttp import web
 
 from ..admission.admission import Admission
 from ..admission.rate_limits import Identity
-from ..messages import PendingRequest
+from ..messages import PendingRequest, RequestState
 from ..models.batch_model import BatchModel
 from ..observability.outcomes import Outcomes
 from ..observability.tracing import RequestTrace, Tracing
@@ -112,14 +112,18 @@ class BatchCalls:
 
 
 def call_timing(items: Sequence[PendingRequest], held_s: float) -> str:
-    """A multi-input call's `Server-Timing`: how long the server held it, and its slowest input's queue
-    and compute (an input answered from the cache or another's computation has neither)."""
+    """A multi-input call's `Server-Timing`: how long the server held it, its slowest input's queue and
+    compute (an input answered from the cache or another's computation has neither), and how many of
+    its inputs the result cache answered."""
     computed = [item for item in items if item.batch is not None]
     timing = f"total;dur={held_s * 1000:.3f}"
     if computed:
         queue = max(item.batch.queue_s(item) for item in computed)  # type: ignore[union-attr]
         compute = max(item.batch.compute_s for item in computed)  # type: ignore[union-attr]
         timing += f", queue;dur={queue * 1000:.3f}, compute;dur={compute * 1000:.3f}"
+    hits = sum(1 for item in items if item.state is RequestState.CACHED)
+    if hits:  # (as /v1/inference marks its own: the inputs answered from the result cache)
+        timing += f', cache;desc="hit {hits} of {len(items)}"'
     return timing
 
 

@@ -17,6 +17,7 @@ import gc
 import importlib
 import logging
 import sys
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -190,6 +191,7 @@ class Rollouts:
         while not _idle(model) and loop.time() < give_up:
             await asyncio.sleep(0.01)
         await model.stop(Draining("this model version was unloaded before the request ran; retry", retry_after_ms=100))
+        model.metrics.retired[(model.name, model.version)] = model.snapshot(time.monotonic())  # (its counters stay)
         model.pool.release()
         model.shared.cache = None  # (what it computed goes too)
         version.enter(VersionState.UNLOADED)

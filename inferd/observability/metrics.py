@@ -36,6 +36,8 @@ class RequestMetrics:
         self.duration: defaultdict[str, Histogram] = defaultdict(Histogram)
         self.admission: defaultdict[str, Histogram] = defaultdict(Histogram)
         self.response: defaultdict[str, Histogram] = defaultdict(Histogram)
+        # unloaded versions as they ended: what they served from the cache or by collapsing stays counted
+        self.retired: dict[tuple[str, str], BatchModelSnapshot] = {}
 
 
 class InferdCollector(Collector):
@@ -68,7 +70,8 @@ class InferdCollector(Collector):
         yield _histograms("inferd_admission_seconds", "From the request's arrival to its entry in the queue.", r.admission)
         yield _histograms("inferd_response_seconds", "From the end of the backend call to the response.", r.response)
         batch, generation = self.snapshots()
-        yield from _batch_families(batch)
+        live = {(m.name, m.version) for m in batch}
+        yield from _batch_families(batch, [m for key, m in list(r.retired.items()) if key not in live])
         waiting = sum(m.waiting for m in batch) + sum(g.waiting for g in generation)
         running = sum(w.running_requests for m in batch for w in m.workers) + sum(g.running for g in generation)
         if generation:
@@ -83,7 +86,9 @@ class InferdCollector(Collector):
                                 value=float(self.ready()))
 
 
-def _batch_families(models: list[BatchModelSnapshot]) -> Iterator[Metric]:
+def _batch_families(models: list[BatchModelSnapshot], retired: list[BatchModelSnapshot]) -> Iterator[Metric]:
+    """Each live version's families; `retired`: unloaded versions, whose counters stay (a counter that
+    vanished with its version would undercount every rate summed over versions)."""
     yield _histograms("inferd_queue_wait_seconds", "From entering the queue to the start of its batch.",
                       {(m.name, m.version): m.queue_wait for m in models}, "version")
     yield _histograms("inferd_batch_linger_seconds", "How long a free worker waited for its batch to fill.",
@@ -145,12 +150,15 @@ def _batch_families(models: list[BatchModelSnapshot]) -> Iterator[Metric]:
         gauges["inferd_admission_margin_ratio"].add_metric([m.name, m.version], m.admission_margin)
         for w in m.workers:
             busy.add_metric([m.name, m.version, w.name], w.busy_ratio)
+    for m in (*models, *retired):
         collapsed.add_metric([m.name, m.version], m.collapsed)
         if m.cache is not None:
             cache_requests.add_metric([m.name, m.version, "hit"], m.cache.hits)
             cache_requests.add_metric([m.name, m.version, "miss"], m.cache.misses)
             cache_removals.add_metric([m.name, m.version, "evicted"], m.cache.evictions)
             cache_removals.add_metric([m.name, m.version, "expired"], m.cache.expirations)
+    for m in models:  # (gauges: an unloaded version's cache holds nothing)
+        if m.cache is not None:
             cache_bytes.add_metric([m.name, m.version], m.cache.bytes)
             cache_entries.add_metric([m.name, m.version], m.cache.entries)
     yield from (collapsed, cache_requests, cache_removals, cache_bytes, cache_entries)

@@ -135,6 +135,7 @@ async def test_embeddings_share_work_item_by_item(http):
             first = await resp.json()
         async with http.post(f"{srv.url}/v1/embeddings", json=body) as resp:
             again = await resp.json()
+            assert 'cache;desc="hit 3 of 3"' in resp.headers["Server-Timing"]  # marked, as /v1/inference marks it
         vectors = [item["embedding"] for item in first["data"]]
         assert vectors[0] == vectors[2] != vectors[1] and [i["embedding"] for i in again["data"]] == vectors
         computed = srv.models["emb"].workers[0].backend.gpu.computed

@@ -108,6 +108,7 @@ async def test_unload_drains_what_was_admitted_and_a_models_last_version_goes_on
     assert await admitted.future == "v1:" + expected_output("still answered")  # admitted before the unload: answered, not dropped
     await until(lambda: draining.state is VersionState.UNLOADED)
     assert "m" not in rollouts.models.served and rollouts.models.route("m") is None
+    assert first.metrics.retired[("m", "1")].version == "1"  # its counters stay exported (the exporter's test)
     with pytest.raises(ModelNotFound):
         rollouts.unload("m", "1")
 

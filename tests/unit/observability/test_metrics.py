@@ -43,3 +43,22 @@ def test_snapshots_become_the_documented_series():
         "inferd_ready 1.0",
     ):
         assert line in text, line
+
+
+def test_an_unloaded_versions_counters_stay_and_its_gauges_go():
+    from dataclasses import replace
+
+    from inferd.observability.snapshots import CacheSnapshot
+
+    requests = RequestMetrics()
+    gone = replace(snapshot(), version="1", collapsed=7, cache=CacheSnapshot(hits=5, misses=2, evictions=1, expirations=0,
+                                                                             bytes=100, entries=3))
+    requests.retired[("m", "1")] = gone
+    live = replace(snapshot(), version="2")
+    text = generate_latest(build_registry(InferdCollector(requests, lambda: ([live], []), lambda: True))).decode()
+    assert 'inferd_collapsed_requests_total{model="m",version="1"} 7.0' in text
+    assert 'inferd_cache_requests_total{model="m",result="hit",version="1"} 5.0' in text
+    assert 'inferd_cache_entries{model="m",version="1"}' not in text  # (a gone cache holds nothing)
+    assert 'inferd_queue_depth{model="m",tier="free",version="1"}' not in text
+    reloaded = generate_latest(build_registry(InferdCollector(requests, lambda: ([snapshot()], []), lambda: True))).decode()
+    assert reloaded.count('inferd_collapsed_requests_total{model="m",version="1"}') == 1  # loaded again: the live one
