@@ -15,6 +15,9 @@ def test_prometheus_config_and_alert_rules_are_valid():
     rules = subprocess.run(["promtool", "check", "rules", str(REPO / "deploy/prometheus/alerts.yml")],
                            capture_output=True, text=True, timeout=60)
     assert rules.returncode == 0, rules.stdout + rules.stderr
+    unit = subprocess.run(["promtool", "test", "rules", str(REPO / "deploy/prometheus/alerts_test.yml")],
+                          capture_output=True, text=True, timeout=60)  # each alert fires on what means it
+    assert unit.returncode == 0, unit.stdout + unit.stderr
     config = subprocess.run(["promtool", "check", "config", str(REPO / "deploy/prometheus/prometheus.yml")],
                             capture_output=True, text=True, timeout=60)
     assert config.returncode == 0, config.stdout + config.stderr
@@ -29,7 +32,8 @@ def test_alerts_and_hpa_use_metrics_the_server_exports():
     exported = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
     shipped = (REPO / "deploy/prometheus/alerts.yml").read_text() + (REPO / "deploy/k8s/hpa.yaml").read_text()
     for name in ("inferd_predicted_wait_seconds", "inferd_workers_healthy", "inferd_batch_size",
-                 "inferd_request_duration_seconds", "inferd_shed_total", "inferd_predicted_wait_max_seconds"):
+                 "inferd_request_duration_seconds", "inferd_shed_total", "inferd_predicted_wait_max_seconds",
+                 "inferd_requests_total", "inferd_admission_margin_ratio"):
         assert name in shipped and name in exported, name
 
 
