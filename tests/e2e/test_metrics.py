@@ -194,3 +194,50 @@ async def test_a_real_prometheus_scrapes_and_computes_the_request_rate(http, tmp
         finally:
             prom.terminate()
             prom.wait(10)
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed (Debian package 'prometheus'; .ci/run installs it)")
+async def test_every_panel_of_the_grafana_dashboard_has_data_from_a_live_server(http, tmp_path):
+    """deploy/grafana/inferd.json against a real Prometheus scraping a server under load (a model with a
+    latency objective and a variable cost; some requests refused, some failing): each batch panel's query
+    returns series; the generation panels' queries are valid PromQL (no generation model runs here)."""
+    from ..helpers import REPO
+
+    dashboard = json.loads((REPO / "deploy/grafana/inferd.json").read_text())
+    queries = [(panel["title"], target["expr"]) for panel in dashboard["panels"] for target in panel["targets"]]
+    model = sim_model(latency_ms=10, max_batch_size=8, slo_ms=200, options={"per_item_ms": 2, "jitter": 0.2})
+    async with running_server(model) as srv:
+        port = free_port()
+        config = tmp_path / "prometheus.yml"
+        config.write_text("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: inferd\n    static_configs:\n"
+                          f"      - targets: ['127.0.0.1:{srv.port}']\n")
+        prom = subprocess.Popen(["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                                 f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            empty: dict[str, str] = {}
+            sent = iter(range(10**6))
+
+            async def every_batch_panel_has_data() -> bool:
+                i = next(sent)
+                bursts = [infer(http, srv.url, {"input": f"d{i}-{j}"}) for j in range(60)]  # past the objective: refusals
+                bursts.append(infer(http, srv.url, {"input": f"d{i}", "timeout_ms": "soon"}))  # a 400
+                await asyncio.gather(*bursts)
+                empty.clear()
+                for title, expr in queries:
+                    try:
+                        async with http.get(f"http://127.0.0.1:{port}/api/v1/query", params={"query": expr}) as resp:
+                            answer = await resp.json()
+                    except Exception:  # noqa: BLE001 - prometheus still starting
+                        return False
+                    assert answer["status"] == "success", (title, expr, answer)  # valid PromQL, every panel
+                    if not title.startswith("Generation:") and not answer["data"]["result"]:
+                        empty[title] = expr
+                return not empty
+
+            try:
+                await until(every_batch_panel_has_data, timeout_s=60, step_s=1.0)
+            except AssertionError:
+                raise AssertionError(f"panels without data: {empty}") from None
+        finally:
+            prom.terminate()
+            prom.wait(10)
