@@ -108,7 +108,7 @@ def test_kustomize_builds_a_cpu_and_a_cuda_variant_each_starting_as_shipped():
     import yaml
 
     variants = {}
-    for name, folder in (("cpu", K8S), ("cuda", REPO / "deploy" / "k8s-cuda")):
+    for name, folder in (("cpu", K8S), ("cuda", REPO / "deploy" / "k8s-cuda"), ("generation", REPO / "deploy" / "k8s-generation")):
         built = subprocess.run(["kubectl", "kustomize", str(folder)], capture_output=True, text=True, timeout=60)
         assert built.returncode == 0, built.stderr
         variants[name] = {d["kind"]: d for d in yaml.safe_load_all(built.stdout) if d}
@@ -118,8 +118,21 @@ def test_kustomize_builds_a_cpu_and_a_cuda_variant_each_starting_as_shipped():
                 validate(doc, "1.33.0", strict=True)  # (as built, patches applied)
         assert {"ScaledObject", "Deployment", "ConfigMap", "Service"} <= set(variants[name])
         assert "replicas" not in variants[name]["Deployment"]["spec"]
-    cpu, cuda = (v["Deployment"]["spec"]["template"]["spec"]["containers"][0] for v in variants.values())
+    cpu, cuda, generation = (v["Deployment"]["spec"]["template"]["spec"]["containers"][0] for v in variants.values())
     assert cpu["image"] == "inferd:latest" and "nvidia.com/gpu" not in str(cpu["resources"])
+    for variant, container in zip(variants.values(), (cpu, cuda, generation), strict=True):  # hardened, every variant
+        pod = variant["Deployment"]["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 10001
+        assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                                 "capabilities": {"drop": ["ALL"]}}
+        assert "memory" in container["resources"]["limits"] and {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    import tomllib
+
+    from inferd.config import parse_config
+
+    served = parse_config(tomllib.loads(variants["generation"]["ConfigMap"]["data"]["inferd.toml"]))
+    assert [m.kind for m in served.models] == ["generation"] and generation["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in generation["volumeMounts"]
     assert cuda["image"] == "inferd:cuda" and cuda["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert f"-t {cuda['image']}" in DOCKERFILES[1].read_text()  # the tag its Dockerfile's build line makes
     config = variants["cpu"]["ConfigMap"]["data"]["inferd.toml"]
