@@ -7,7 +7,8 @@ batch, plus a margin calibrated on how far recent batches ran from their estimat
 of its model or tier (`slo_ms`, the tighter of the two). Otherwise it is refused at once with a 503,
 never queued to miss; the refusal says the figures it compared (the message, and Server-Timing's
 `predicted`, `margin` and `budget`). A model with nothing to do admits a request that fits without the
-margin: the margin is what it would be wrong about. A tier's `max_predicted_wait_ms` refuses a lower tier while a higher one still
+margin, and one a second whatever its prediction: the batch it makes is how its estimates learn that
+they were wrong. A tier's `max_predicted_wait_ms` refuses a lower tier while a higher one still
 gets in. Each admitted request that was asked carries its predicted wait (most of those surely in time
 are not asked: `asks`); delivery reports the actual one, and the difference is kept per tier
 (`wait_error`), so an operator can tell a wrong prediction from a slow model from time spent lingering
@@ -31,6 +32,7 @@ from .forecast import Forecast
 TAIL_SIGMAS = 2.3  # a lower tier is admitted on the wait that holds unless the higher ones send a 1-in-100 burst
 EXACT_S = 0.001  # a linger the rule ends just in time for the request's own batch ends at its due exactly
 ASKED_ANYWAY = 16  # of the requests the bound admits, one in this many is asked all the same: predictions stay measured
+PROBE_EVERY_S = 1.0  # a model with nothing to do admits one request this often whatever its prediction (`_probe`)
 
 
 class Timeliness:
@@ -52,6 +54,7 @@ class Timeliness:
         self._promote_after_s = {t.name: t.promote_after_ms / 1000.0 for t in tiers if t.promote_after_ms}
         self.wait_error: dict[str, Histogram] = {}  # by tier: actual - predicted wait (seconds)
         self._unasked = 0  # requests the bound admitted since one was asked all the same
+        self._probed_at = -math.inf  # when a request the prediction refused last went in as a probe
         self._bound_revision = -1  # the cost model's revision the bound's terms were made at
         self._bound_terms = (0.0, 0.0)  # the bound with nothing waiting, and what each waiting request adds
 
@@ -84,8 +87,8 @@ class Timeliness:
         predicted = wait + own  # from now to its answer (the lingering part is the rule's own, exact)
         work = predicted - lingering
         margin = costs.margin_s(work, max(own, costs.costliest_batch_s())) if work < math.inf else 0.0
-        if not self._refuses_early or now + predicted + margin <= request.due + EXACT_S or (
-                now + predicted <= request.due + EXACT_S and self._idle()):  # (idle: a probe, see `_idle`)
+        if not self._refuses_early or now + predicted + margin <= request.due + EXACT_S or self._probe(
+                now, now + predicted <= request.due + EXACT_S, exact=bucket is not None):
             limit = self._wait_limit_s.get(tier)
             if limit is None or wait <= limit:
                 return None
@@ -102,11 +105,20 @@ class Timeliness:
                                  f"budget;dur={budget_ms:.3f}")
         return refused
 
-    def _idle(self) -> bool:
-        """Nothing waits or runs. A request whose prediction fits its due only without the margin is then
-        admitted all the same: the batch it makes tells the model whether its estimates were wrong (a
-        model that refused everything on a figure only new batches correct would stay locked)."""
-        return self._batcher.depth == 0 and not self._pool.running()
+    def _probe(self, now: float, fits_without_margin: bool, exact: bool) -> bool:
+        """Whether a request the prediction refuses goes in all the same, as a probe: only while nothing
+        waits or runs, and then one that fits without the margin, or one in every `PROBE_EVERY_S`
+        whatever its prediction. The batch it makes tells the model whether its estimates were wrong: a
+        model that refused everything on a figure only new batches correct stayed locked (once for
+        good: a level raised by a busy spell, a size's cell set by one slow batch)."""
+        if self._batcher.depth or self._pool.running():
+            return False
+        if not exact:
+            return True  # (not prepared yet: the exact question, once it is, decides)
+        if fits_without_margin or now - self._probed_at >= PROBE_EVERY_S:
+            self._probed_at = now
+            return True
+        return False
 
     def asks(self, request: PendingRequest, now: float) -> bool:
         """Whether a prepared request is asked `refusal` (the exact question): wherever the bound below

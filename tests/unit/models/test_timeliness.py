@@ -269,3 +269,20 @@ async def test_a_model_with_nothing_to_do_admits_what_fits_without_its_margin_so
     assert probe.predicted_wait is not None
     with pytest.raises(ServiceOverloaded):
         served.submit("behind", "behind", 0.08)  # not idle any more: the margin holds
+
+
+async def test_a_model_whose_estimates_refuse_everything_lets_one_request_a_second_through_and_recovers():
+    """Estimates far too high (a level raised by a busy spell): every prediction is past every deadline
+    and nothing runs to correct it, so once the model had nothing to do it refused for good. Now one
+    request a second goes in as a probe; its batch corrects the estimates, and the rest follow."""
+    clock = FakeClock()
+    served = model(clock, timeout_ms=10_000)
+    device = FakeDevice(served, clock, SimulatedGPU(latency_ms=50, max_batch_size=32))
+    rng = random.Random(17)
+    drive(served, device, clock, 100.0, 2.0, rng)  # settled cells
+    served.costs.level *= 200  # every batch now predicted at 10 s, against 1 s deadlines
+    served.costs.revision += 1
+    admitted, refused = drive(served, device, clock, 100.0, 1.5, rng, timeout_s=1.0)
+    assert refused and 1 <= len(admitted) <= 2  # a probe, not a flood
+    admitted, refused = drive(served, device, clock, 100.0, 30.0, rng, timeout_s=1.0)
+    assert answered_within(admitted, clock() - 5.0, clock()) > 400  # all served again: ~100 a second
