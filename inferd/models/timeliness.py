@@ -18,6 +18,7 @@ for a batch.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 
 from .. import errors
@@ -27,12 +28,15 @@ from ..execution.pool import WorkerPool
 from ..messages import Batch, PendingRequest
 from ..observability.histogram import WAIT_ERROR_BUCKETS_S, Histogram
 from ..scheduling.batcher import Batcher
+from ..scheduling.prediction_errors import MIN_EXCESS
 from .forecast import Forecast
 
 TAIL_SIGMAS = 2.3  # a lower tier is admitted on the wait that holds unless the higher ones send a 1-in-100 burst
 EXACT_S = 0.001  # a linger the rule ends just in time for the request's own batch ends at its due exactly
 ASKED_ANYWAY = 16  # of the requests the bound admits, one in this many is asked all the same: predictions stay measured
 PROBE_EVERY_S = 1.0  # a model with nothing to do admits one request this often whatever its prediction (`_probe`)
+LATENESS_WINDOW_S = 30.0  # the margin is bounded by how late the answers of this window came...
+LATENESS_SAMPLES = 8  # ...once there are this many of them
 
 
 class Timeliness:
@@ -55,6 +59,7 @@ class Timeliness:
         self.wait_error: dict[str, Histogram] = {}  # by tier: actual - predicted wait (seconds)
         self._unasked = 0  # requests the bound admitted since one was asked all the same
         self._probed_at = -math.inf  # when a request the prediction refused last went in as a probe
+        self._lateness: deque[tuple[float, float]] = deque(maxlen=256)  # (when, how late after its prediction) of answers
         self._bound_revision = -1  # the cost model's revision the bound's terms were made at
         self._bound_terms = (0.0, 0.0)  # the bound with nothing waiting, and what each waiting request adds
 
@@ -87,6 +92,9 @@ class Timeliness:
         predicted = wait + own  # from now to its answer (the lingering part is the rule's own, exact)
         work = predicted - lingering
         margin = costs.margin_s(work, max(own, costs.costliest_batch_s())) if work < math.inf else 0.0
+        if margin > MIN_EXCESS * work and self._lateness:  # never more than recent answers were late, at least the floor
+            margin = max(MIN_EXCESS * work, min(margin, self._latest_lateness(now)))
+        request.predicted_done = now + predicted
         if not self._refuses_early or now + predicted + margin <= request.due + EXACT_S or self._probe(
                 now, now + predicted <= request.due + EXACT_S, exact=bucket is not None):
             limit = self._wait_limit_s.get(tier)
@@ -191,6 +199,17 @@ class Timeliness:
     def _running_s(self, batch: Batch) -> float:
         """How long a batch now running is expected to take in all."""
         return self.forecast.batch_cost_s(batch.size, batch.bucket)
+
+    def observe_lateness(self, lateness_s: float, at: float) -> None:
+        """An admitted request was answered `lateness_s` after its predicted answer (negative: before)."""
+        self._lateness.append((at, lateness_s))
+
+    def _latest_lateness(self, now: float) -> float:
+        """The most a recent answer came after its prediction (at least 0): what bounds the margin, once
+        `LATENESS_SAMPLES` answers of the last `LATENESS_WINDOW_S` say so (a busy host's batch times
+        varying threefold made a margin of twice the prediction where no answer came late at all)."""
+        recent = [late for at, late in self._lateness if now - at <= LATENESS_WINDOW_S]
+        return max(0.0, max(recent)) if len(recent) >= LATENESS_SAMPLES else math.inf
 
     def observe_wait_error(self, tier: str, error_s: float) -> None:
         """A request waited `error_s` longer (or shorter: negative) than predicted when it was queued."""

@@ -286,3 +286,23 @@ async def test_a_model_whose_estimates_refuse_everything_lets_one_request_a_seco
     assert refused and 1 <= len(admitted) <= 2  # a probe, not a flood
     admitted, refused = drive(served, device, clock, 100.0, 30.0, rng, timeout_s=1.0)
     assert answered_within(admitted, clock() - 5.0, clock()) > 400  # all served again: ~100 a second
+
+
+async def test_a_margin_never_exceeds_how_late_recent_answers_came():
+    """A busy host: batches ran up to 3x their estimates (a wide margin), yet every answer came before
+    its prediction. A request with 1.5x its predicted time left is admitted; without answers to go by,
+    the margin alone refuses it."""
+    clock = FakeClock()
+    served = model(clock, timeout_ms=10_000)
+    FakeDevice(served, clock, SimulatedGPU(latency_ms=50, max_batch_size=32))
+    for i in range(32 * 4):  # work ahead: four batches, 200 ms
+        served.submit(f"r{i}", f"r {i}", 10.0)
+    for _ in range(10):
+        served.costs.errors.observe(3.0, clock())
+    served.costs.refresh_margins(clock())
+    with pytest.raises(ServiceOverloaded):
+        served.submit("tight", "tight", 0.4)  # ~250 ms predicted, margin ~2x: refused
+    for _ in range(8):  # answers came 20 ms before their predictions
+        served.timeliness.observe_lateness(-0.02, clock())
+    admitted = served.submit("tight again", "tight again", 0.4)
+    assert admitted.predicted_done is not None and admitted.predicted_done - clock() < 0.4
