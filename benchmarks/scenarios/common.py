@@ -7,6 +7,7 @@ Each scenario is one command (`python benchmarks/scenarios/s1_seed.py`); `make b
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -220,6 +221,14 @@ def save(name: str, title: str, steps: list[dict[str, Any]], out_dir: str, **kw:
     write_results(path, steps, meta={"title": title, "scenario": name, "machine": _machine()}, **kw)
     print(f"\n### {title}\n\n" + markdown_table(steps, kw.get("ceiling_rps"), kw.get("floor_ms")))
     print(f"written: {path}")
+
+
+def save_table(name: str, title: str, rows: list[dict[str, Any]], lines: list[str], out_dir: str | Path) -> None:
+    """A scenario's own table: its rows as JSON and its lines as markdown under its title, in `out_dir`."""
+    out = Path(out_dir)
+    (out / f"{name}.json").write_text(json.dumps({"title": title, "machine": _machine(), "rows": rows}, indent=1) + "\n")
+    (out / f"{name}.md").write_text(f"### {title}\n\n" + "\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 def median_of(steps: list[dict[str, Any]], key: str) -> float:

@@ -9,11 +9,9 @@ is >= 0.90 of the pipelined ceiling.
 
 from __future__ import annotations
 
-import json
 import statistics
-from pathlib import Path
 
-from common import RESULTS, inferd_server, own_option, parse_args, step
+from common import RESULTS, inferd_server, own_option, parse_args, save_table, step
 
 BODY = b'{"input": "pipelined {i}"}'
 
@@ -57,10 +55,7 @@ pipelined = {'true' if pipelined else 'false'}
                  f"(**{medians[True] / overlapped:.3f}** of its ceiling), one step {medians[False]:.0f} "
                  f"({medians[False] / serial:.3f} of its).")
     title = f"A batch prepared while one computes: stand-in, {prepare_ms:.0f} ms host-side + {compute_ms:.0f} ms device per batch of 32"
-    out = Path(args.out_dir or RESULTS)
-    (out / "pipelined_standin.json").write_text(json.dumps({"title": title, "rows": rows}, indent=1) + "\n")
-    (out / "pipelined_standin.md").write_text(f"### {title}\n\n" + "\n".join(lines) + "\n")
-    print("\n".join(lines))
+    save_table("pipelined_standin", title, rows, lines, args.out_dir or RESULTS)
 
 
 if __name__ == "__main__":
