@@ -7,8 +7,8 @@ batch, plus a margin calibrated on how far recent batches ran from their estimat
 of its model or tier (`slo_ms`, the tighter of the two). Otherwise it is refused at once with a 503,
 never queued to miss; the refusal says the figures it compared (the message, and Server-Timing's
 `predicted`, `margin` and `budget`). A model with nothing to do admits a request that fits without the
-margin, and one a second whatever its prediction: the batch it makes is how its estimates learn that
-they were wrong. A tier's `max_predicted_wait_ms` refuses a lower tier while a higher one still
+margin, and, once it has refused many, one a second whatever its prediction: the batch it makes is
+how its estimates learn that they were wrong. A tier's `max_predicted_wait_ms` refuses a lower tier while a higher one still
 gets in. Each admitted request that was asked carries its predicted wait (most of those surely in time
 are not asked: `asks`); delivery reports the actual one, and the difference is kept per tier
 (`wait_error`), so an operator can tell a wrong prediction from a slow model from time spent lingering
@@ -34,7 +34,8 @@ from .forecast import Forecast
 TAIL_SIGMAS = 2.3  # a lower tier is admitted on the wait that holds unless the higher ones send a 1-in-100 burst
 EXACT_S = 0.001  # a linger the rule ends just in time for the request's own batch ends at its due exactly
 ASKED_ANYWAY = 16  # of the requests the bound admits, one in this many is asked all the same: predictions stay measured
-PROBE_EVERY_S = 1.0  # a model with nothing to do admits one request this often whatever its prediction (`_probe`)
+PROBE_EVERY_S = 1.0  # a model with nothing to do, refusing all it is sent, admits one request this often (`_probe`)
+PROBE_AFTER_REFUSALS = 10  # ...once it has refused more than this many since the last
 LATENESS_WINDOW_S = 30.0  # the margin is bounded by how late the answers of this window came...
 LATENESS_SAMPLES = 8  # ...once there are this many of them
 
@@ -59,6 +60,7 @@ class Timeliness:
         self.wait_error: dict[str, Histogram] = {}  # by tier: actual - predicted wait (seconds)
         self._unasked = 0  # requests the bound admitted since one was asked all the same
         self._probed_at = -math.inf  # when a request the prediction refused last went in as a probe
+        self._refused_since_probe = 0
         self._lateness: deque[tuple[float, float]] = deque(maxlen=256)  # (when, how late after its prediction) of answers
         self._bound_revision = -1  # the cost model's revision the bound's terms were made at
         self._bound_terms = (0.0, 0.0)  # the bound with nothing waiting, and what each waiting request adds
@@ -115,16 +117,19 @@ class Timeliness:
 
     def _probe(self, now: float, fits_without_margin: bool, exact: bool) -> bool:
         """Whether a request the prediction refuses goes in all the same, as a probe: only while nothing
-        waits or runs, and then one that fits without the margin, or one in every `PROBE_EVERY_S`
-        whatever its prediction. The batch it makes tells the model whether its estimates were wrong: a
+        waits or runs, and then one that fits without the margin, or, once the model has refused more
+        than `PROBE_AFTER_REFUSALS` since, one in every `PROBE_EVERY_S` whatever its prediction (a lone
+        hopeless request is refused, not computed to miss). The batch it makes tells the model whether its estimates were wrong: a
         model that refused everything on a figure only new batches correct stayed locked (once for
         good: a level raised by a busy spell, a size's cell set by one slow batch)."""
         if self._batcher.depth or self._pool.running():
             return False
         if not exact:
             return True  # (not prepared yet: the exact question, once it is, decides)
-        if fits_without_margin or now - self._probed_at >= PROBE_EVERY_S:
-            self._probed_at = now
+        self._refused_since_probe += 1
+        if fits_without_margin or (now - self._probed_at >= PROBE_EVERY_S
+                                   and self._refused_since_probe > PROBE_AFTER_REFUSALS):
+            self._probed_at, self._refused_since_probe = now, 0
             return True
         return False
 
