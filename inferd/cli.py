@@ -7,7 +7,9 @@ import dataclasses
 import logging
 import sys
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from . import __version__
 from .config import ConfigError, default_config, load_config
@@ -83,8 +85,8 @@ def _check_config(path: str) -> int:
         print(f"inferd: {problem}", file=sys.stderr)
     if problems:
         return 2
-    models = ", ".join(f"{m.name} ({m.kind}, {m.backend})" for m in config.models)
-    print(f"{path}: valid; listens on {config.host}:{config.port}; models: {models}")
+    served = ", ".join(f"{m.name} ({m.kind}, {m.backend})" for m in config.models)
+    print(f"{path}: valid; listens on {config.host}:{config.port}; models: {served}")
     return 0
 
 
@@ -171,14 +173,18 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _readable_models(path: str) -> list[tuple[str, str, str, str, dict]]:
+def _readable_models(path: str) -> list[tuple[str, str, str, str, Mapping[str, Any]]]:
     """(name, version, kind, backend, options) of each [[models]] table that names a backend, read from a
     file that did not parse whole: its backends are worth checking all the same."""
     try:
         raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError):
         return []
-    tables = raw.get("models") if isinstance(raw.get("models"), list) else []
-    return [(str(t.get("name", "?")), str(t.get("version", "1")), str(t.get("kind", "batch")), t["backend"],
-             t.get("options") if isinstance(t.get("options"), dict) else {})
-            for t in tables if isinstance(t, dict) and isinstance(t.get("backend"), str)]
+    tables = raw.get("models")
+    found: list[tuple[str, str, str, str, Mapping[str, Any]]] = []
+    for t in tables if isinstance(tables, list) else []:
+        if isinstance(t, dict) and isinstance(t.get("backend"), str):
+            options = t.get("options")
+            found.append((str(t.get("name", "?")), str(t.get("version", "1")), str(t.get("kind", "batch")),
+                          t["backend"], options if isinstance(options, dict) else {}))
+    return found

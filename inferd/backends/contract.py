@@ -97,7 +97,7 @@ class Capabilities:
             if type(value) is not int or value < 0:
                 raise TypeError(f"backend {type(backend).__name__}: `{name}` must be a non-negative integer")
         return cls(**hooks, output_kind=kind, input_kind=input_kind, compatibility=dict(compatibility),
-                   prepare_threads=threads, **nice)
+                   prepare_threads=threads, prepare_nice=nice["prepare_nice"], execute_nice=nice["execute_nice"])
 
 
 def module_memory_bytes(spec: str, options: Mapping[str, Any]) -> int:

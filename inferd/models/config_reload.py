@@ -111,7 +111,8 @@ class ConfigReload:
     def drift(self) -> dict[str, dict[str, list[str]]]:
         """Each batch model whose versions (loading, ready or draining) differ from those its file lists:
         what the file lists and what the server has."""
-        served, listed = self.rollouts.models.served, {}
+        served = self.rollouts.models.served
+        listed: dict[str, list[str]] = {}
         for name, version in self._from_file:
             listed.setdefault(name, []).append(version)
         drift = {}
