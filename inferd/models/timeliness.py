@@ -62,6 +62,7 @@ class Timeliness:
         self._probed_at = -math.inf  # when a request the prediction refused last went in as a probe
         self._refused_since_probe = 0
         self._lateness: deque[tuple[float, float]] = deque(maxlen=256)  # (when, how late after its prediction) of answers
+        self._lateness_bound: tuple[float, float] | None = None  # (made at, `_latest_lateness`) until an answer comes
         self._bound_revision = -1  # the cost model's revision the bound's terms were made at
         self._bound_terms = (0.0, 0.0)  # the bound with nothing waiting, and what each waiting request adds
 
@@ -208,13 +209,20 @@ class Timeliness:
     def observe_lateness(self, lateness_s: float, at: float) -> None:
         """An admitted request was answered `lateness_s` after its predicted answer (negative: before)."""
         self._lateness.append((at, lateness_s))
+        self._lateness_bound = None
 
     def _latest_lateness(self, now: float) -> float:
         """The most a recent answer came after its prediction (at least 0): what bounds the margin, once
         `LATENESS_SAMPLES` answers of the last `LATENESS_WINDOW_S` say so (a busy host's batch times
-        varying threefold made a margin of twice the prediction where no answer came late at all)."""
+        varying threefold made a margin of twice the prediction where no answer came late at all).
+        Made again after a batch's answers or a second, not per request (up to 256 to look through)."""
+        kept = self._lateness_bound
+        if kept is not None and now - kept[0] < 1.0:
+            return kept[1]
         recent = [late for at, late in self._lateness if now - at <= LATENESS_WINDOW_S]
-        return max(0.0, max(recent)) if len(recent) >= LATENESS_SAMPLES else math.inf
+        bound = max(0.0, max(recent)) if len(recent) >= LATENESS_SAMPLES else math.inf
+        self._lateness_bound = (now, bound)
+        return bound
 
     def observe_wait_error(self, tier: str, error_s: float) -> None:
         """A request waited `error_s` longer (or shorter: negative) than predicted when it was queued."""
