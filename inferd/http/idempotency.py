@@ -4,7 +4,8 @@ Keys are scoped by tenant. A repeat of a key whose first request is still runnin
 answer (on routes that can share it; on the generation routes, 409 IDEMPOTENCY_KEY_IN_USE, since a
 stream cannot be replayed); a repeat within `idempotency_window_s` of the answer gets the same answer
 again, marked `Idempotent-Replayed: true`; a repeat with a different body (or path) gets 422
-IDEMPOTENCY_KEY_REUSED. Only definite answers are kept: a result, or a refusal of the request itself
+IDEMPOTENCY_KEY_REUSED; a repeat of a streamed answer that was sent gets 409 (it cannot be replayed,
+and generating it again would give one key two samples). Only definite answers are kept: a result, or a refusal of the request itself
 (400, 404, 413, 422); an answer a retry may change (401, 408, 429, 5xx, a client gone) is forgotten, so
 the retry runs. Without the header nothing here runs.
 
@@ -122,6 +123,10 @@ class IdempotentReplies:
             response = await handler(request)
             if isinstance(response, WholeResponse) and response.status in KEPT_STATUSES:
                 kept = response.kept()
+            elif response.status == 200 and response.prepared:  # a stream, sent: repeats must not generate again
+                error = IdempotencyKeyInUse("the answer to this Idempotency-Key was a stream, which cannot be replayed; "
+                                            "send a new key to generate again")
+                kept = error_response(error, self.ids.pick(request.headers.get("X-Request-ID"))).kept()
             return response
         finally:
             entry.answered.set_result(kept)

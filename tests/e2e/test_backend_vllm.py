@@ -320,6 +320,14 @@ async def test_an_idempotency_key_answers_a_completion_once(server, client):
         assert await resp.json() == answer  # sampled once: the same text, id and usage again
     async with client.post(f"{server.url}/v1/completions", json={**body, "prompt": "Twice"}, headers=headers) as resp:
         assert resp.status == 422 and (await resp.json())["error"]["code"] == "IDEMPOTENCY_KEY_REUSED"
+    streamed = {"model": "tiny", "input": "Once more", "max_tokens": 8, "ignore_eos": True, "stream": True}
+    for route, streamed_body in (("/v1/inference", streamed), ("/v1/completions", {**body, "stream": True})):
+        keyed = {"Idempotency-Key": f"stream-{route}"}
+        async with client.post(f"{server.url}{route}", json=streamed_body, headers=keyed) as resp:
+            assert resp.status == 200 and (await resp.read())  # the stream, whole
+        async with client.post(f"{server.url}{route}", json=streamed_body, headers=keyed) as resp:
+            # a stream cannot be replayed, and sampling again would give one key two answers
+            assert resp.status == 409 and resp.headers["Idempotent-Replayed"] == "true", await resp.text()
 
 
 async def test_a_traced_generation_shows_its_stages_and_the_engines_request_id(server, client):
