@@ -19,15 +19,18 @@ import asyncio
 import logging
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..messages import PendingRequest
+from ..messages import PendingRequest, RequestState
 
 log = logging.getLogger("inferd.preprocess")
 
 PrepareBatch = Callable[[Sequence[Any]], Sequence[Any]]
 MAX_MICRO_BATCH = 256  # a cap, so one huge burst does not delay its first requests behind its last
+MAX_COSTLY_MICRO_BATCH = 8  # with several threads (costly inputs: 60 large images once held one for 36 s)
+_GONE = (RequestState.CANCELLED, RequestState.EXPIRED)
 
 
 class Preprocessor:
@@ -53,6 +56,9 @@ class Preprocessor:
         self._on_prepared = on_prepared
         self._waiting: list[PendingRequest] = []
         self._threads = threads
+        # several threads: preparing costs per input (an image decoder, ~1-3 ms an image), so micro-batches
+        # stay small: what was withdrawn meanwhile is dropped between them, and tenants' turns matter
+        self._max_micro_batch = MAX_MICRO_BATCH if threads == 1 else MAX_COSTLY_MICRO_BATCH
         self._busy = 0  # micro-batches with the threads
         self._jobs: queue.SimpleQueue[list[PendingRequest] | None] = queue.SimpleQueue()
         for i in range(threads):
@@ -84,9 +90,16 @@ class Preprocessor:
         return waiting
 
     def _send(self) -> None:
-        """What waits, split evenly among the idle threads (a micro-batch each, at most MAX_MICRO_BATCH)."""
+        """What waits, split evenly among the idle threads (a micro-batch each, at most `_max_micro_batch`):
+        what nobody waits for any more (its client gone, its deadline passed) is dropped, never prepared,
+        and the tenants take turns, so one tenant's call of many inputs does not hold another's single
+        one behind all of it."""
+        waiting = [r for r in self._waiting if r.state not in _GONE]
+        if len({r.tenant for r in waiting}) > 1:
+            waiting = _in_turns(waiting)
+        self._waiting = waiting
         while self._busy < self._threads and self._waiting:
-            size = min(MAX_MICRO_BATCH, -(-len(self._waiting) // (self._threads - self._busy)))
+            size = min(self._max_micro_batch, -(-len(self._waiting) // (self._threads - self._busy)))
             batch = self._waiting[:size]
             del self._waiting[:size]
             self._busy += 1
@@ -115,3 +128,18 @@ class Preprocessor:
         if self._waiting:
             self._send()  # before the callback: the thread starts on the next micro-batch at once
         self._on_prepared(batch, results)
+
+
+def _in_turns(requests: list[PendingRequest]) -> list[PendingRequest]:
+    """The requests with their tenants taking turns, each tenant's in its own order."""
+    by_tenant: dict[str, deque[PendingRequest]] = {}
+    for request in requests:
+        by_tenant.setdefault(request.tenant, deque()).append(request)
+    turns: list[PendingRequest] = []
+    while by_tenant:
+        for tenant in list(by_tenant):
+            mine = by_tenant[tenant]
+            turns.append(mine.popleft())
+            if not mine:
+                del by_tenant[tenant]
+    return turns

@@ -141,3 +141,30 @@ def test_a_preprocessor_needs_a_thread():
             Preprocessor(list, loop, lambda requests, results: None, "m", threads=0)
     finally:
         loop.close()
+
+
+async def test_what_nobody_waits_for_is_never_prepared_and_tenants_take_turns():
+    """A call of many inputs whose client went away is dropped before its inputs are prepared (60 large
+    images once held the only decoding thread 36 s after their client had gone), and another tenant's
+    lone input goes between one tenant's many, not after all of them."""
+    from inferd.messages import RequestState
+
+    loop = asyncio.get_running_loop()
+    calls: list[list[str]] = []
+    done = asyncio.Event()
+
+    def prepare_batch(items):
+        calls.append(list(items))
+        return list(items)
+
+    stage = Preprocessor(prepare_batch, loop, lambda requests, results: done.set(), "m")
+    many = [_request(loop, i) for i in range(4)]
+    gone = _request(loop, 99)
+    lone = _request(loop, 7)
+    lone.tenant, lone.raw = "other", "lone"
+    for r in (*many, gone, lone):
+        stage.put(r)
+    gone.state = RequestState.CANCELLED  # its client went away before the thread took it
+    await asyncio.wait_for(done.wait(), 5)
+    stage.stop()
+    assert calls == [["text 0", "lone", "text 1", "text 2", "text 3"]]
