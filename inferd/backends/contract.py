@@ -16,6 +16,7 @@ instead of being silently skipped.
 | `close()` | called when the worker lets go of the backend (a version unloaded), to free what it holds |
 | `launch(inputs) -> handle` and `collect(handle) -> outputs` (both or neither) | a batch in two steps, so the device never waits for the host: `launch` does the host's part (padding, pinned copies) and queues the device's work without waiting for it; `collect` waits for it and returns one output per input. The worker launches the next batch while one computes (a full batch only), and collects them in order: one batch computes at a time, as the device runs its queue in order |
 | `prepare_threads` | how many threads run `prepare_batch` at once (default 1): more only where preparing costs per input and runs outside the GIL (an image decoder); a tokenizer that is parallel inside needs one |
+| `prepare_max_batch` | the most inputs one `prepare_batch` call takes (default 256): small where an input costs milliseconds (an image decoder: 8), so inputs whose client went away are dropped between calls and tenants take turns |
 | `prepare_nice` | how many nice levels below the event loop its preparing threads run (default 0; `[server] worker_nice` when that is more): bulk CPU work such as image decoding, which should take what the loop leaves |
 | `execute_nice` | how many nice levels below the event loop its executor thread runs once it is built (default 0; `[server] worker_nice` when that is more), and the threads it starts from then on, such as PyTorch's CPU pool at the warm-up's first forward: a forward computed on the CPU, which should take what the loop leaves |
 | `output_kind` | `"embedding"`: `/v1/embeddings` may serve the model; `"rerank"`: `/v1/rerank` |
@@ -63,6 +64,7 @@ class Capabilities:
     input_kind: str = "text"
     compatibility: Mapping[str, Any] = field(default_factory=dict)
     prepare_threads: int = 1
+    prepare_max_batch: int = 256
     prepare_nice: int = 0
     execute_nice: int = 0
 
@@ -90,14 +92,17 @@ class Capabilities:
         if not isinstance(compatibility, Mapping):
             raise TypeError(f"backend {type(backend).__name__}: `compatibility` must be a dict")
         threads = getattr(backend, "prepare_threads", 1)
-        if type(threads) is not int or threads < 1:
-            raise TypeError(f"backend {type(backend).__name__}: `prepare_threads` must be a positive integer")
+        most = getattr(backend, "prepare_max_batch", 256)
+        for name, value in (("prepare_threads", threads), ("prepare_max_batch", most)):
+            if type(value) is not int or value < 1:
+                raise TypeError(f"backend {type(backend).__name__}: `{name}` must be a positive integer")
         nice = {name: getattr(backend, name, 0) for name in ("prepare_nice", "execute_nice")}
         for name, value in nice.items():
             if type(value) is not int or value < 0:
                 raise TypeError(f"backend {type(backend).__name__}: `{name}` must be a non-negative integer")
         return cls(**hooks, output_kind=kind, input_kind=input_kind, compatibility=dict(compatibility),
-                   prepare_threads=threads, prepare_nice=nice["prepare_nice"], execute_nice=nice["execute_nice"])
+                   prepare_threads=threads, prepare_max_batch=most, prepare_nice=nice["prepare_nice"],
+                   execute_nice=nice["execute_nice"])
 
 
 def module_memory_bytes(spec: str, options: Mapping[str, Any]) -> int:

@@ -127,6 +127,7 @@ class ImageModel:
         self.formats = tuple(f.upper() for f in options.get("formats", _FORMATS))
         self.prepare_threads = int(options.get("prepare_threads", default_prepare_threads()))
         self.prepare_nice = int(options.get("prepare_nice", 10))
+        self.prepare_max_batch = 8  # (decoding costs ms an image: a gone client's images are dropped between calls)
         processing = _preprocessing(path)
         # Rescaled and normalised on the model's device, inside the forward (and its graphs): the host
         # keeps the decoded uint8 pixels, a quarter of the float32 bytes to copy, and no per-pixel arithmetic.

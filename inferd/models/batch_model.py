@@ -354,7 +354,7 @@ class BatchModel:
             if offers.prepare_batch is not None:
                 self.preprocessor = Preprocessor(offers.prepare_batch, self.loop, self._on_prepared, self.name,
                                                  partial(lower_this_thread, max(self.worker_nice, offers.prepare_nice)),
-                                                 offers.prepare_threads)
+                                                 offers.prepare_threads, offers.prepare_max_batch)
             else:
                 self.prepare_one = offers.prepare
             self.output_kind = offers.output_kind

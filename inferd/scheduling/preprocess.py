@@ -29,7 +29,6 @@ log = logging.getLogger("inferd.preprocess")
 
 PrepareBatch = Callable[[Sequence[Any]], Sequence[Any]]
 MAX_MICRO_BATCH = 256  # a cap, so one huge burst does not delay its first requests behind its last
-MAX_COSTLY_MICRO_BATCH = 8  # with several threads (costly inputs: 60 large images once held one for 36 s)
 _GONE = (RequestState.CANCELLED, RequestState.EXPIRED)
 
 
@@ -47,6 +46,7 @@ class Preprocessor:
         name: str,
         on_thread_start: Callable[[], None] | None = None,
         threads: int = 1,
+        max_micro_batch: int = MAX_MICRO_BATCH,
     ) -> None:
         if threads < 1:
             raise ValueError("a preprocessor needs at least one thread")
@@ -56,9 +56,9 @@ class Preprocessor:
         self._on_prepared = on_prepared
         self._waiting: list[PendingRequest] = []
         self._threads = threads
-        # several threads: preparing costs per input (an image decoder, ~1-3 ms an image), so micro-batches
-        # stay small: what was withdrawn meanwhile is dropped between them, and tenants' turns matter
-        self._max_micro_batch = MAX_MICRO_BATCH if threads == 1 else MAX_COSTLY_MICRO_BATCH
+        # small where an input costs milliseconds (the backend's `prepare_max_batch`: an image decoder's 8):
+        # what was withdrawn meanwhile is dropped between micro-batches, and tenants' turns matter
+        self._max_micro_batch = max_micro_batch
         self._busy = 0  # micro-batches with the threads
         self._jobs: queue.SimpleQueue[list[PendingRequest] | None] = queue.SimpleQueue()
         for i in range(threads):
@@ -90,7 +90,8 @@ class Preprocessor:
         return waiting
 
     def _send(self) -> None:
-        """What waits, split evenly among the idle threads (a micro-batch each, at most `_max_micro_batch`):
+        """What waits, split evenly among the idle threads (a micro-batch each, at most `_max_micro_batch`;
+        60 large images in one once held the only decoding thread ~36 s after their client had gone):
         what nobody waits for any more (its client gone, its deadline passed) is dropped, never prepared,
         and the tenants take turns, so one tenant's call of many inputs does not hold another's single
         one behind all of it."""
