@@ -13,17 +13,17 @@ a batch asks this table, so it is learned from what runs, never configured:
 An estimate is `level x shape`: a cell's shape is the mean of its own observations (a running mean,
 then a slow moving one), the level a fast moving mean of how far observations have been from their
 cells. Sizes never run are interpolated between the measured ones of their bucket (flat below the
-smallest, above the largest, the slope from the smallest to the largest), and never cost less than a smaller size. A bucket never
-run borrows the nearest measured bucket's curve.
+smallest, above the largest the slope from the smallest to the largest), and never cost less than a
+smaller size. A bucket never run borrows the nearest measured bucket's curve.
 
 One odd batch must not lock the estimates in a state nothing corrects (a cell's first batch, slowed by
 one very long input, once made every larger size cost 5 s, so that none of them ran again): a cell's
 first observation is taken within a factor of two of what the curve predicted there, the first few
 teach their cell alone (their mean: `SETTLING_RUNS`), and a later one moves the level and its cell by
-at most a factor of two; a real change is followed within a few batches all the same. Only settled
-cells' errors make the margins: an unsettled one's are its own learning, not noise. How far batches ran from their estimates is kept apart
-(`prediction_errors`): it makes the margin predictions add, calibrated on what happened and fading
-with time.
+at most a factor of two; a real change is followed within a few batches all the same. How far settled
+cells' batches ran from their estimates is kept apart (`prediction_errors`): it makes the margin
+predictions add, calibrated on what happened and fading with time (an unsettled cell's errors are its
+own learning, not noise).
 
 Thread-safety: written on the event loop only; read by the batcher under its lock from worker threads.
 Readers see either a bucket's old curve or its new one (each is replaced whole), never half of one.
@@ -67,6 +67,7 @@ class BatchCosts:
         self._curves: dict[int, list[float]] = {}  # by bucket: shape by size (index 0: 0.0), at level 1.0
         self._limits: dict[int, int] = {}  # by bucket: the size a batch stops at
         self._full: dict[int, float] = {}  # by bucket: the shape of a batch of that size
+        self._largest: dict[int, int] = {}  # by bucket: the largest size measured
         self._costliest = 0.0  # the largest of `_full`
         self.revision = 0  # moves on whenever an estimate may have changed (what readers derive holds until then)
 
@@ -126,6 +127,7 @@ class BatchCosts:
     def _refresh(self, bucket: int) -> None:
         cells = self._cells[bucket]
         sizes = sorted(cells)
+        self._largest[bucket] = sizes[-1]
         curve = _floor_curve(sizes, [cells[n].shape for n in sizes], self.max_batch_size)
         self._curves[bucket] = curve  # (replaced whole: see the module docstring)
         limit = self._limits[bucket] = self._useful_size(curve)
@@ -200,9 +202,9 @@ class BatchCosts:
         return limit
 
     def largest_measured(self, bucket: int) -> int:
-        """The largest batch of `bucket` measured (at warm-up or run); 0: none."""
-        cells = self._cells.get(bucket)
-        return max(cells) if cells else 0
+        """The largest batch of `bucket` measured (at warm-up or run); 0: none. (Kept by `_refresh`: asked
+        for every request admission asks.)"""
+        return self._largest.get(bucket, 0)
 
     def describe(self) -> dict[str, Any]:
         """The curve as `GET /v1/models` shows it: per bucket, the estimate (ms) and runs of every measured
