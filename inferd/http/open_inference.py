@@ -21,7 +21,7 @@ from aiohttp import web
 
 from .. import __version__
 from ..admission.admission import Admission
-from ..errors import InferdError, InvalidInput, MethodNotAllowed, ModelNotFound, NotFound
+from ..errors import InferdError, MethodNotAllowed, ModelNotFound, NotFound
 from ..lifecycle import Lifecycle
 from ..models.batch_model import BatchModel
 from ..models.registry import Models
@@ -134,8 +134,6 @@ class OpenInferenceApi:
             tier, tenant = who.tier, who.tenant
             cap = model.config.max_inputs_per_call
             call = parse_infer(await self.body.read(request), headers.get(HEADER_LENGTH), model.input_kind == "image", cap)
-            if len(call.inputs) > cap:
-                raise InvalidInput(f"the input holds {len(call.inputs)} elements; model {model.name} takes at most {cap}")
             items = self.calls.admit(model, start, call.inputs, who, call.timeout_ms, cache_allowed(headers))
             outputs = await self.calls.answers(model, start, items, who)
         except InferdError as error:
