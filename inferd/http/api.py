@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from .. import __version__
 from ..admission.admission import Admission
 from ..admission.rate_limits import RateLimiter
-from ..errors import InferdError, MethodNotAllowed, ModelNotFound, NotFound, describe
+from ..errors import InferdError, MethodNotAllowed, ModelNotFound, NotFound
 from ..lifecycle import Lifecycle
 from ..models.batch_model import BatchModel
 from ..models.registry import Models
@@ -27,6 +27,7 @@ from ..models.rollout import Rollouts
 from ..observability.dead_letters import DeadLetters
 from ..observability.outcomes import Outcomes
 from ..observability.tracing import Tracing
+from .about import AboutApi
 from .admin import PREFIX as ADMIN_PREFIX
 from .admin import AdminApi
 from .batch_calls import traced_route
@@ -86,6 +87,7 @@ class HttpApi:
         self.idempotency = IdempotentReplies(admission.auth, body, self.ids, idempotency_window_s, idempotency_max_keys,
                                              idempotency_max_bytes)
         keyed = self.idempotency.wrap
+        about = AboutApi(models, self.ids, lifecycle, lambda: self.ready)
         # path -> (method, handler, counted as in flight)
         self.routes: dict[str, tuple[str, Handler, bool]] = {
             "/v1/inference": ("POST", call_routes[0], True),
@@ -93,8 +95,10 @@ class HttpApi:
             "/v1/embeddings": ("POST", call_routes[1], True),
             "/v1/rerank": ("POST", call_routes[2], True),
             "/rerank": ("POST", call_routes[3], True),
-            "/healthz": ("GET", self.healthz, False),
-            "/readyz": ("GET", self.readyz, False),
+            "/healthz": ("GET", about.healthz, False),
+            "/readyz": ("GET", about.readyz, False),
+            "/health": ("GET", about.health, False), "/version": ("GET", about.version, False),
+            "/info": ("GET", about.info, False),
             "/v1/models": ("GET", self.list_models, False),
             "/v1/stats": ("GET", self.stats, False),
             "/v1/dead-letters": ("GET", self.dead_letters, False),
@@ -176,23 +180,6 @@ class HttpApi:
         return guarded
 
     # ---- operations ------------------------------------------------------------------------------
-
-    async def healthz(self, request: web.BaseRequest) -> web.StreamResponse:
-        return json_response({"status": "ok"}, self.ids.pick(request.headers.get("X-Request-ID")))
-
-    async def readyz(self, request: web.BaseRequest) -> web.StreamResponse:
-        request_id = self.ids.pick(request.headers.get("X-Request-ID"))
-        models: dict[str, dict[str, Any]] = {name: _readiness(m) for name, m in self.models.batch.items()}
-        for name, served in self.models.served.items():  # (the default version decides; the others are listed)
-            if name in models and len(served.versions) > 1:
-                models[name]["versions"] = {v: f.state.value for v, f in served.versions.items()}
-        for name, g in self.models.generation.items():
-            models[name] = {"ready": g.ready, "kind": "generation"}
-            if g.start_error is not None:
-                models[name]["error"] = describe(g.start_error)
-        ready = self.ready
-        payload = {"ready": ready, "phase": self.lifecycle.phase.value, "models": models}
-        return json_response(payload, request_id, status=200 if ready else 503)
 
     async def list_models(self, request: web.BaseRequest) -> web.StreamResponse:
         """Every model, in a shape the OpenAI client's models.list() also reads (id, object, created)."""
@@ -282,14 +269,6 @@ class HttpApi:
 def _instance_key(model: BatchModel, defaults: dict[str, BatchModel]) -> str:
     """A version's key in /v1/stats: the model's name for its default version, `name@version` for others."""
     return model.name if defaults.get(model.name) is model else f"{model.name}@{model.version}"
-
-
-def _readiness(model: BatchModel) -> dict[str, Any]:
-    state: dict[str, Any] = {"ready": model.ready, "ready_workers": model.pool.healthy, "workers": len(model.pool.workers),
-                             "breaker": model.breaker.state.value}
-    if model.start_error is not None:
-        state["error"] = describe(model.start_error)
-    return state
 
 
 def _current_rss_bytes() -> int | None:

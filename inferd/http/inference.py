@@ -175,7 +175,7 @@ class InferenceApi:
             who = self.admission.identify(headers)
             tier, tenant = who.tier, who.tenant
             call = parse(await self.body.read(request))
-            name = call.model or self.models.default
+            name = call.model or self.models.default_for(kind)
             model = self.models.route(name)
             if model is None:
                 raise ModelNotFound(f"no {kind} model named {name!r}; see GET /v1/models")

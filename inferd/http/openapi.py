@@ -165,6 +165,14 @@ PATHS: dict[str, Any] = {
                                    "tool_call_id": {"type": "string"}}}},
                            **_GENERATION_FIELDS}}}}}, **_OPENAI_TEXT}},
     "/healthz": _get("the process is up", {"type": "object", "required": ["status"]}),
+    "/health": {"get": {"summary": "TEI's and vLLM's probe: 200 when every model taking traffic can serve", "responses": {
+        "200": _json({"type": "object", "required": ["status"]}, "can serve"),
+        "503": _json({"type": "object", "required": ["status"]}, "cannot serve now (starting, draining, a model down)")}}},
+    "/version": _get("the server's version (vLLM's route)", {"type": "object", "required": ["version"],
+                                                             "properties": {"version": {"type": "string"}}}),
+    "/info": _get("the default model (TEI's `model_id`) and every model's batch limits",
+                  {"type": "object", "required": ["version", "model_id", "models"],
+                   "properties": {"models": {"type": "array", "items": {"type": "object", "required": ["id", "kind"]}}}}),
     "/readyz": {"get": {"summary": "ready for traffic: serving, and every model ready", "responses": {
         "200": _json(_ref("Readiness"), "ready"), "503": _json(_ref("Readiness"), "not ready (starting, draining, a model down)")}}},
     "/v1/models": _get("every model, in OpenAI's list shape, with its settings and figures",

@@ -37,6 +37,16 @@ class Models:
                 found[name] = next(iter(served.versions.values())).model
         return found
 
+    def default_for(self, kind: str) -> str:
+        """The model a call of `kind` ("embedding", "rerank") goes to when it names none (TEI's `/rerank`
+        never does): the default model if it gives that kind, else the first (ready) one that does, else the
+        default (whose answer then says what it is not, or that it is still warming up)."""
+        batch = self.batch
+        default = batch.get(self.default)
+        if default is not None and default.output_kind == kind:
+            return self.default
+        return next((name for name, model in batch.items() if model.output_kind == kind), self.default)
+
     def holder(self, name: str) -> str | None:
         """What answers to `name` now, if anything: a batch model, a generation model, or an adapter of
         one (loaded, or still unloading: its name is not free yet). A request names any of them as its

@@ -161,3 +161,14 @@ async def test_rate_limits_count_every_pair(http, cross_encoder):
         assert status == 429 and body["error"] == "RATE_LIMITED" and body["retry_after_ms"] > 0
         status, _ = await post(http, srv.url, "/rerank", {"query": QUERY, "texts": DOCUMENTS[:2]}, headers=headers)
         assert status == 200  # the 2 left
+
+
+async def test_calls_naming_no_model_go_to_the_first_model_of_their_kind(http, cross_encoder):
+    """TEI's `/rerank` body has no `model`: with a text model configured first, the reranker answers."""
+    async with running_server(sim_model("m"), reranker(cross_encoder)) as srv:
+        status, tei = await post(http, srv.url, "/rerank", {"query": QUERY, "texts": DOCUMENTS[:2]})
+        assert status == 200 and sorted(r["index"] for r in tei) == [0, 1], tei
+        status, cohere = await post(http, srv.url, "/v1/rerank", {"query": QUERY, "documents": DOCUMENTS[:2]})
+        assert status == 200 and cohere["model"] == "rr"
+        status, answer, _ = await infer(http, srv.url, {"input": "still the default's"})  # (/v1/inference: the default)
+        assert status == 200, answer

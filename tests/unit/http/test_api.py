@@ -1,11 +1,10 @@
 """The router and the operations endpoints, in-process (`wiring`): exact paths as sent, a 405 that says
-what is allowed, errors of OpenAI's routes in OpenAI's shape whatever the cause, readiness."""
+what is allowed, errors of OpenAI's routes in OpenAI's shape whatever the cause."""
 
 from __future__ import annotations
 
 from inferd.config import AuthConfig
 
-from ...helpers import until
 from .wiring import sim, wired
 
 
@@ -45,17 +44,3 @@ async def test_operations_behind_a_key_refuse_openai_routes_in_openais_shape():
         assert models.status == stats.status == 401
         assert (await models.json())["error"]["code"] == "UNAUTHORIZED" and (await stats.json())["error"] == "UNAUTHORIZED"
 
-
-async def test_readiness_follows_the_models_and_the_phase():
-    async with wired(sim("m"), sim("other"), start=False) as w:
-        resp = await w.client.get("/readyz")
-        body = await resp.json()
-        assert resp.status == 503 and body["ready"] is False and body["models"]["m"]["ready"] is False
-        for model in w.models.values():
-            model.start()
-        await until(lambda: all(m.ready for m in w.models.values()))
-        resp = await w.client.get("/readyz")
-        body = await resp.json()
-        assert resp.status == 200 and set(body["models"]) == {"m", "other"} and body["phase"] == "serving"
-        listed = await (await w.client.get("/v1/models")).json()
-        assert [m["id"] for m in listed["data"]] == ["m", "other"] and listed["object"] == "list"

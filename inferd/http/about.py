@@ -1,0 +1,87 @@
+"""The probes and the short answers about the server, all open (they hold no figures of the traffic).
+
+Ours for load balancers and Kubernetes: `/healthz` (the process is up) and `/readyz` (send traffic
+here?). The ones other servers' clients probe first, so that a client written for TEI or vLLM finds
+them: `/health` (200 when it can serve), `/version` (vLLM's), and `/info` (TEI's: what is served, with
+which limits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from .. import __version__
+from ..errors import describe
+from ..lifecycle import Lifecycle
+from ..models.batch_model import BatchModel
+from ..models.registry import Models
+from .request_ids import RequestIds
+from .responses import json_response
+
+
+class AboutApi:
+    """The probes, `/version` and `/info`; `ready` is the server's answer to "send traffic here?"."""
+
+    def __init__(self, models: Models, ids: RequestIds, lifecycle: Lifecycle, ready: Callable[[], bool]) -> None:
+        self.models = models
+        self.ids = ids
+        self.lifecycle = lifecycle
+        self._ready = ready
+
+    async def healthz(self, request: web.BaseRequest) -> web.StreamResponse:
+        return json_response({"status": "ok"}, self._id(request))
+
+    async def readyz(self, request: web.BaseRequest) -> web.StreamResponse:
+        models: dict[str, dict[str, Any]] = {name: _readiness(m) for name, m in self.models.batch.items()}
+        for name, served in self.models.served.items():  # (the default version decides; the others are listed)
+            if name in models and len(served.versions) > 1:
+                models[name]["versions"] = {v: f.state.value for v, f in served.versions.items()}
+        for name, g in self.models.generation.items():
+            models[name] = {"ready": g.ready, "kind": "generation"}
+            if g.start_error is not None:
+                models[name]["error"] = describe(g.start_error)
+        ready = self._ready()
+        payload = {"ready": ready, "phase": self.lifecycle.phase.value, "models": models}
+        return json_response(payload, self._id(request), status=200 if ready else 503)
+
+    async def health(self, request: web.BaseRequest) -> web.StreamResponse:
+        """TEI's and vLLM's probe: 200 when every model taking traffic can serve (as `/readyz`), else 503."""
+        ready = self._ready()
+        return json_response({"status": "ok" if ready else "unavailable"}, self._id(request), status=200 if ready else 503)
+
+    async def version(self, request: web.BaseRequest) -> web.StreamResponse:
+        return json_response({"version": __version__}, self._id(request))
+
+    async def info(self, request: web.BaseRequest) -> web.StreamResponse:
+        """TEI's `model_id` (the default model) and the batch limits its clients read, then every model's."""
+        models = [_batch_info(name, model) for name, model in self.models.batch.items()]
+        models += [{"id": name, "kind": "generation", "ready": model.ready,
+                    "max_model_len": model.engine.max_model_len if model.engine is not None else None}
+                   for name, model in self.models.generation.items()]
+        default = next((m for m in models if m["id"] == self.models.default), models[0] if models else {})
+        payload = {"version": __version__, "model_id": default.get("id"),
+                   "max_client_batch_size": default.get("max_inputs_per_call"),
+                   "max_batch_requests": default.get("max_batch_size"), "models": models}
+        return json_response(payload, self._id(request))
+
+    def _id(self, request: web.BaseRequest) -> str:
+        return self.ids.pick(request.headers.get("X-Request-ID"))
+
+
+def _readiness(model: BatchModel) -> dict[str, Any]:
+    state: dict[str, Any] = {"ready": model.ready, "ready_workers": model.pool.healthy, "workers": len(model.pool.workers),
+                             "breaker": model.breaker.state.value}
+    if model.start_error is not None:
+        state["error"] = describe(model.start_error)
+    return state
+
+
+def _batch_info(name: str, model: BatchModel) -> dict[str, Any]:
+    c = model.config
+    return {"id": name, "kind": "batch", "ready": model.ready, "version": c.version, "output_kind": model.output_kind,
+            "inputs": model.input_kind, "max_batch_size": c.max_batch_size, "max_wait_ms": c.max_wait_ms,
+            "max_batch_tokens": c.max_batch_tokens, "max_input_chars": c.max_input_chars,
+            "max_inputs_per_call": c.max_inputs_per_call, "timeout_ms": c.timeout_ms}
