@@ -189,14 +189,8 @@ class RecordingTransport:
 
 
 def build_tiny_vit(path: Path) -> str:
-    """A random-weight ViT of 32 px images (patch 8, 2 layers, width 32) and its image processor, saved
-    to `path`: what the image backend's tests load."""
-    import torch
-    from transformers import ViTConfig, ViTImageProcessorPil, ViTModel
+    """A random-weight ViT of 32 px images saved to `path` (`small_models`): what the image backend's
+    tests load."""
+    from inferd.backends.small_models import build_tiny_vit as build
 
-    torch.manual_seed(0)
-    ViTModel(ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                       intermediate_size=64)).save_pretrained(path)
-    ViTImageProcessorPil(size={"height": 32, "width": 32}, image_mean=[0.48, 0.45, 0.40],
-                         image_std=[0.27, 0.26, 0.28]).save_pretrained(path)
-    return str(path)
+    return str(build(path))

@@ -46,5 +46,7 @@ def build_tiny_llama(folder: str | Path, seed: int = 0) -> Path:
     return folder
 
 
-if __name__ == "__main__":
-    print(build_tiny_llama(sys.argv[1] if len(sys.argv) > 1 else "tiny-llama"))
+if __name__ == "__main__":  # (`small_models llama FOLDER` does the same)
+    from .small_models import main
+
+    sys.exit(main(["llama", *sys.argv[1:]]))

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from inferd.backends.transformer import default_model_path  # noqa: E402
+from inferd.backends.small_models import build_cross_encoder  # noqa: E402
 from inferd.config import AuthConfig, ModelConfig, TenantConfig, TierConfig  # noqa: E402
 
 from ..helpers import infer, running_server, sim_model  # noqa: E402
@@ -30,16 +30,9 @@ DOCUMENTS = [
 
 @pytest.fixture(scope="module")
 def cross_encoder(tmp_path_factory) -> str:
-    """A BERT cross-encoder with one relevance output; weights spread wide so the scores differ clearly."""
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    path = tmp_path_factory.mktemp("cross-encoder")
-    torch.manual_seed(1)
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, num_labels=1, initializer_range=0.6)
-    BertForSequenceClassification(config).save_pretrained(path)
-    AutoTokenizer.from_pretrained(default_model_path()).save_pretrained(path)
-    return str(path)
+    """A BERT cross-encoder with one relevance output (`small_models`: weights spread wide so the scores
+    differ clearly)."""
+    return str(build_cross_encoder(tmp_path_factory.mktemp("cross-encoder")))
 
 
 def direct_logits(path: str, query: str, documents: list[str], max_tokens: int) -> list[float]:
