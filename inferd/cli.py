@@ -1,10 +1,11 @@
-"""`inferd serve` and `inferd bench`."""
+"""`inferd serve`, `inferd check-config` and `inferd bench`."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 import tomllib
 from collections.abc import Mapping
@@ -12,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .config import ConfigError, default_config, load_config
+from .admission.auth import key_digest
+from .config import ConfigError, ServerConfig, TenantConfig, default_config, load_config
+from .config.model_folders import TASKS, FolderModel, folder_config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,8 +26,18 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check-config", help="validate a config file and build nothing")
     check.add_argument("config", help="TOML config file")
 
-    serve = sub.add_parser("serve", help="run the server")
-    serve.add_argument("--config", help="TOML config file (default: the built-in seed workload)")
+    serve = sub.add_parser("serve", help="run the server", description="Serve a config file, model folders "
+                           "(--model, no file needed), or with neither the built-in seed workload.")
+    source = serve.add_mutually_exclusive_group()
+    source.add_argument("--config", help="TOML config file (default: the built-in seed workload)")
+    source.add_argument("--model", action="append", metavar="PATH", help="a model folder to serve with inferd's "
+                        "defaults (repeatable; the first is the default model)")
+    serve.add_argument("--task", action="append", choices=TASKS, help="what the N-th --model does, where its "
+                       "config.json does not say (repeatable, in --model's order)")
+    serve.add_argument("--name", action="append", help="the N-th --model's name (default: its folder's name)")
+    serve.add_argument("--print-config", action="store_true", help="print the config --model makes (TOML) and exit")
+    serve.add_argument("--api-key", help="requests must present this key (Authorization: Bearer KEY), as with "
+                       "`vllm serve --api-key`; the environment's INFERD_API_KEY is read when this is not given")
     serve.add_argument("--host", help="override [server] host")
     serve.add_argument("--port", type=int, help="override [server] port (0: any free port)")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
@@ -94,16 +107,49 @@ def _serve(args: argparse.Namespace) -> int:
     from .observability.access_log import configure_access_logger
     from .server import run
 
-    configure_access_logger()
+    api_key = args.api_key or os.environ.get("INFERD_API_KEY") or None
     try:
-        config = load_config(args.config) if args.config else default_config()
+        if args.model:
+            config = _folders_config(args, api_key)
+            if config is None:
+                return 0
+        else:
+            if args.task or args.name or args.print_config:
+                raise ConfigError("--task, --name and --print-config go with --model")
+            config = load_config(args.config) if args.config else default_config()
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"inferd: {problem}", file=sys.stderr)
         return 2
-    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    reread = (lambda: dataclasses.replace(load_config(args.config), **overrides)) if args.config else None
-    return run(dataclasses.replace(config, **overrides), reread)
+    overrides: dict[str, Any] = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    key = None if api_key is None or args.model else api_key
+    reread = (lambda: with_api_key(dataclasses.replace(load_config(args.config), **overrides), key)) if args.config else None
+    configure_access_logger()
+    return run(with_api_key(dataclasses.replace(config, **overrides), key), reread)
+
+
+def _folders_config(args: argparse.Namespace, api_key: str | None) -> ServerConfig | None:
+    """The config of `--model` folders (None: it was printed, as `--print-config` asks)."""
+    tasks, names = args.task or [], args.name or []
+    if len(tasks) > len(args.model) or len(names) > len(args.model):
+        raise ConfigError("more --task or --name than --model: each applies to the --model of its place")
+    models = [FolderModel(path, tasks[i] if i < len(tasks) else None, names[i] if i < len(names) else None)
+              for i, path in enumerate(args.model)]
+    digest = None if api_key is None else key_digest(api_key)
+    config, text = folder_config(models, args.host or "127.0.0.1", 8000 if args.port is None else args.port, digest)
+    if args.print_config:
+        print(text, end="")
+        return None
+    return config
+
+
+def with_api_key(config: ServerConfig, api_key: str | None) -> ServerConfig:
+    """`--api-key` over a config file: one more tenant (in the highest tier), and auth on if it was off."""
+    if api_key is None:
+        return config
+    tenant = TenantConfig(name="api-key", tier=config.tiers[0].name, key_sha256=key_digest(api_key))
+    auth = config.auth if config.auth.enabled else dataclasses.replace(config.auth, enabled=True)
+    return dataclasses.replace(config, auth=auth, tenants=(*config.tenants, tenant))
 
 
 def _bench(args: argparse.Namespace) -> int:

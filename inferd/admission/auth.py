@@ -59,6 +59,8 @@ class Authenticator:
         stored, who = self._by_digest.get(digest, ("", None))
         # Looked up by digest (which reveals nothing usable about the key), then compared in constant time.
         if who is None or not hmac.compare_digest(digest, stored):
+            if self._anonymous is not None and self.config.unknown_keys == "anonymous":
+                return self._anonymous  # (`api_key="unused"`, as an OpenAI client must send something)
             raise Unauthorized("unknown API key")
         return who
 

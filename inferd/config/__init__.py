@@ -1,4 +1,5 @@
-"""Typed configuration: the records (`settings`) and how a TOML file becomes them (`parsing`)."""
+"""Typed configuration: the records (`settings`), how a TOML file becomes them (`parsing`), and a config
+made from model folders given on the command line (`model_folders`)."""
 
 from ..typed_tables import ConfigError
 from .parsing import load_config, parse_config, parse_model

@@ -163,6 +163,10 @@ def _parse_auth(raw: Any) -> AuthConfig:
         _check_sha256(raw["admin_key_sha256"], "[auth] admin_key_sha256")
     if raw.get("operations", "open") not in ("open", "key", "admin"):
         raise ConfigError("[auth] `operations` must be open, key or admin")
+    if raw.get("unknown_keys", "refuse") not in ("refuse", "anonymous"):
+        raise ConfigError("[auth] `unknown_keys` must be refuse or anonymous")
+    if raw.get("unknown_keys") == "anonymous" and raw.get("anonymous_tier") is None:
+        raise ConfigError("[auth] unknown_keys = \"anonymous\" needs anonymous_tier (the tier they are served in)")
     return AuthConfig(**{**raw, "enabled": True, "admin_key_sha256": raw.get("admin_key_sha256", "").lower() or None})
 
 

@@ -68,6 +68,7 @@ class AuthConfig:
     anonymous_tier: str | None = None  # None (with [auth]): anonymous requests get 401
     admin_key_sha256: str | None = None
     operations: str = "open"  # /metrics, /v1/stats, /v1/models: "open", "key" (any valid key) or "admin"
+    unknown_keys: str = "refuse"  # "anonymous": a key no tenant has is served as anonymous (OpenAI clients always send one)
 
 
 DEFAULT_TIER_PRIORITIES = {"enterprise": 2, "paid": 1, "free": 0}

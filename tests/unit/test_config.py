@@ -74,6 +74,8 @@ def test_workers_default_to_auto_devices():
         (lambda r: r.update(server={"keep_freed_memory_mb": -1}), "keep_freed_memory_mb"),
         (lambda r: r.update(server=5), r"\[server\] must be a table"),
         (lambda r: r.update(tracing="on"), r"\[tracing\] must be a table"),
+        (lambda r: r.update(auth={"unknown_keys": "admit"}), "must be refuse or anonymous"),
+        (lambda r: r.update(auth={"unknown_keys": "anonymous"}), "needs anonymous_tier"),
         (lambda r: r.update(tiers={"free": {"slo_ms": 0}}), "slo_ms"),
         (lambda r: r["models"][0].update(adapters=[{"name": "a", "path": "/a"}]), "only generation models have adapters"),
         (lambda r: r["models"][0].update(kind="generation", adapters=[{"name": "a", "path": "/a"}] * 2), "each adapter name once"),

@@ -14,10 +14,11 @@ from inferd.errors import Forbidden, Unauthorized
 KEY, ADMIN = "key-of-acme", "admin-key"
 
 
-def config(anonymous: str | None) -> ServerConfig:
+def config(anonymous: str | None, unknown_keys: str = "refuse") -> ServerConfig:
     digest = hashlib.sha256(KEY.encode()).hexdigest()
     return ServerConfig(
-        auth=AuthConfig(enabled=True, anonymous_tier=anonymous, admin_key_sha256=hashlib.sha256(ADMIN.encode()).hexdigest()),
+        auth=AuthConfig(enabled=True, anonymous_tier=anonymous, admin_key_sha256=hashlib.sha256(ADMIN.encode()).hexdigest(),
+                        unknown_keys=unknown_keys),
         tiers=(TierConfig("paid", priority=1), TierConfig("free")),
         tenants=(TenantConfig("acme", "paid", digest),),
     )
@@ -45,3 +46,12 @@ def test_anonymous_refused_without_an_anonymous_tier_and_admin_needs_the_admin_k
 def test_without_auth_everyone_is_anonymous_and_keys_are_ignored():
     auth = Authenticator(ServerConfig(), RateLimiter(ServerConfig()))
     assert auth.identify({"Authorization": "Bearer anything"}).tenant == "anonymous"
+
+
+def test_unknown_keys_can_be_served_as_anonymous_for_clients_that_always_send_one():
+    """OpenAI's client sends `api_key="unused"` when it has none: with unknown_keys = "anonymous" that is
+    the anonymous tier, while a tenant's key still names its tenant."""
+    auth = Authenticator(config("free", "anonymous"), RateLimiter(config("free", "anonymous")))
+    who = auth.identify({"Authorization": "Bearer unused"})
+    assert (who.tenant, who.tier) == ("anonymous", "free")
+    assert auth.identify({"Authorization": f"Bearer {KEY}"}).tenant == "acme"

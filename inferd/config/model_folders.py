@@ -1,0 +1,104 @@
+"""`inferd serve --model PATH`: a config made from model folders, with no file to write first.
+
+Like `vllm serve MODEL` or TEI's `--model-id`, a folder is enough: its `config.json` says what the
+model does (a causal LM generates, a one-output sequence classifier reranks, a vision encoder embeds
+images, anything else embeds text) unless `--task` says otherwise. The config is made as TOML text and
+read by the same parser as a file, so `--print-config` prints exactly what runs, ready to be saved and
+edited into a real config.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..typed_tables import ConfigError
+from .parsing import NAME, parse_config
+from .settings import ServerConfig
+
+TASKS = ("embed", "rerank", "classify", "image", "generate")
+_VISION_TYPES = {"vit", "deit", "beit", "dinov2", "convnext", "swin", "clip_vision_model", "siglip_vision_model"}
+
+
+@dataclass(frozen=True)
+class FolderModel:
+    """One `--model` with its `--task` and `--name`, if given."""
+
+    path: str
+    task: str | None = None
+    name: str | None = None
+
+
+def folder_task(path: Path) -> str:
+    """What a model folder's `config.json` says the model does (see the module's docstring)."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--model {path}: no readable config.json ({exc}); is it a model folder?") from None
+    architectures = [str(a) for a in config.get("architectures") or ()]
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
+        return "generate"
+    if any(a.endswith("ForSequenceClassification") for a in architectures):
+        labels = config.get("id2label") or {}
+        return "rerank" if int(config.get("num_labels", len(labels) or 2)) == 1 else "classify"
+    if config.get("model_type") in _VISION_TYPES:
+        return "image"
+    return "embed"
+
+
+def folder_config_toml(models: Sequence[FolderModel], host: str = "127.0.0.1", port: int = 8000,
+                       api_key_sha256: str | None = None) -> str:
+    """The TOML of a server for these folders: the first one the default, each named after its folder
+    unless named, every setting but the model's own left at inferd's defaults."""
+    lines = ["# made by `inferd serve --model ...`; save it and serve it with --config", "",
+             "[server]", f"host = {_toml(host)}", f"port = {port}"]
+    if api_key_sha256 is not None:
+        lines += ["", "[auth]                 # --api-key: requests need it (Authorization: Bearer KEY)",
+                  "", "[[tenants]]", 'name = "api-key"', 'tier = "default"', f"key_sha256 = {_toml(api_key_sha256)}"]
+    names: set[str] = set()
+    for model in models:
+        path = Path(model.path)
+        if not path.is_dir():
+            raise ConfigError(f"--model {model.path}: no such folder (a local model folder: config.json, tokenizer, weights)")
+        task = model.task or folder_task(path)
+        if task not in TASKS:
+            raise ConfigError(f"--task {task!r}: one of {', '.join(TASKS)}")
+        name = model.name or _name_of(path)
+        if not NAME.fullmatch(name):
+            raise ConfigError(f"--name {name!r}: letters, digits and . _ : - (up to 128), starting with a letter or digit")
+        if name in names:
+            raise ConfigError(f"two models named {name!r}: give one --name")
+        names.add(name)
+        lines += ["", "[[models]]", f"name = {_toml(name)}", *_model_lines(task, str(path.resolve()))]
+    return "\n".join(lines) + "\n"
+
+
+def folder_config(models: Sequence[FolderModel], host: str = "127.0.0.1", port: int = 8000,
+                  api_key_sha256: str | None = None) -> tuple[ServerConfig, str]:
+    """The config `folder_config_toml` writes, read as a file would be, with that text."""
+    text = folder_config_toml(models, host, port, api_key_sha256)
+    return parse_config(tomllib.loads(text)), text
+
+
+def _model_lines(task: str, path: str) -> list[str]:
+    if task == "generate":
+        return ['kind = "generation"', 'backend = "inferd.backends.vllm"', "", "[models.options]", f"model_path = {_toml(path)}"]
+    if task == "image":
+        return ['backend = "inferd.backends.vision:create"', "", "[models.options]", f"model_path = {_toml(path)}"]
+    transformer_task = {"embed": "embedding", "rerank": "rerank", "classify": "classification"}[task]
+    return ['backend = "inferd.backends.transformer:create"', "", "[models.options]", f"model_path = {_toml(path)}",
+            f"task = {_toml(transformer_task)}"]
+
+
+def _name_of(path: Path) -> str:
+    name = re.sub(r"[^A-Za-z0-9._:-]+", "-", path.resolve().name).strip("-._:")
+    return name[:128] or "model"
+
+
+def _toml(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)  # (a JSON string is a TOML basic string)
