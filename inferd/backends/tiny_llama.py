@@ -7,7 +7,7 @@ a size vLLM's CPU attention supports.
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
 _TEXT = """The batching server gathers requests into batches and runs each batch on a GPU.
@@ -47,6 +47,6 @@ def build_tiny_llama(folder: str | Path, seed: int = 0) -> Path:
 
 
 if __name__ == "__main__":  # (`small_models llama FOLDER` does the same)
-    from .small_models import main
-
-    sys.exit(main(["llama", *sys.argv[1:]]))
+    parser = argparse.ArgumentParser(prog="python -m inferd.backends.tiny_llama", description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", nargs="?", default="tiny-llama", help="where to write it (default: tiny-llama)")
+    print(build_tiny_llama(parser.parse_args().folder))
