@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import signal
 
@@ -184,4 +185,6 @@ async def test_the_readme_generation_walkthrough_runs_as_written(http, tmp_path)
     assert proc.returncode == 0, text
     assert '"object":"text_completion"' in text and '"finish_reason":"length"' in text  # the completion
     assert text.count("data: ") >= 2 and '"done":true' in text  # the stream, to its last event
-    # (The openai client's chat call: an error there would have made the script's exit status non-zero.)
+    # (The openai client's chat calls: an error there would have made the script's exit status non-zero.)
+    assert re.search(r'^get_weather \{"city": ?"(Paris|Oslo)"\}$', text, re.M), text  # "required": a call that parses
+    assert text.rstrip().splitlines()[-1] in ("stop", "length")  # "auto" after the tool's answer: served
