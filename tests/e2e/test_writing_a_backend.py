@@ -1,4 +1,4 @@
-"""The README's "Writing a backend", run as written: its Python files saved where the server imports
+"""The docs' "Writing a backend" (docs/configuration.md), run as written: its Python files saved where the server imports
 them, its TOML tables served, and the answers checked against what the code says."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from ..helpers import REPO, infer, running_server, until
 
 def readme_blocks() -> tuple[dict[str, str], str]:
     """The section's Python files (by the name in their first comment) and its TOML tables, joined."""
-    section = (REPO / "README.md").read_text().split("<!-- writing-a-backend -->")[1].split("<!-- /writing-a-backend -->")[0]
+    section = (REPO / "docs" / "configuration.md").read_text().split("<!-- writing-a-backend -->")[1].split("<!-- /writing-a-backend -->")[0]
     files = {re.match(r"# (\w+\.py)", code).group(1): code for code in re.findall(r"```python\n(.*?)```", section, re.S)}
     return files, "\n".join(re.findall(r"```toml\n(.*?)```", section, re.S))
 

@@ -135,12 +135,13 @@ def test_numbers_and_lists_of_the_right_kind_are_taken_as_they_are():
     assert (config.grace_period_s, config.metrics, config.models[0].devices) == (30, False, ("cpu",))
 
 
-def test_every_toml_snippet_of_the_readme_is_a_valid_config_as_written():
+def test_every_toml_snippet_of_the_readme_and_the_docs_is_a_valid_config_as_written():
     """A snippet without a [[models]] table gets one model; nothing else is added or replaced."""
     import re
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
-    snippets = re.findall(r"```toml\n(.*?)```", readme, re.S)
+    repo = Path(__file__).parents[2]
+    pages = "".join(p.read_text(encoding="utf-8") for p in (repo / "README.md", *sorted((repo / "docs").glob("*.md"))))
+    snippets = re.findall(r"```toml\n(.*?)```", pages, re.S)
     assert len(snippets) >= 5
     for snippet in snippets:
         raw = tomllib.loads(snippet)
