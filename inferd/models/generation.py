@@ -93,7 +93,8 @@ class GenerationModel:
             await self.loop.run_in_executor(None, built_alone, engine.start)  # seconds: keep /healthz answering
             for adapter in self.config.adapters:  # (one that cannot load fails the model's start, said once)
                 await self.adapters.load(adapter.name, adapter.path, adapter.pinned)
-            warm = engine.sampling({"max_tokens": 2, "seed": 0})
+            # (with logprobs: their first computation is a cold path of seconds, paid here, not by a client)
+            warm = engine.sampling({"max_tokens": 2, "seed": 0, "logprobs": 1})
             async for _ in engine.generate(engine.encode("warm up"), warm, f"warmup-{self.name}", 0):
                 pass
             self.ready = True
