@@ -55,14 +55,19 @@ class Authenticator:
             if self._anonymous is None:
                 raise Unauthorized("an API key is required (Authorization: Bearer KEY or X-API-Key)")
             return self._anonymous
-        digest = key_digest(key)
-        stored, who = self._by_digest.get(digest, ("", None))
-        # Looked up by digest (which reveals nothing usable about the key), then compared in constant time.
-        if who is None or not hmac.compare_digest(digest, stored):
+        who = self._tenant(key)
+        if who is None:
             if self._anonymous is not None and self.config.unknown_keys == "anonymous":
                 return self._anonymous  # (`api_key="unused"`, as an OpenAI client must send something)
             raise Unauthorized("unknown API key")
         return who
+
+    def _tenant(self, key: str) -> Identity | None:
+        """The tenant whose key this is, if any: looked up by digest (which reveals nothing usable about
+        the key), then compared in constant time."""
+        digest = key_digest(key)
+        stored, who = self._by_digest.get(digest, ("", None))
+        return who if who is not None and hmac.compare_digest(digest, stored) else None
 
     def require_operations(self, headers: Mapping[str, str]) -> None:
         """The operations endpoints (metrics, stats, the model list), as `[auth] operations` says."""
@@ -74,8 +79,8 @@ class Authenticator:
             if key is None:
                 raise Unauthorized("this endpoint needs an API key (Authorization: Bearer KEY)")
             admin = self.config.admin_key_sha256
-            if admin is None or not hmac.compare_digest(key_digest(key), admin):
-                self.identify(headers)  # a tenant's key, or 401
+            if (admin is None or not hmac.compare_digest(key_digest(key), admin)) and self._tenant(key) is None:
+                raise Unauthorized("unknown API key")  # (a tenant's key, even where unknown keys are served as anonymous)
 
     def require_admin(self, headers: Mapping[str, str]) -> None:
         """Admin endpoints: the admin key, and nothing else, opens them."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import pytest
@@ -55,3 +56,9 @@ def test_unknown_keys_can_be_served_as_anonymous_for_clients_that_always_send_on
     who = auth.identify({"Authorization": "Bearer unused"})
     assert (who.tenant, who.tier) == ("anonymous", "free")
     assert auth.identify({"Authorization": f"Bearer {KEY}"}).tenant == "acme"
+    keyed = config("free", "anonymous")
+    keyed = dataclasses.replace(keyed, auth=dataclasses.replace(keyed.auth, operations="key"))
+    operations = Authenticator(keyed, RateLimiter(keyed))
+    with pytest.raises(Unauthorized):  # (the operations endpoints still want a real key)
+        operations.require_operations({"Authorization": "Bearer unused"})
+    operations.require_operations({"Authorization": f"Bearer {KEY}"})
