@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 
-from common import RESULTS, inferd_server, own_option, parse_args, save_table, step
+from common import RESULTS, inferd_server, own_option, parse_args, save_table, sim_config, step
 
 BODY = b'{"input": "pipelined {i}"}'
 
@@ -23,21 +23,8 @@ def main() -> None:
     rows = []
     for round_ in range(rounds):
         for pipelined in (True, False) if round_ % 2 == 0 else (False, True):
-            config = f"""
-[server]
-access_log = "off"
-[[models]]
-name = "m"
-backend = "inferd.backends.sim:create"
-max_batch_size = 32
-max_wait_ms = 5
-max_queue = 4000
-[models.options]
-latency_ms = {compute_ms}
-max_batch_size = 32
-prepare_ms = {prepare_ms}
-pipelined = {'true' if pipelined else 'false'}
-"""
+            config = sim_config(latency_ms=compute_ms, max_batch=32, max_wait_ms=5, extra_server='access_log = "off"')
+            config += f"prepare_ms = {prepare_ms}\npipelined = {'true' if pipelined else 'false'}\n"  # ([models.options])
             with inferd_server(config) as url:
                 result = step(url, clients=256, duration_s=10, quick=args.quick, body=BODY)
             row = {"round": round_ + 1, "pipelined": pipelined, "req_per_s": result["achieved_rps"],
