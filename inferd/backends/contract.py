@@ -13,6 +13,7 @@ instead of being silently skipped.
 | `warmup() -> dict` | runs it before the worker is ready (e.g. CUDA graph capture); the dict is shown in `GET /v1/models` |
 | `warmup_batches() -> [batch per length bucket]` | runs each before the worker is ready, then times each bucket's at 1, 2, 4... inputs: the cost model's first figures |
 | `cost(batch_size, bucket) -> seconds or None` | the cost model's first figures instead of timing them (e.g. timed CUDA graphs) |
+| `check_call(items)` | runs it on the event loop for a call of several inputs before any is prepared: it raises (PayloadTooLarge: 413, ValueError: 400) to refuse the whole call; cheap checks only (the image backend adds up the images' sizes from their headers against `max_call_pixels`) |
 | `close()` | called when the worker lets go of the backend (a version unloaded), to free what it holds |
 | `launch(inputs) -> handle` and `collect(handle) -> outputs` (both or neither) | a batch in two steps, so the device never waits for the host: `launch` does the host's part (padding, pinned copies) and queues the device's work without waiting for it; `collect` waits for it and returns one output per input. The worker launches the next batch while one computes (a full batch only), and collects them in order: one batch computes at a time, as the device runs its queue in order |
 | `prepare_threads` | how many threads run `prepare_batch` at once (default 1): more only where preparing costs per input and runs outside the GIL (an image decoder); a tokenizer that is parallel inside needs one |
@@ -45,7 +46,7 @@ class BatchBackend(Protocol):
 
 
 INPUT_KINDS = ("text", "image", "pair")
-_HOOKS = ("prepare_batch", "prepare", "warmup", "warmup_batches", "cost", "close", "launch", "collect")
+_HOOKS = ("prepare_batch", "prepare", "check_call", "warmup", "warmup_batches", "cost", "close", "launch", "collect")
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Capabilities:
 
     prepare_batch: Callable[[Sequence[Any]], list[Any]] | None = None
     prepare: Callable[[str], tuple[Any, ...]] | None = None
+    check_call: Callable[[Sequence[Any]], None] | None = None
     warmup: Callable[[], Mapping[str, Any] | None] | None = None
     warmup_batches: Callable[[], list[list[Any]]] | None = None
     cost: Callable[[int, int], float | None] | None = None

@@ -24,6 +24,7 @@ from typing import Any
 
 from .. import errors
 from ..backends import build_batch_function
+from ..backends.contract import Capabilities
 from ..config import ModelConfig, TierConfig
 from ..errors import DeadlineExceeded, InferdError, InvalidInput, ModelUnavailable, NotReady, ServiceOverloaded
 from ..execution.breaker import BreakerState, CircuitBreaker
@@ -101,6 +102,7 @@ class BatchModel:
             tracing=tracing, healthy_workers=lambda: self.pool.healthy, fail=self.fail,
         )
         self.prepare_one: Any = None  # the backend's `prepare(text) -> (input, bucket)`, run on the loop
+        self.offers = Capabilities()  # what the backend offers (`contract`), read once its first worker is ready
         self.preprocessor: Preprocessor | None = None  # runs the backend's `prepare_batch` off the loop
         self.output_kind: str | None = None  # the backend's `output_kind` ("embedding": /v1/embeddings)
         self.input_kind = "text"  # the backend's `input_kind`: text, image or pair
@@ -163,6 +165,11 @@ class BatchModel:
             key = self.shared.key_of(raw, tenant) if self.shared.enabled else None
             return [self.from_shared_work(request_id, raw, timeout_s, tier, tenant, use_cache, key)
                     or self.submit(request_id, raw, timeout_s, tier, tenant, key=key)]
+        if self.offers.check_call is not None:  # (the backend's cheap look at the whole call, e.g. its images' pixels)
+            try:
+                self.offers.check_call(values)
+            except ValueError as exc:
+                raise self._unreadable(exc) from None
         ids = [f"{request_id}.{i}" for i in range(len(values))]
         taken = [self.from_shared_work(i, v, timeout_s, tier, tenant, use_cache) for i, v in zip(ids, values, strict=True)]
         try:
@@ -357,8 +364,7 @@ class BatchModel:
                                                  offers.prepare_threads, offers.prepare_max_batch)
             else:
                 self.prepare_one = offers.prepare
-            self.output_kind = offers.output_kind
-            self.input_kind = offers.input_kind
+            self.output_kind, self.input_kind, self.offers = offers.output_kind, offers.input_kind, offers
 
     # ---- what it knows about itself --------------------------------------------------------------
 

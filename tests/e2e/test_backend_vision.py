@@ -130,6 +130,32 @@ async def test_hostile_images_are_refused_alone_and_the_rest_served(http, vit):
         assert status == 200 and np.max(np.abs(np.array(body["output"], dtype=np.float32) - want)) < 1e-4
 
 
+_NO_MARKERS = np.random.default_rng(0).integers(0, 0xFF, 20_000, dtype=np.uint8).tobytes()
+
+
+async def test_a_call_over_its_pixel_budget_is_refused_whole_before_any_image_is_decoded(http, vit):
+    """Sizes come from the headers, a JPEG's read whole where 20 kB of metadata push it past the first
+    16 kB; a call within the budget is served, one over it is a 413 naming `max_call_pixels`. (The
+    metadata holds no 0xFF byte: random bytes held the SOF marker's two bytes by chance one run in four.)"""
+    out = io.BytesIO()
+    Image.fromarray(np.full((100, 100, 3), 7, dtype=np.uint8)).save(out, format="JPEG", icc_profile=_NO_MARKERS)
+    late_header, square, small = out.getvalue(), image(100, 100, 1), image(50, 50, 2)
+    assert late_header.find(b"\xff\xc0") > 16 << 10  # (its size, in the SOF marker, lies past the first read)
+    async with running_server(vision(vit, max_call_pixels=25_000)) as srv:
+        served = srv.models["vit"]
+        status, body = await embeddings(http, srv.url, {"model": "vit", "input": [
+            {"image": b64(d)} for d in (late_header, square, small)]})  # 22,500 pixels
+        assert status == 200 and len(body["data"]) == 3, body
+        prepared = served.preprocessor.items
+        status, body = await embeddings(http, srv.url, {"model": "vit", "input": [
+            {"image": b64(late_header, url=True)}, {"image": b64(square)}, {"image": b64(square)}]})  # 30,000
+        error = body["error"]  # (the OpenAI route's shape)
+        assert status == 413 and error["code"] == "PAYLOAD_TOO_LARGE" and "max_call_pixels" in error["message"], body
+        assert served.preprocessor.items == prepared  # (none of it decoded)
+        status, body, _ = await infer(http, srv.url, {"model": "vit", "input": {"image": b64(square)}})
+        assert status == 200, body
+
+
 async def test_tritonclient_sends_images_as_binary_bytes(vit):
     """The Open Inference Protocol: the image model's input tensor is `image`, its BYTES elements the
     encoded images (binary extension), answered as FP32 embeddings."""

@@ -93,9 +93,9 @@ def test_a_control_character_or_non_ascii_inside_an_image_reaches_the_models_str
         with pytest.raises(InvalidInput):
             json_object(body)
     assert json_object_with_images(body)["input"]["image"] == text
-    from inferd.backends.vision import _b64decode
+    from inferd.backends.image_headers import b64decode
     with pytest.raises(ValueError):
-        _b64decode(text)
+        b64decode(text)
 
 
 def test_random_bodies_parse_as_orjson_parses_them():
