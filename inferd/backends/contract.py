@@ -23,6 +23,7 @@ instead of being silently skipped.
 | `output_kind` | `"embedding"`: `/v1/embeddings` may serve the model; `"rerank"`: `/v1/rerank` |
 | `input_kind` | what one input is: `"text"` (the default; token ids too), `"image"` (bytes, or `{"image": base64}` with the base64 a str or, lifted from a large JSON body, ASCII bytes) or `"pair"` (a (query, document) pair); the HTTP routes refuse another kind with a 400 |
 | `compatibility` | a dict of what changes the computation besides the model and version (shown as the batch key) |
+| `buckets_by_length` | True where the buckets are input lengths in increasing order and an input may run in any higher bucket's batch (only padded more), as a tokenised text's: a small multi-input call's inputs then queue together in its longest input's bucket, served in one batch instead of one per bucket |
 
 Beside the factory, a backend module may define `memory_bytes(options) -> int`: one worker's need, for
 the memory check before a version is loaded (`module_memory_bytes`); and `check_options(options)`,
@@ -69,6 +70,7 @@ class Capabilities:
     prepare_max_batch: int = 256
     prepare_nice: int = 0
     execute_nice: int = 0
+    buckets_by_length: bool = False
 
     @classmethod
     def of(cls, backend: Any) -> Capabilities:
@@ -102,9 +104,12 @@ class Capabilities:
         for name, value in nice.items():
             if type(value) is not int or value < 0:
                 raise TypeError(f"backend {type(backend).__name__}: `{name}` must be a non-negative integer")
+        by_length = getattr(backend, "buckets_by_length", False)
+        if type(by_length) is not bool:
+            raise TypeError(f"backend {type(backend).__name__}: `buckets_by_length` must be True or False")
         return cls(**hooks, output_kind=kind, input_kind=input_kind, compatibility=dict(compatibility),
                    prepare_threads=threads, prepare_max_batch=most, prepare_nice=nice["prepare_nice"],
-                   execute_nice=nice["execute_nice"])
+                   execute_nice=nice["execute_nice"], buckets_by_length=by_length)
 
 
 def module_memory_bytes(spec: str, options: Mapping[str, Any]) -> int:

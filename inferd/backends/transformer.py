@@ -131,6 +131,7 @@ class TextModel:
         self.task = options.get("task", "embedding")
         self.output_kind = self.task
         self.input_kind = "pair" if self.task == "rerank" else "text"
+        self.buckets_by_length = True  # (the ids are exact: a bucket only groups, and pads a graph's batch)
         if "torch_threads" in options:
             torch.set_num_threads(int(options["torch_threads"]))
         path = options.get("model_path") or default_model_path()

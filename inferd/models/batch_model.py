@@ -361,7 +361,8 @@ class BatchModel:
             if offers.prepare_batch is not None:
                 self.preprocessor = Preprocessor(offers.prepare_batch, self.loop, self._on_prepared, self.name,
                                                  partial(lower_this_thread, max(self.worker_nice, offers.prepare_nice)),
-                                                 offers.prepare_threads, offers.prepare_max_batch)
+                                                 offers.prepare_threads, offers.prepare_max_batch,
+                                                 together_limit=self.config.max_batch_size // 4 if offers.buckets_by_length else 0)
             else:
                 self.prepare_one = offers.prepare
             self.output_kind, self.input_kind, self.offers = offers.output_kind, offers.input_kind, offers

@@ -41,8 +41,9 @@ def test_a_class_offers_its_hooks_bound_and_its_kind():
     assert offers.close is not None and offers.prepare is None and offers.cost is None
     assert (offers.output_kind, dict(offers.compatibility)) == ("embedding", {"dtype": "float32"})
     assert offers.prepare_threads == 1 and offers.prepare_nice == offers.execute_nice == 0  # (unless it asks for more)
-    backend.prepare_threads = 4
-    assert Capabilities.of(backend).prepare_threads == 4
+    assert offers.buckets_by_length is False
+    backend.prepare_threads, backend.buckets_by_length = 4, True
+    assert Capabilities.of(backend).prepare_threads == 4 and Capabilities.of(backend).buckets_by_length
 
 
 @pytest.mark.parametrize(("attribute", "value", "named"), [
@@ -55,6 +56,7 @@ def test_a_class_offers_its_hooks_bound_and_its_kind():
     ("prepare_threads", 2.0, "`prepare_threads` must be a positive integer"),
     ("prepare_nice", -1, "`prepare_nice` must be a non-negative integer"),
     ("execute_nice", 1.5, "`execute_nice` must be a non-negative integer"),
+    ("buckets_by_length", 1, "`buckets_by_length` must be True or False"),
 ])
 def test_a_hook_that_breaks_the_contract_is_refused_by_name(attribute, value, named):
     backend = Tokenised()

@@ -168,3 +168,35 @@ async def test_what_nobody_waits_for_is_never_prepared_and_tenants_take_turns():
     await asyncio.wait_for(done.wait(), 5)
     stage.stop()
     assert calls == [["text 0", "lone", "text 1", "text 2", "text 3"]]
+
+
+async def test_a_small_calls_inputs_share_its_longest_inputs_bucket():
+    """Where buckets are lengths, a small call's inputs are queued in one bucket (its longest input's), so
+    they can go in one batch; a single request, a call over the limit and a failed input keep theirs."""
+    loop = asyncio.get_running_loop()
+    done = asyncio.Event()
+    prepared: list = []
+    by_text = {"s0": ("a", 0, 3), "s1": ("b", 2, 90), "s2": ("c", 1, 40), "bad": ValueError("too long"),
+               "lone": ("d", 0, 5), "b0": ("e", 0, 4), "b1": ("f", 1, 30), "b2": ("g", 2, 80)}
+
+    def on_prepared(requests, results):
+        prepared.extend(zip((r.raw for r in requests), results, strict=True))
+        done.set()
+
+    stage = Preprocessor(lambda items: [by_text[i] for i in items], loop, on_prepared, "m", together_limit=4)
+    for i, (text, call) in enumerate([("s0", "small"), ("s1", "small"), ("s2", "small"), ("bad", "small"),
+                                      ("lone", None), ("b0", "big"), ("b1", "big"), ("b2", "big")]):
+        request = _request(loop, i)
+        request.raw, request.call = text, call
+        stage.put(request)
+    big = [_request(loop, 10 + i) for i in range(2)]  # (a call of 5 here: over the limit of 4)
+    for request in big:
+        request.raw, request.call = "b0", "big"
+        stage.put(request)
+    await asyncio.wait_for(done.wait(), 5)
+    stage.stop()
+    results = dict(prepared[:8])
+    assert [results[t] for t in ("s0", "s1", "s2")] == [("a", 2, 3), ("b", 2, 90), ("c", 2, 40)]  # tokens kept
+    assert isinstance(results["bad"], ValueError)
+    assert results["lone"] == ("d", 0, 5)
+    assert [results[t] for t in ("b0", "b1", "b2")] == [("e", 0, 4), ("f", 1, 30), ("g", 2, 80)]
