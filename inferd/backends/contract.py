@@ -23,6 +23,7 @@ instead of being silently skipped.
 | `output_kind` | `"embedding"`: `/v1/embeddings` may serve the model; `"rerank"`: `/v1/rerank` |
 | `input_kind` | what one input is: `"text"` (the default; token ids too), `"image"` (bytes, or `{"image": base64}` with the base64 a str or, lifted from a large JSON body, ASCII bytes) or `"pair"` (a (query, document) pair); the HTTP routes refuse another kind with a 400 |
 | `compatibility` | a dict of what changes the computation besides the model and version (shown as the batch key) |
+| `embedding_sizes`, `normalized` | an embedding model's: the sizes `dimensions` may cut its vectors to (a list: a Matryoshka model's trained sizes; an int: any size up to it; absent: `dimensions` is refused), and whether its vectors are unit-length (a cut one is then normalised again) |
 | `buckets_by_length` | True where the buckets are input lengths in increasing order and an input may run in any higher bucket's batch (only padded more), as a tokenised text's: a small multi-input call's inputs then queue together in its longest input's bucket, served in one batch instead of one per bucket |
 
 Beside the factory, a backend module may define `memory_bytes(options) -> int`: one worker's need, for
@@ -71,6 +72,8 @@ class Capabilities:
     prepare_nice: int = 0
     execute_nice: int = 0
     buckets_by_length: bool = False
+    embedding_sizes: int | tuple[int, ...] | None = None
+    normalized: bool = False
 
     @classmethod
     def of(cls, backend: Any) -> Capabilities:
@@ -107,9 +110,19 @@ class Capabilities:
         by_length = getattr(backend, "buckets_by_length", False)
         if type(by_length) is not bool:
             raise TypeError(f"backend {type(backend).__name__}: `buckets_by_length` must be True or False")
+        sizes = getattr(backend, "embedding_sizes", None)
+        if isinstance(sizes, (list, tuple)):
+            sizes = tuple(sizes)
+        if sizes is not None and not (type(sizes) is int and sizes > 0 or isinstance(sizes, tuple) and sizes
+                                      and all(type(n) is int and n > 0 for n in sizes)):
+            raise TypeError(f"backend {type(backend).__name__}: `embedding_sizes` must be a positive integer or a list of them")
+        normalized = getattr(backend, "normalized", False)
+        if type(normalized) is not bool:
+            raise TypeError(f"backend {type(backend).__name__}: `normalized` must be True or False")
         return cls(**hooks, output_kind=kind, input_kind=input_kind, compatibility=dict(compatibility),
                    prepare_threads=threads, prepare_max_batch=most, prepare_nice=nice["prepare_nice"],
-                   execute_nice=nice["execute_nice"], buckets_by_length=by_length)
+                   execute_nice=nice["execute_nice"], buckets_by_length=by_length, embedding_sizes=sizes,
+                   normalized=normalized)
 
 
 def module_memory_bytes(spec: str, options: Mapping[str, Any]) -> int:

@@ -24,7 +24,7 @@ the CPU, run eagerly. An out-of-memory error in an eager call splits the batch a
 
 Options: `model_path` (default: the packaged MiniLM), `task`, `dtype` (float32, bfloat16, float16),
 `max_tokens` (default 256), `truncate` (default true: longer inputs are cut to `max_tokens`; false: they
-get a 400), `bucket_edges` (token counts, default [16, 32, 64, 128, 256]; `max_tokens` is always the
+get a 400), `matryoshka_dimensions` (the sizes `dimensions` may cut vectors to; default `config.json`'s, else any), `bucket_edges` (token counts, default [16, 32, 64, 128, 256]; `max_tokens` is always the
 last), `cuda_graphs` (default true), `graph_batch_sizes` (the batch sizes captured, default 1 to 256 in
 steps of at most 1.5x), `graph_lengths` (the lengths captured, default the bucket edges; `max_tokens` is
 always the last), `torch_threads` (CPU threads per worker; default: torch's own choice).
@@ -60,7 +60,7 @@ __all__ = ["DTYPES", "InputTooLong", "TextModel", "check_choices", "create", "de
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TASKS = ("embedding", "classification", "rerank")
 _OPTIONS = {"model_path", "task", "dtype", "max_tokens", "truncate", "bucket_edges", "cuda_graphs",
-            "graph_batch_sizes", "graph_lengths", "torch_threads"}
+            "graph_batch_sizes", "graph_lengths", "torch_threads", "matryoshka_dimensions"}
 
 
 def default_model_path() -> str:
@@ -78,6 +78,9 @@ def check_options(options: Mapping[str, Any]) -> None:
     lengths, max_tokens = options.get("graph_lengths"), options.get("max_tokens", 256)
     if lengths is not None and (not lengths or any(type(n) is not int or not 0 < n <= max_tokens for n in lengths)):
         raise ValueError(f"graph_lengths must be a list of token counts from 1 to max_tokens ({max_tokens})")
+    sizes = options.get("matryoshka_dimensions")
+    if sizes is not None and (not isinstance(sizes, list) or not sizes or any(type(n) is not int or n < 1 for n in sizes)):
+        raise ValueError("matryoshka_dimensions must be a list of positive integers (the sizes the model was trained to cut to)")
 
 
 def check_choices(options: Mapping[str, Any], module: str, known: set[str], tasks: Sequence[str]) -> None:
@@ -170,6 +173,9 @@ class TextModel:
         self.stream = torch.cuda.Stream(self.device) if self.on_cuda else None
         self.calls = 0
         width = {"classification": len(self.labels), "rerank": 1}.get(self.task) or int(self.model.config.hidden_size)
+        if self.task == "embedding":  # (what `dimensions` may ask: a Matryoshka model's sizes, else any up to its width)
+            trained = options.get("matryoshka_dimensions") or getattr(self.model.config, "matryoshka_dimensions", None)
+            self.embedding_sizes, self.normalized = (tuple(sorted(trained)) if trained else width), True
         lengths = options.get("graph_lengths")
         seq_lens = tuple({*lengths, self.max_tokens}) if lengths else self.bucket_edges
         grid = ShapeGrid(tuple(options.get("graph_batch_sizes", DEFAULT_BATCH_SIZES)), seq_lens)

@@ -157,6 +157,8 @@ class ImageModel:
                               "mean": processing["image_mean"], "std": processing["image_std"]}
         self.calls = 0
         width = int(self.model.config.num_labels) if self.task == "classification" else int(vision.hidden_size)
+        if self.task == "embedding":
+            self.embedding_sizes, self.normalized = width, True  # (`dimensions`: any size up to its width)
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.shaped = ImageGraphs(self._compute, options.get("graph_batch_sizes", DEFAULT_BATCH_SIZES), self.image_sizes,
                                   self.device, width, graphs=bool(options.get("cuda_graphs", True)), stream=self.stream)

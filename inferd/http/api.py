@@ -44,8 +44,8 @@ from .responses import WholeResponse, dumps, error_response, json_response, open
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
-_KEYED_PATHS = ("/v1/inference", "/api/inference", "/v1/embeddings", "/v1/rerank", "/rerank")
-_INFERD_ERRORS = ("/v1/inference", "/api/inference", "/v1/rerank", "/rerank")  # (the other keyed paths: OpenAI's)
+_KEYED_PATHS = ("/v1/inference", "/api/inference", "/v1/embeddings", "/v1/rerank", "/rerank", "/embed")
+_INFERD_ERRORS = ("/v1/inference", "/api/inference", "/v1/rerank", "/rerank", "/embed")  # (the other keyed paths: OpenAI's)
 _GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 
 
@@ -77,7 +77,7 @@ class HttpApi:
         inference = InferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle, ids=self.ids,
                                  body=body, generation=generation)
         self.fast_path = FastPath(inference, lifecycle, tracing) if fast_path else None  # (answers from the connection)
-        call_routes = (inference.inference, inference.embeddings, inference.rerank, inference.tei_rerank)
+        call_routes = (inference.inference, inference.embeddings, inference.rerank, inference.tei_rerank, inference.tei_embed)
         if tracing is not None:
             call_routes = tuple(traced_route(tracing, self.ids, route) for route in call_routes)
         self.open_inference = OpenInferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle,
@@ -95,6 +95,7 @@ class HttpApi:
             "/v1/embeddings": ("POST", call_routes[1], True),
             "/v1/rerank": ("POST", call_routes[2], True),
             "/rerank": ("POST", call_routes[3], True),
+            "/embed": ("POST", call_routes[4], True),
             "/healthz": ("GET", about.healthz, False),
             "/readyz": ("GET", about.readyz, False),
             "/health": ("GET", about.health, False), "/version": ("GET", about.version, False),

@@ -6,6 +6,11 @@ image model, `{"image": base64}` or an array of them (Jina's and Infinity's shap
 item becomes an input of its own, batched like a single `/v1/inference` request (items of one call may
 run in different batches); the answer keeps their order. Kept apart from the handler so the rules read
 in one place, as `inference_body` does for `/v1/inference`.
+
+Text Embeddings Inference's `POST /embed` is the same computation: `inputs` (a string or strings, or token
+ids), `normalize`, `truncate`, `truncation_direction`, answered as an array of vectors. `dimensions` (both
+routes) cuts each vector to its first N components, normalised again where the model's vectors are unit
+length (OpenAI's and TEI's rule); the model says which sizes it takes (`embedding_sizes`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidInput
+from .body_reader import json_object
 from .image_strings import json_object_with_images
 from .inference_body import encode_vector, encoding_format, image_item, timeout_ms
 
@@ -28,6 +34,9 @@ class EmbeddingsCall:
     model: str | None
     base64: bool
     timeout_ms: int | None
+    dimensions: int | None = None  # the first N components only
+    normalize: bool | None = None  # TEI's `normalize` (its default true); None: as the model gives them
+    truncate: bool | None = None  # TEI's `truncate`; None: the model's own rule
 
     @property
     def count(self) -> int:
@@ -53,12 +62,37 @@ def parse_embeddings_body(body: bytes) -> EmbeddingsCall:
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise InvalidInput("`model` must be a string")
-    if data.get("dimensions") is not None:
-        raise InvalidInput("`dimensions` is not supported: the model's own size is returned")
-    return EmbeddingsCall(_items(data.get("input")), model, encoding_format(data) == "base64", timeout_ms(data))
+    return EmbeddingsCall(_items(data.get("input")), model, encoding_format(data) == "base64", timeout_ms(data),
+                          _dimensions(data))
 
 
-def _items(value: Any) -> list[Item]:
+def parse_tei_embed_body(body: bytes) -> EmbeddingsCall:
+    """TEI's `/embed` body: `inputs`, `normalize` (default true), `truncate`, `truncation_direction` (the
+    model cuts on the right only), `dimensions`; `prompt_name` is refused (no prompts are configured)."""
+    data = json_object(body)
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidInput("`model` must be a string")
+    flags = {name: data.get(name) for name in ("normalize", "truncate")}
+    for name, value in flags.items():
+        if value is not None and not isinstance(value, bool):
+            raise InvalidInput(f"`{name}` must be a boolean")
+    if data.get("truncation_direction") not in (None, "Right", "right"):
+        raise InvalidInput('`truncation_direction` must be "Right": this server truncates inputs on the right')
+    if data.get("prompt_name") is not None:
+        raise InvalidInput("`prompt_name` is not served: no prompts are configured for this model")
+    return EmbeddingsCall(_items(data.get("inputs"), "inputs"), model, False, timeout_ms(data), _dimensions(data),
+                          flags["normalize"] is not False, flags["truncate"])  # (TEI normalises unless told not to)
+
+
+def _dimensions(data: dict[str, Any]) -> int | None:
+    value = data.get("dimensions")
+    if value is not None and (type(value) is not int or value < 1):
+        raise InvalidInput("`dimensions` must be a positive integer")
+    return value
+
+
+def _items(value: Any, field: str = "input") -> list[Item]:
     if isinstance(value, str) or image_item(value) is not None:
         items: list[Any] = [value]
     elif _is_token_ids(value):
@@ -66,14 +100,34 @@ def _items(value: Any) -> list[Item]:
     elif isinstance(value, list):
         items = value
     else:
-        raise InvalidInput("`input` must be a string, an array of strings, or an array of token-id arrays")
+        raise InvalidInput(f"`{field}` must be a string, an array of strings, or an array of token-id arrays")
     if not items:
-        raise InvalidInput("`input` must hold at least one item")
+        raise InvalidInput(f"`{field}` must hold at least one item")
     return items  # (each checked by `EmbeddingsCall.inputs`, once their number is)
 
 
 def _is_token_ids(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(type(t) is int for t in value)
+
+
+def shaped(vectors: list[Any], call: EmbeddingsCall, normalized: bool) -> list[Any]:
+    """The vectors as the call asks: cut to `dimensions` (a new array: a cached vector is shared) and
+    normalised again where the model's were unit length; a model's raw vectors normalised where TEI's
+    `normalize` asks it (its `normalize: false` on a normalising model is refused before)."""
+    size = call.dimensions
+    normalize = normalized and size is not None or not normalized and call.normalize is True
+    if size is None and not normalize:
+        return vectors
+    out = []
+    for vector in vectors:
+        if size is not None:
+            vector = vector[:size]
+        if normalize:
+            norm = float((vector * vector).sum()) ** 0.5 if hasattr(vector, "sum") else sum(x * x for x in vector) ** 0.5
+            if norm > 0:
+                vector = vector / norm if hasattr(vector, "sum") else [x / norm for x in vector]
+        out.append(vector)
+    return out
 
 
 def embeddings_payload(model: str, vectors: list[Any], tokens: int, base64: bool) -> dict[str, Any]:

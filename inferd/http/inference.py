@@ -26,7 +26,7 @@ from ..models.registry import Models
 from ..observability.outcomes import Outcomes
 from .batch_calls import BatchCalls, CallStart, cache_allowed, call_start, call_timing
 from .body_reader import BodyReader
-from .embeddings import EmbeddingsCall, embeddings_payload, parse_embeddings_body
+from .embeddings import EmbeddingsCall, embeddings_payload, parse_embeddings_body, parse_tei_embed_body, shaped
 from .generation import GenerationApi
 from .inference_body import InferenceCall, encode_vector, input_kind, parse_image_body, parse_inference_body
 from .request_ids import RequestIds
@@ -153,6 +153,10 @@ class InferenceApi:
         return await self._call_of_many(request, start, parse_embeddings_body, "embedding", _embeddings_answer,
                                         openai=True)
 
+    async def tei_embed(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
+        """Text Embeddings Inference's `POST /embed`: the same computation, TEI's body and an array of vectors."""
+        return await self._call_of_many(request, start, parse_tei_embed_body, "embedding", _tei_embed_answer)
+
     async def rerank(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
         """Cohere's `POST /v1/rerank` (Jina's clients send the same): relevance scores, best first."""
         return await self._call_of_many(request, start, parse_rerank_body, "rerank", _rerank_answer)
@@ -195,6 +199,8 @@ class InferenceApi:
             return error_response(error, request_id, close=self.lifecycle.draining, openai=openai, held_s=now - started)
         now = self.outcomes.record(request_id, model_name, tier, 200, "", started, None, tenant, start.trace, version,
                                    items[0].slo_at)
+        if isinstance(call, EmbeddingsCall):  # (cut to `dimensions`, normalised as asked)
+            outputs = shaped(outputs, call, model.offers.normalized)
         payload = answer(call, outputs, model_name, request_id, sum(item.tokens for item in items))
         return WholeResponse(200, dumps(payload), (("X-Request-ID", request_id), ("X-Model-Version", model.version),
                                                    ("Server-Timing", call_timing(items, now - started))))
@@ -211,11 +217,25 @@ def _refuse_what_the_model_cannot_honour(call: Any, model: BatchModel, inputs: l
         wrong = next((input_kind(item) for item in inputs if input_kind(item) != model.input_kind), None)
         if wrong is not None:
             raise InvalidInput(f"model {model.name} takes {model.input_kind} inputs, not {wrong}")
+        _refuse_vectors_it_cannot_give(call, model)
     if isinstance(call, RerankCall):
         _refuse_long_pairs(call, model)
-    if isinstance(call, RerankCall) and call.truncate is False and model.config.options.get("truncate", True):
-        raise InvalidInput(f"`truncate: false` is not served by model {model.name}: it truncates every pair to its "
-                           "max_tokens (its option truncate = false refuses long pairs instead)")
+    if call.truncate is False and model.config.options.get("truncate", True):  # (TEI's `truncate`: /rerank, /embed)
+        raise InvalidInput(f"`truncate: false` is not served by model {model.name}: it truncates every input to its "
+                           "max_tokens (its option truncate = false refuses long inputs instead)")
+
+
+def _refuse_vectors_it_cannot_give(call: EmbeddingsCall, model: BatchModel) -> None:
+    """`dimensions` the model does not take, TEI's `normalize: false` on a model that normalises: a 400
+    naming the field, before anything is computed."""
+    sizes, size = model.offers.embedding_sizes, call.dimensions
+    if size is not None and sizes is None:
+        raise InvalidInput(f"`dimensions` is not served by model {model.name}: its vectors come at their own size")
+    if size is not None and (size > sizes if isinstance(sizes, int) else size not in sizes):  # type: ignore[operator]
+        allowed = f"up to {sizes}" if isinstance(sizes, int) else ", ".join(map(str, sizes))  # type: ignore[arg-type]
+        raise InvalidInput(f"`dimensions` {size} is not served by model {model.name}: it takes {allowed}")
+    if call.normalize is False and model.offers.normalized:
+        raise InvalidInput(f"`normalize: false` is not served by model {model.name}: its vectors are normalised")
 
 
 def _refuse_long_pairs(call: RerankCall, model: BatchModel) -> None:
@@ -228,6 +248,10 @@ def _refuse_long_pairs(call: RerankCall, model: BatchModel) -> None:
 
 def _embeddings_answer(call: EmbeddingsCall, vectors: list[Any], model: str, request_id: str, tokens: int) -> Any:
     return embeddings_payload(model, vectors, tokens, call.base64)
+
+
+def _tei_embed_answer(call: EmbeddingsCall, vectors: list[Any], model: str, request_id: str, tokens: int) -> Any:
+    return vectors
 
 
 def _rerank_answer(call: RerankCall, logits: list[float], model: str, request_id: str, tokens: int) -> Any:

@@ -66,6 +66,8 @@ _TOOL = {"type": "object", "required": ["type", "function"], "properties": {
 _CHOICES = _or_null({"type": "integer", "minimum": 1, "maximum": 16, "description": "choices to generate for the prompt"})
 _TIMEOUT = _or_null({"type": "integer", "minimum": 1, "description": "this request's deadline, capped at max_timeout_ms"})
 _MODEL = _or_null({"type": "string", "description": "default: the first configured model"})
+_DIMENSIONS = _or_null({"type": "integer", "minimum": 1,
+                        "description": "the first N components of each vector (normalised again where the model's are)"})
 # One Server-Sent Event: `data` a JSON chunk (or [DONE]); `event: error` for a failure mid-stream.
 _SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}, "event": {"enum": ["message", "error"]}}}
 # Headers a compute request may carry: a key answered once per tenant, and a request for a fresh result.
@@ -132,6 +134,14 @@ PATHS: dict[str, Any] = {
             "type": "object", "required": ["index", "score"], "properties": {
                 "index": {"type": "integer", "minimum": 0}, "score": {"type": "number"}, "text": {"type": "string"}}}},
             "the texts' scores, best first"), **_errors("Error", _COMPUTE_ERRORS)},
+    }},
+    "/embed": {"post": {
+        "summary": "Text Embeddings Inference's embed: the same computation as /v1/embeddings, TEI's body, an array "
+                   "of vectors",
+        "parameters": _HEADERS,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("TeiEmbedRequest")}}},
+        "responses": {"200": _json({"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
+                                   "one vector per input, in order"), **_errors("Error", _COMPUTE_ERRORS)},
     }},
     "/v1/completions": {"post": {"summary": "OpenAI's text completions (generation models)", "requestBody": {
         "required": True, "content": {"application/json": {"schema": {
@@ -278,7 +288,16 @@ SCHEMAS: dict[str, Any] = {
             {"type": "array", "minItems": 1, "items": {"type": "array", "minItems": 1, "items": {"type": "integer"}}},
             _ref("ImageInput"), {"type": "array", "minItems": 1, "items": _ref("ImageInput")}]},
         "model": _MODEL, "timeout_ms": _TIMEOUT, "encoding_format": {"enum": ["float", "base64"]},
-        "user": {"type": "string"}}},
+        "dimensions": _DIMENSIONS, "user": {"type": "string"}}},
+    "TeiEmbedRequest": {"type": "object", "required": ["inputs"], "properties": {
+        "inputs": {"oneOf": [
+            {"type": "string", "minLength": 1},
+            {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+            {"type": "array", "minItems": 1, "items": {"type": "integer"}},
+            {"type": "array", "minItems": 1, "items": {"type": "array", "minItems": 1, "items": {"type": "integer"}}}]},
+        "normalize": {"type": "boolean"}, "truncate": _or_null({"type": "boolean"}),
+        "truncation_direction": {"enum": ["Right", "right"]}, "dimensions": _DIMENSIONS, "model": _MODEL,
+        "timeout_ms": _TIMEOUT}},
     "EmbeddingsResponse": {"type": "object", "required": ["object", "data", "model", "usage"], "properties": {
         "object": {"const": "list"}, "model": {"type": "string"}, "usage": {"type": "object"},
         "data": {"type": "array", "items": {"type": "object", "required": ["object", "index", "embedding"], "properties": {

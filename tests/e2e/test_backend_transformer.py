@@ -221,3 +221,37 @@ backend = "inferd.backends.transformer:create"
         assert any("inferd ready" in line for line in server.lines), server.lines[-5:]
     finally:
         assert server.stop() == 0
+
+
+async def test_dimensions_cut_and_renormalise_and_teis_embed_gives_the_same_vectors(http, reference):
+    """MiniLM's vectors (384 wide) cut to `dimensions` on /v1/embeddings and TEI's /embed, normalised
+    again, against the model called directly; what the model cannot give is a 400 naming the field."""
+    inputs = texts()[:5]
+    want = [alone(reference, text) for text in inputs]
+    cut = [v[:128] / np.linalg.norm(v[:128]) for v in want]
+    async with running_server(minilm()) as srv:
+        async with http.post(f"{srv.url}/v1/embeddings", json={"input": inputs, "dimensions": 128}) as resp:
+            openai_shape = await resp.json()
+        async with http.post(f"{srv.url}/embed", json={"inputs": inputs, "dimensions": 128}) as resp:
+            assert resp.status == 200
+            tei_cut = await resp.json()
+        async with http.post(f"{srv.url}/embed", json={"inputs": inputs[0], "truncate": True}) as resp:
+            tei_whole = await resp.json()
+        refused = {}
+        for path, body in [("/v1/embeddings", {"input": "a", "dimensions": 385}),
+                           ("/embed", {"inputs": "a", "dimensions": 385}),
+                           ("/embed", {"inputs": "a", "normalize": False}),
+                           ("/embed", {"inputs": "a", "truncate": False}),
+                           ("/embed", {"inputs": "a", "truncation_direction": "Left"})]:
+            async with http.post(f"{srv.url}{path}", json=body) as resp:
+                answer = await resp.json()
+                refused[(path, next(iter(set(body) - {"input", "inputs"})))] = (resp.status, answer)
+    assert [len(d["embedding"]) for d in openai_shape["data"]] == [128] * 5
+    for got, tei, expected in zip(openai_shape["data"], tei_cut, cut, strict=True):
+        assert np.max(np.abs(np.array(got["embedding"]) - expected)) < 1e-4
+        assert np.max(np.abs(np.array(tei) - expected)) < 1e-4
+    assert len(tei_whole) == 1 and np.max(np.abs(np.array(tei_whole[0]) - want[0])) < 1e-4  # (TEI: an array even for one)
+    for (path, field), (status, answer) in refused.items():
+        message = answer["error"]["message"] if path == "/v1/embeddings" else answer["message"]
+        assert status == 400 and f"`{field}" in message, (path, field, answer)
+    assert "up to 384" in refused[("/embed", "dimensions")][1]["message"]

@@ -57,6 +57,9 @@ def test_a_class_offers_its_hooks_bound_and_its_kind():
     ("prepare_nice", -1, "`prepare_nice` must be a non-negative integer"),
     ("execute_nice", 1.5, "`execute_nice` must be a non-negative integer"),
     ("buckets_by_length", 1, "`buckets_by_length` must be True or False"),
+    ("embedding_sizes", 0, "`embedding_sizes` must be a positive integer or a list of them"),
+    ("embedding_sizes", [64, "128"], "`embedding_sizes` must be a positive integer or a list of them"),
+    ("normalized", "yes", "`normalized` must be True or False"),
 ])
 def test_a_hook_that_breaks_the_contract_is_refused_by_name(attribute, value, named):
     backend = Tokenised()

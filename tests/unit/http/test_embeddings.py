@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from inferd.errors import InvalidInput
-from inferd.http.embeddings import embeddings_payload, parse_embeddings_body
+from inferd.http.embeddings import embeddings_payload, parse_embeddings_body, parse_tei_embed_body, shaped
 
 
 @pytest.mark.parametrize("body, items", [
@@ -22,7 +22,8 @@ def test_every_input_shape_becomes_a_list_of_items(body, items):
 
 @pytest.mark.parametrize("body", [
     b'{"input": []}', b'{"input": ""}', b'{"input": ["a", ""]}', b'{"input": ["a", 3]}', b'{"input": [[1], []]}',
-    b'{"input": [[1, true]]}', b'{"input": {"text": "a"}}', b'{}', b'{"input": "a", "dimensions": 64}',
+    b'{"input": [[1, true]]}', b'{"input": {"text": "a"}}', b'{}', b'{"input": "a", "dimensions": 0}',
+    b'{"input": "a", "dimensions": "64"}', b'{"input": "a", "dimensions": true}',
     b'{"input": "a", "encoding_format": "hex"}', b'{"input": "a", "model": 5}',
 ])
 def test_bad_inputs_are_400s(body):
@@ -43,3 +44,55 @@ def test_an_embeddings_calls_inputs_are_counted_before_any_is_read():
     assert call.count == 200_000
     with pytest.raises(InvalidInput, match=r"`input\[199999\]` is an empty string"):
         call.inputs  # noqa: B018 - reading them is what checks them
+
+
+@pytest.mark.parametrize("body", [
+    b'{"inputs": []}', b'{"input": "a"}', b'{"inputs": "a", "normalize": "yes"}', b'{"inputs": "a", "truncate": 1}',
+    b'{"inputs": "a", "truncation_direction": "Left"}', b'{"inputs": "a", "prompt_name": "query"}',
+    b'{"inputs": "a", "dimensions": -1}',
+])
+def test_bad_tei_embed_bodies_are_400s_naming_the_field(body):
+    with pytest.raises(InvalidInput):
+        parse_tei_embed_body(body).inputs  # noqa: B018
+
+
+def test_a_tei_embed_body_is_the_same_call():
+    call = parse_tei_embed_body(b'{"inputs": ["a", [7, 8]], "truncate": true, "dimensions": 2}')
+    assert (call.items, call.truncate, call.dimensions, call.normalize, call.base64) == (["a", [7, 8]], True, 2, True, False)
+    assert parse_tei_embed_body(b'{"inputs": "a", "normalize": false}').normalize is False
+    assert parse_embeddings_body(b'{"input": "a"}').normalize is None  # (OpenAI's: as the model gives them)
+
+
+def test_vectors_are_cut_and_normalised_again_only_where_the_model_normalises():
+    np = pytest.importorskip("numpy")
+    unit = np.array([0.6, 0.0, 0.8, 0.0], dtype=np.float32)
+    raw = np.array([3.0, 4.0, 12.0], dtype=np.float32)
+    cut = shaped([unit], parse_embeddings_body(b'{"input": "a", "dimensions": 1}'), normalized=True)[0]
+    assert cut.tolist() == [1.0] and cut.dtype == np.float32 and unit.tolist()[0] == pytest.approx(0.6)  # (a copy)
+    plain = parse_embeddings_body(b'{"input": "a"}')
+    assert shaped([unit], plain, normalized=True)[0] is unit  # (untouched: nothing asked)
+    assert shaped([raw], plain, normalized=False)[0] is raw  # (OpenAI's route gives a model's raw vectors as they are)
+    assert shaped([raw], parse_embeddings_body(b'{"input": "a", "dimensions": 2}'), normalized=False)[0].tolist() == [3, 4]
+    tei = parse_tei_embed_body(b'{"inputs": "a", "dimensions": 2}')  # (TEI normalises unless told not to)
+    assert shaped([raw], tei, normalized=False)[0].tolist() == pytest.approx([0.6, 0.8])
+    assert shaped([[3.0, 4.0]], tei, normalized=False)[0] == pytest.approx([0.6, 0.8])  # (a plain list, too)
+
+
+@pytest.mark.parametrize(("sizes", "dimensions", "refused"), [
+    (None, 8, "its vectors come at their own size"), (384, 385, "it takes up to 384"), (384, 384, None),
+    ((64, 128), 100, "it takes 64, 128"), ((64, 128), 64, None),
+])
+def test_dimensions_a_model_does_not_take_are_refused_naming_what_it_takes(sizes, dimensions, refused):
+    from types import SimpleNamespace
+
+    from inferd.backends.contract import Capabilities
+    from inferd.http.inference import _refuse_vectors_it_cannot_give
+
+    model = SimpleNamespace(name="m", offers=Capabilities(embedding_sizes=sizes, normalized=True),
+                            config=SimpleNamespace(options={}))
+    call = parse_embeddings_body(orjson.dumps({"input": "a", "dimensions": dimensions}))
+    if refused is None:
+        _refuse_vectors_it_cannot_give(call, model)
+    else:
+        with pytest.raises(InvalidInput, match=refused):
+            _refuse_vectors_it_cannot_give(call, model)
