@@ -18,6 +18,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .vllm_logs import cut_long_lines
+
 # (check_options and memory_bytes: the backend contract looks them up on this module)
 from .vllm_settings import check_options, config_of, engine_settings, memory_bytes  # noqa: F401
 
@@ -105,6 +107,7 @@ class VllmEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        cut_long_lines()  # (the engine's 3.3 KB config line, in every process vLLM starts)
         stats = self.stats
         cuda = torch.cuda.is_available()
         settings = engine_settings(self.options, cuda=cuda)

@@ -170,7 +170,8 @@ async def test_the_readme_generation_walkthrough_runs_as_written(http, tmp_path)
     readme = (REPO / "README.md").read_text()
     block = readme.split("<!-- generation-walkthrough -->")[1].split("<!-- /generation-walkthrough -->")[0]
     script = block.strip().removeprefix("```").removesuffix("```").strip()
-    server = ServerProcess(["make", "--no-print-directory", "run-generation", "ARGS=--port 0"], cwd=REPO)
+    server = ServerProcess(["make", "--no-print-directory", "run-generation", "ARGS=--port 0"], cwd=REPO,
+                           env={"VLLM_LOGGING_CONFIG_PATH": ""})  # (as a shell has it: not this process's file)
     try:
         url = await asyncio.to_thread(server.wait_listening, 300)
         await _wait_ready(http, url, timeout_s=300)
@@ -188,3 +189,7 @@ async def test_the_readme_generation_walkthrough_runs_as_written(http, tmp_path)
     # (The openai client's chat calls: an error there would have made the script's exit status non-zero.)
     assert re.search(r'^get_weather \{"city": ?"(Paris|Oslo)"\}$', text, re.M), text  # "required": a call that parses
     assert text.rstrip().splitlines()[-1] in ("stop", "length")  # "auto" after the tool's answer: served
+    # vLLM's engine said its config in one cut line (it was 3.3 KB), and no other line runs on
+    engine_line = [line for line in server.lines if "Initializing a V1 LLM engine" in line]
+    assert engine_line and "characters more at VLLM_LOGGING_LEVEL=DEBUG" in engine_line[0], engine_line
+    assert max(len(line) for line in server.lines) < 1000, max(server.lines, key=len)
