@@ -306,3 +306,36 @@ async def test_a_margin_never_exceeds_how_late_recent_answers_came():
         served.timeliness.observe_lateness(-0.02, clock())
     admitted = served.submit("tight again", "tight again", 0.4)
     assert admitted.predicted_done is not None and admitted.predicted_done - clock() < 0.4
+
+
+@pytest.mark.parametrize("load", [1.2, 2.0])
+async def test_under_an_objective_a_minority_bucket_is_refused_no_more_than_the_majority(load):
+    """S10's mix on the fake clock: a tenth of the requests in a second length bucket. Judged by its own
+    prediction, a request of the minority bucket (nothing waiting there: a batch of its own) was refused
+    two to three times as often as one joining the majority's partial batch; judged alike, within 10
+    points of each other, and every admitted request still meets the objective."""
+    clock = FakeClock()
+    served = model(clock, slo_ms=300, timeout_ms=2000)
+    served.prepare_one = lambda text: (text, int(len(text) > 50))  # (as S10's two_buckets backend)
+    device = FakeDevice(served, clock, SimulatedGPU(latency_ms=50, max_batch_size=32, jitter=0.02, seed=5))
+    rng = random.Random(17)
+    sent, refused, admitted = {0: 0, 1: 0}, {0: 0, 1: 0}, []
+    next_arrival, i, end = clock(), 0, clock() + 10.0
+    while clock() < end:
+        while next_arrival <= clock():
+            long = rng.random() < 0.1
+            text = f"a long input, well over fifty characters, in the second bucket {i}" if long else f"short {i}"
+            sent[long] += 1
+            try:
+                admitted.append(served.submit(f"r{i}", text, 2.0))
+            except ServiceOverloaded as error:
+                assert error.reason == "slo_infeasible", error.message
+                refused[long] += 1
+            next_arrival += rng.expovariate(load * 640)
+            i += 1
+        device.step()
+        clock.advance(0.0005)
+    share = {bucket: refused[bucket] / sent[bucket] for bucket in (0, 1)}
+    assert refused[0] and abs(share[1] - share[0]) <= 0.10, share
+    done = [r for r in admitted if r.batch is not None and r.batch.finished_at]
+    assert max(r.batch.finished_at - r.enqueued_at for r in done) <= 0.3
