@@ -54,9 +54,13 @@ def cut_long_lines() -> None:
         if not any(isinstance(f, LongLinesCut) for f in handler.filters):
             handler.addFilter(LongLinesCut())
     config = with_long_lines_cut(DEFAULT_LOGGING_CONFIG)
-    fd, path = tempfile.mkstemp(prefix="inferd-vllm-logging-", suffix=".json")
-    with os.fdopen(fd, "w") as file:
-        json.dump(config, file)
+    try:
+        fd, path = tempfile.mkstemp(prefix="inferd-vllm-logging-", suffix=".json")
+        with os.fdopen(fd, "w") as file:
+            json.dump(config, file)
+    except (OSError, TypeError, ValueError) as exc:  # (no writable temporary folder: the lines stay whole)
+        logging.getLogger("inferd.generation").warning("vLLM's long log lines stay whole: %s", exc)
+        return
     os.environ[_CONFIG_PATH] = path
     atexit.register(_remove, path)
 
