@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from inferd.config import AuthConfig
 
-from .wiring import sim, wired
+from .wiring import wired
 
 
 async def test_routes_match_the_path_exactly_as_sent():
