@@ -99,7 +99,7 @@ class Timeliness:
             own = self.forecast.own_batch_s(here, bucket, joining)
         judged = wait  # the wait the decision reads: the predicted one, unless `_as_its_own_batch` says more
         if tier in self._objective_tiers and bucket is not None and ahead.get(bucket, 0) % self.costs.size_limit(bucket):
-            judged = self._as_its_own_batch(request, now, bucket, wait)
+            judged = self._as_its_own_batch(request, now, bucket, wait, ahead)
         costs = self.costs
         costs.refresh_margins(now)
         predicted = judged + own  # from now to its answer (the lingering part is the rule's own, exact)
@@ -127,7 +127,8 @@ class Timeliness:
                                  f"budget;dur={budget_ms:.3f}")
         return refused
 
-    def _as_its_own_batch(self, request: PendingRequest, now: float, bucket: int, wait: float) -> float:
+    def _as_its_own_batch(self, request: PendingRequest, now: float, bucket: int, wait: float,
+                          ahead: dict[int, int]) -> float:
         """The wait of a request joining its bucket's partial batch, judged as if its batch were its own,
         after every waiting request of every bucket (that partial batch included), where other buckets
         are busy. Why: a request of a bucket with nothing waiting pays a batch of its own, and one joining
@@ -139,7 +140,8 @@ class Timeliness:
         if not any(key != bucket for key in others):
             return wait
         tier = request.tier
-        alike = self.wait_and_ahead(tier, now, request.tenant, None, TAIL_SIGMAS if self._tiered else 0.0, request.call)[0]
+        alike = self.wait_and_ahead(tier, now, request.tenant, None, TAIL_SIGMAS if self._tiered else 0.0, request.call,
+                                    ahead)[0]
         return max(wait, alike)
 
     def _probe(self, now: float, fits_without_margin: bool, exact: bool) -> bool:
@@ -205,13 +207,16 @@ class Timeliness:
         return now + bound <= request.due and (limit is None or bound <= limit)
 
     def wait_and_ahead(self, tier: str | None, now: float, tenant: str | None = None, bucket: int | None = None,
-                       sigmas: float = 0.0, call: str | None = None) -> tuple[float, dict[int, int]]:
+                       sigmas: float = 0.0, call: str | None = None,
+                       ahead: dict[int, int] | None = None) -> tuple[float, dict[int, int]]:
         """The predicted wait of a request of `tier` (None: behind everything) from `tenant` in `bucket`
         (None: unknown) queued now, counting the higher tiers' work expected to arrive meanwhile (and
         `sigmas` standard deviations more of it); and what is ahead of it, by bucket. `call`: the
-        multi-input call it is an input of (its tenant's calls take turns in the queue)."""
+        multi-input call it is an input of (its tenant's calls take turns in the queue); `ahead`: what
+        is ahead of it, where the caller has counted it already."""
         batcher, forecast, pool = self._batcher, self.forecast, self._pool
-        ahead = batcher.ahead_by_bucket(tier, tenant, call)
+        if ahead is None:  # (given: already counted for this request)
+            ahead = batcher.ahead_by_bucket(tier, tenant, call)
         healthy, first_free_s = pool.healthy, pool.first_free_s(now, self._running_s)
         share = 0.0  # of each batch, what the higher tiers' requests arriving meanwhile take
         if self._tiered and tier is not None and (capacity := forecast.capacity_rps(healthy)):
