@@ -87,10 +87,9 @@ def _check_config(path: str) -> int:
     except ConfigError as exc:  # (its backends are checked all the same, as far as the tables can be read)
         problems.extend(exc.problems)
         models = _readable_models(path)
-    for name, version, kind, backend, options in models:
+    for name, version, _kind, backend, options in models:
         try:
-            if kind == "batch":
-                resolve_backend(backend)
+            resolve_backend(backend)  # (a batch function or factory; a generation engine's `create`)
             module_check_options(backend, options)
         except Exception as exc:  # noqa: BLE001 - whatever importing or checking raised is the file's problem
             problems.append(f"[[models]] {name!r} version {version}: backend {backend!r}: {describe(exc)}")

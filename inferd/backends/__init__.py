@@ -7,6 +7,9 @@ A config names one as "package.module:name". The object found there is either
   thread as `factory(device, options)` so each worker builds its own model on its own GPU.
 
 "package.module" alone means that module's `create` factory.
+
+A generation model's backend builds an engine instead (`build_engine`; the contract's
+`GenerationEngine`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,17 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
-from .contract import BatchBackend, Capabilities, module_check_options, module_memory_bytes  # noqa: F401 - the contract, re-exported
+from .contract import (  # noqa: F401 - the contract, re-exported
+    BatchBackend,
+    Capabilities,
+    Delta,
+    EngineStats,
+    GenerationEngine,
+    TokenLogprob,
+    ToolPlan,
+    module_check_options,
+    module_memory_bytes,
+)
 
 BackendFactory = Callable[[str, Mapping[str, Any]], BatchBackend]
 T = TypeVar("T")
@@ -87,3 +100,21 @@ def build_batch_function(
             raise TypeError(f"backend factory {spec!r} returned a non-callable {type(fn).__name__}")
         return fn
     return obj
+
+
+_ENGINE_MEMBERS = ("max_model_len", "stats", "lora_enabled", "adapter_room", "start", "shutdown", "preload", "encode",
+                   "encode_chat", "tool_plan", "sampling", "generate", "add_adapter", "remove_adapter", "client_mistake")
+
+
+def build_engine(spec: str, options: Mapping[str, Any], adapters: int = 0) -> GenerationEngine:
+    """A generation model's engine, not started: what `spec` names (a module alone: its `create`) called as
+    `(options, adapters)`, `adapters` being how many LoRA adapters the model is configured with. ValueError
+    for options it refuses; TypeError, naming what is missing, for an object that is no engine."""
+    with BUILDING:
+        make = resolve_backend(spec)
+    engine = make(options, adapters)
+    missing = [name for name in _ENGINE_MEMBERS if not hasattr(engine, name)]
+    if missing:
+        raise TypeError(f"backend {spec!r} built a {type(engine).__name__}, which is no generation engine: it lacks "
+                        f"{', '.join(missing)}")
+    return engine

@@ -30,12 +30,17 @@ Beside the factory, a backend module may define `memory_bytes(options) -> int`: 
 the memory check before a version is loaded (`module_memory_bytes`); and `check_options(options)`,
 raising ValueError for options it would refuse, so `inferd check-config`, an admin load and a reload
 find a misspelt option or a missing model folder without building anything (`module_check_options`).
+
+A generation model (`kind = "generation"`) is served by an engine that batches per token step itself
+(`GenerationEngine`): its backend module's `create(options, adapters)` builds it (`build_engine`), and
+`memory_bytes` and `check_options` serve as above. vLLM's is `vllm.py`; `echo_engine.py`, which echoes
+prompts back without a model, is the smallest one, and what the generation routes' tests run on.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -140,3 +145,106 @@ def module_check_options(spec: str, options: Mapping[str, Any]) -> None:
     check = getattr(module, "check_options", None)
     if check is not None:
         check(options)
+
+
+# ---- generation engines ----------------------------------------------------------------------------
+
+
+@dataclass
+class EngineStats:
+    """A generation engine's latest scheduler figures (for /metrics and /v1/models)."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    """One generated token's log probability, and the most likely tokens at its place (best first)."""
+
+    token: str
+    logprob: float
+    top: list[tuple[str, float]]
+
+
+@dataclass
+class Delta:
+    """One step of one of a request's `n` choices: new text, how the choice ended; `done`: the request's last."""
+
+    text: str
+    token_count: int
+    finished: bool  # this choice ended
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0  # the request's so far, all choices together
+    logprobs: list[TokenLogprob] | None = None  # the new tokens', when the request asked for them
+    index: int = 0  # which choice
+    done: bool = False  # every choice ended
+    token_ids: Sequence[int] = ()  # the new tokens (what a tool parser reads beside the text)
+
+
+class ToolPlan(Protocol):
+    """What a chat request asked of its tools, and how its output is read back (an engine's
+    `tool_plan`)."""
+
+    choice: str  # none | auto | required | named
+    tools: list[dict[str, Any]]  # as the client gave them (for the chat template)
+    schema: dict[str, Any] | None  # the structured output a forced choice is held to
+    name: str | None  # the function a named choice forces
+    keep_special_tokens: bool  # the output must keep the tokens the tokenizer calls special
+
+    @property
+    def forced(self) -> bool: ...
+
+    @property
+    def reads_calls(self) -> bool: ...
+
+    def stream(self, index: int, text: str, token_ids: Sequence[int],
+               finished: bool) -> tuple[str | None, list[dict[str, Any]]]: ...
+
+    def read(self, text: str) -> tuple[str | None, list[dict[str, Any]]]: ...
+
+    def finish_reason(self, reason: str | None, called: bool) -> str | None: ...
+
+
+@runtime_checkable
+class GenerationEngine(Protocol):
+    """What a `kind = "generation"` model's backend builds: an engine that batches per token step by
+    itself. Built by the backend module's `create(options, adapters)` (or the callable the config
+    names), started once off the event loop; everything else runs on the event loop."""
+
+    max_model_len: int  # prompts of this many tokens or more are refused
+    stats: EngineStats
+    lora_enabled: bool  # whether adapters may be loaded
+    adapter_room: int  # how many adapters it holds at once
+
+    def start(self) -> None:
+        """Load the model (seconds; in a thread)."""
+
+    def shutdown(self) -> None: ...
+
+    def preload(self) -> None:
+        """Import what a request's first use of a feature would (tool parsers); in a thread, after start."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]: ...
+
+    def tool_plan(self, body: dict[str, Any]) -> ToolPlan | None:
+        """A chat request's tools (None when it names none); ValueError for tools it would refuse."""
+
+    def sampling(self, overrides: Mapping[str, Any]) -> Any:
+        """The engine's own sampling record for a request's fields; raises for fields it refuses."""
+
+    def generate(self, prompt_ids: list[int], sampling: Any, request_id: str, priority: int,
+                 adapter: Any = None) -> AsyncIterator[Delta]:
+        """Deltas as they are made; closing the iterator early aborts the request in the engine."""
+
+    async def add_adapter(self, name: str, adapter_id: int, path: str, pinned: bool) -> Any:
+        """Load a LoRA adapter; the handle `generate` takes as `adapter`."""
+
+    async def remove_adapter(self, adapter_id: int) -> None: ...
+
+    def client_mistake(self, error: BaseException) -> bool:
+        """Whether the engine refused a request for the request's own sake (a 400, never a 500)."""

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .contract import Delta, EngineStats, TokenLogprob, ToolPlan
 from .vllm_logs import cut_long_lines
 
 # (check_options and memory_bytes: the backend contract looks them up on this module)
@@ -34,40 +35,6 @@ DEFAULT_CHAT_TEMPLATE = (
 
 
 @dataclass
-class EngineStats:
-    """The engine's latest scheduler figures, recorded by its stat logger."""
-
-    running: int = 0
-    waiting: int = 0
-    kv_cache_usage: float = 0.0
-
-
-@dataclass
-class Delta:
-    """One step of one of a request's `n` choices: new text, how the choice ended; `done`: the request's last."""
-
-    text: str
-    token_count: int
-    finished: bool  # this choice ended
-    finish_reason: str | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0  # the request's so far, all choices together
-    logprobs: list[TokenLogprob] | None = None  # the new tokens', when the request asked for them
-    index: int = 0  # which choice
-    done: bool = False  # every choice ended
-    token_ids: Sequence[int] = ()  # the new tokens (what a tool parser reads beside the text)
-
-
-@dataclass(slots=True)
-class TokenLogprob:
-    """One generated token's log probability, and the most likely tokens at its place (best first)."""
-
-    token: str
-    logprob: float
-    top: list[tuple[str, float]]
-
-
-@dataclass
 class SamplingDefaults:
     """A model's sampling settings when a request does not give its own."""
 
@@ -76,6 +43,12 @@ class SamplingDefaults:
     top_p: float = 1.0
     seed: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def create(options: Mapping[str, Any], adapters: int = 0) -> VllmEngine:
+    """The engine of a `kind = "generation"` model whose backend is this module (the contract's
+    `GenerationEngine`)."""
+    return VllmEngine(options, adapters)
 
 
 class VllmEngine:
@@ -147,17 +120,26 @@ class VllmEngine:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text)["input_ids"])
 
-    def encode_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         ids = self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding
             ids = ids["input_ids"]
         return list(ids)
 
-    def tool_plan(self, body: dict[str, Any]) -> Any:
+    def tool_plan(self, body: dict[str, Any]) -> ToolPlan | None:
         """A chat request's tools as vLLM reads them (`vllm_tools.plan`); None when it names none."""
         from .vllm_tools import plan
 
         return plan(body, self.options.get("tool_call_parser"), self.tokenizer)
+
+    def preload(self) -> None:
+        """vLLM's request model and tool parsers (seconds to import), before the first request with tools."""
+        from .vllm_tools import preload
+
+        preload()
+
+    def client_mistake(self, error: BaseException) -> bool:
+        return client_mistake(error)
 
     def sampling(self, overrides: Mapping[str, Any]) -> Any:
         from vllm import SamplingParams
@@ -229,7 +211,8 @@ class VllmEngine:
         return adapter
 
     async def remove_adapter(self, lora_id: int) -> None:
-        await self.engine.remove_lora(lora_id)
+        if self.engine is not None:  # (nothing to remove from an engine that has stopped)
+            await self.engine.remove_lora(lora_id)
 
     def unfinished_requests(self) -> int:
         """Requests the engine still holds (running or waiting)."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..backends.vllm import VllmEngine
+from ..backends import GenerationEngine
 from ..errors import InvalidInput, ModelNotFound, VersionConflict, describe
 
 log = logging.getLogger("inferd.generation")
@@ -21,11 +21,13 @@ log = logging.getLogger("inferd.generation")
 
 @dataclass(eq=False)
 class Adapter:
-    """One loaded adapter: its engine request (`LoRARequest`) and the requests using it now."""
+    """One loaded adapter: its id and handle in the engine (vLLM's `LoRARequest`), and the requests using
+    it now."""
 
     name: str
     path: str
     pinned: bool
+    engine_id: int
     engine_request: Any
     running: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while no request uses it
@@ -50,11 +52,11 @@ class Adapter:
 class Adapters:
     """The adapters of one model's engine, by name."""
 
-    def __init__(self, model: str, engine: VllmEngine | None) -> None:
+    def __init__(self, model: str, engine: GenerationEngine | None) -> None:
         self.model = model
         self.engine = engine
         self.loaded: dict[str, Adapter] = {}
-        self._ids = itertools.count(1)  # vLLM's adapter ids: unique per engine, never reused
+        self._ids = itertools.count(1)  # the engine's adapter ids: unique per engine, never reused
         self._names_taken: set[str] = set()  # loaded or still unloading: a name is free again once it is gone
         self.unloading: set[asyncio.Task] = set()  # (held: the loop keeps only weak references to tasks)
         self.traffic: dict[str, float] = {}  # requests naming the model itself, split: {model or adapter: weight}
@@ -86,11 +88,12 @@ class Adapters:
             raise InvalidInput(f"adapter {name!r}: {path!r} is not a folder (adapter_config.json and its weights)")
         self._names_taken.add(name)
         try:
-            request = await engine.add_adapter(name, next(self._ids), path, pinned)
+            engine_id = next(self._ids)
+            request = await engine.add_adapter(name, engine_id, path, pinned)
         except Exception as exc:  # noqa: BLE001 - the adapter's files or shape are at fault: the caller's 400
             self._names_taken.discard(name)
             raise InvalidInput(f"adapter {name!r} cannot be loaded: {describe(exc)}") from None
-        adapter = self.loaded[name] = Adapter(name, path, pinned, request)
+        adapter = self.loaded[name] = Adapter(name, path, pinned, engine_id, request)
         log.info("model %s: adapter %s loaded from %s", self.model, name, path)
         return adapter
 
@@ -131,8 +134,8 @@ class Adapters:
     async def _remove(self, adapter: Adapter) -> None:
         await adapter.idle.wait()
         try:
-            if self.engine is not None and self.engine.engine is not None:
-                await self.engine.remove_adapter(adapter.engine_request.lora_int_id)
+            if self.engine is not None:
+                await self.engine.remove_adapter(adapter.engine_id)
         finally:
             self._names_taken.discard(adapter.name)
         log.info("model %s: adapter %s unloaded", self.model, adapter.name)

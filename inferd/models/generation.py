@@ -1,4 +1,5 @@
-"""A served generation model: admission and accounting around a vLLM engine.
+"""A served generation model: admission and accounting around its engine (vLLM's, or any the config's
+`backend` names: the contract's `GenerationEngine`).
 
 The engine batches per token step by itself; what inferd adds is the same admission rules as for
 batch models (auth, tiers as engine priorities, rate limits) plus bounds of its own on what waits for
@@ -20,10 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from ..backends import built_alone
-from ..backends.vllm import Delta, EngineStats, VllmEngine, client_mistake
-from ..backends.vllm_tools import ToolPlan
-from ..backends.vllm_tools import preload as preload_tools
+from ..backends import Delta, EngineStats, GenerationEngine, ToolPlan, build_engine, built_alone
 from ..config import ModelConfig
 from ..errors import InvalidInput, NotReady, ServiceOverloaded, describe, retry_after_ms
 from ..observability.histogram import Histogram
@@ -46,7 +44,7 @@ class GenerationMetrics:
 
 
 class GenerationModel:
-    """A vLLM engine in the server's loop, with inferd's bounds on what waits for it.
+    """A generation engine in the server's loop, with inferd's bounds on what waits for it.
 
     Inside, every request is known by an id of the server's own (the engine's request id, the waiting
     accounting): a client's `X-Request-ID` is only a label, and two clients sending the same one never
@@ -62,10 +60,10 @@ class GenerationModel:
         self.metrics = GenerationMetrics()
         self.ready = False
         self.start_error: BaseException | None = None
-        self.engine: VllmEngine | None = None
+        self.engine: GenerationEngine | None = None
         try:
-            self.engine = VllmEngine(config.options, adapters=len(config.adapters))
-        except ValueError as exc:  # a configuration mistake: this model's start-up failure, said once
+            self.engine = build_engine(config.backend, config.options, adapters=len(config.adapters))
+        except (ImportError, TypeError, ValueError) as exc:  # a configuration mistake: this model's start-up failure, said once
             self.start_error = exc
         self.adapters = Adapters(self.name, self.engine)  # its LoRA adapters, by name
         self.waiting: dict[str, int] = {}  # engine request id -> prompt tokens, until its first token
@@ -99,8 +97,8 @@ class GenerationModel:
                 pass
             self.ready = True
             log.info("generation model %s ready", self.name)
-            # vLLM's request model and tool parsers (seconds to import), before the first request with tools
-            self.loop.run_in_executor(None, built_alone, preload_tools)
+            # (vLLM's request model and tool parsers: seconds to import, before the first request with tools)
+            self.loop.run_in_executor(None, built_alone, engine.preload)
         except Exception as exc:  # noqa: BLE001 - reported by /readyz
             log.error("generation model %s failed to start: %s", self.name, describe(exc))
             log.debug("generation model %s start-up failure", self.name, exc_info=True)
@@ -166,8 +164,8 @@ class GenerationModel:
         return ids
 
     def tool_plan(self, body: dict[str, Any]) -> ToolPlan | None:
-        """A chat request's `tools` and `tool_choice`, read as vLLM reads them (`backends.vllm_tools`);
-        None when it names none. InvalidInput where vLLM's server would refuse them."""
+        """A chat request's `tools` and `tool_choice`, read as the engine reads them (vLLM's: as its own
+        server does); None when it names none. InvalidInput where the engine refuses them."""
         if not self.ready or self.engine is None:
             raise NotReady(f"model {self.name} is starting", retry_after_ms=1000)
         try:
@@ -177,8 +175,8 @@ class GenerationModel:
 
     def refused_by_client(self, error: BaseException) -> bool:
         """Whether the engine refused a request for the request's own sake (a 400, never a 500): a bad
-        JSON schema, regex or tool parameters (`backends.vllm.client_mistake`)."""
-        return client_mistake(error)
+        JSON schema, regex or tool parameters (the engine's `client_mistake`)."""
+        return self.engine is not None and self.engine.client_mistake(error)
 
     def sampling(self, overrides: Mapping[str, Any]) -> Any:
         """The engine's sampling parameters for a request's own fields; InvalidInput when it refuses them."""

@@ -569,7 +569,7 @@ async def test_tool_choice_auto_streams_content_and_calls_as_vllms_parser_reads_
     random model writes no call: its text streams as content, step by step, the same as the whole
     answer. A hermes-format text fed as the engine's steps (its real token ids, a few tokens a step)
     streams its content first, then the call's id and name, then its arguments in pieces."""
-    from inferd.backends.vllm import Delta
+    from inferd.backends.contract import Delta
     from inferd.http.openai_text import TextAnswer, parse_text_call
 
     url, headers = server.url, bearer("enterprise")

@@ -99,6 +99,23 @@ def test_the_network_and_the_gate_reach_the_gpu_side_and_the_backends_only_throu
     assert not skipped, "\n".join(sorted(skipped))
 
 
+def test_the_core_reaches_backends_only_through_their_contract():
+    """A backend, batch function or generation engine, is chosen by the config's `backend` and built through
+    `inferd.backends`: no module outside `backends/` imports a concrete one (vLLM's, the simulated GPU...),
+    so a new one is one module and a config line."""
+    concrete = []
+    modules = _modules()
+    for module, path in modules.items():
+        if _part(module) == "backends":
+            continue
+        for target in _imports(module, path, runtime_only=False):
+            if target not in modules:
+                target = target.rpartition(".")[0]  # `from .x import name`: the module is x
+            if _part(target) == "backends" and target not in ("inferd.backends", "inferd.backends.contract"):
+                concrete.append(f"{module} imports {target}")
+    assert not concrete, "\n".join(sorted(concrete))
+
+
 def test_no_import_circles_not_even_for_type_checking():
     modules = _modules()
     graph = {m: {t for t in _imports(m, p, runtime_only=False) if t in modules and t != m} for m, p in modules.items()}

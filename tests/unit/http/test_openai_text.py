@@ -22,7 +22,7 @@ def test_a_message_without_a_string_role_is_a_400():
 
 
 def test_the_chunks_of_two_choices_carry_their_index_the_role_once_each_and_the_usage_after_the_last():
-    from inferd.backends.vllm import Delta
+    from inferd.backends.contract import Delta
     from inferd.http.openai_text import Choice, TextAnswer
 
     answer = TextAnswer(parse_text_call({"messages": [{"role": "user", "content": "hi"}],
