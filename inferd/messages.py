@@ -106,4 +106,4 @@ class Batch:
         compute = self.compute_timing
         if not compute:
             compute = self.compute_timing = "compute;dur=%.3f" % (self.compute_s * 1000)
-        return "queue;dur=%.3f, %s" % (self.queue_s(request) * 1000, compute)
+        return "queue;dur=%.3f, %s" % (self.queue_s(request) * 1000, compute)  # noqa: UP031 - the request path's, as measured

@@ -151,7 +151,9 @@ class InferenceServer:
         while not self.models.ready:
             failed = self.models.failed()
             if failed:
-                raise StartupFailed(f"model {failed[0].name} failed to start: {describe(failed[0].start_error)}")
+                error = failed[0].start_error
+                assert error is not None  # (that is what failed means)
+                raise StartupFailed(f"model {failed[0].name} failed to start: {describe(error)}")
             if loop.time() > give_up:
                 raise TimeoutError("models did not become ready in time")
             await asyncio.sleep(0.02)

@@ -22,7 +22,17 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from common import _machine, _stat_fields, inferd_server, listening_pid, mosec_server, own_option, parse_args, sim_config, step
+from common import (
+    _machine,
+    _stat_fields,
+    inferd_server,
+    listening_pid,
+    mosec_server,
+    own_option,
+    parse_args,
+    sim_config,
+    step,
+)
 from request_path import S2_BODY
 
 CLIENTS = 100

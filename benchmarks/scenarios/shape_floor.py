@@ -33,7 +33,17 @@ from typing import Any
 
 from callgrind_request import MEAN_BATCH, count, count_server
 from closed_loop_cycle import CLIENTS, measured, table
-from common import REPO, _machine, free_port, inferd_server, listening_pid, mosec_server, own_option, parse_args, sim_config
+from common import (
+    REPO,
+    _machine,
+    free_port,
+    inferd_server,
+    listening_pid,
+    mosec_server,
+    own_option,
+    parse_args,
+    sim_config,
+)
 
 FLOOR = REPO / "benchmarks" / "floor" / "bare_shape.py"
 

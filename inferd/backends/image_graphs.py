@@ -92,7 +92,7 @@ class ImageGraphs(CapturedShapes):
         images = list(np.random.default_rng(0).integers(0, 256, (max(1, b - 1), s, s, 3), dtype=np.uint8))
         graphed = self.run(images)
         eager = self.compute(torch.from_numpy(np.stack(images)).to(self.device)).float().cpu().numpy()
-        difference = float(np.max(np.abs(graphed - eager)))  # type: ignore[operator]
+        difference = float(np.max(np.abs(graphed - eager)))
         if not difference <= 1e-2:
             raise RuntimeError(f"a replayed graph differs from the eager forward by {difference:.3g}")
 

@@ -27,7 +27,7 @@ def build_cross_encoder(folder: str | Path, seed: int = 1) -> Path:
     folder = Path(folder)
     torch.manual_seed(seed)
     config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, num_labels=1, initializer_range=0.6)
+                        intermediate_size=64, num_labels=1, initializer_range=0.6)  # type: ignore[call-arg]  # (a PretrainedConfig kwarg its stub omits)
     BertForSequenceClassification(config).save_pretrained(folder)
     AutoTokenizer.from_pretrained(default_model_path()).save_pretrained(folder)
     return folder

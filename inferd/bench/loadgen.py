@@ -26,7 +26,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -117,7 +117,7 @@ def run_python(spec: LoadSpec) -> Samples:
 
 
 async def open_loop(rate: float, duration_s: float, rng: random.Random,
-                    send: Callable[[int, float], Awaitable[None]], began: float | None = None) -> int:
+                    send: Callable[[int, float], Coroutine[Any, Any, None]], began: float | None = None) -> int:
     """Start `send(i, scheduled)` at Poisson arrival times (`rate` per second) for `duration_s`, never
     waiting for an answer before the next send, so a slow server cannot slow the arrivals. `scheduled` is
     the loop time the send was due. Returns how many were sent, once every one of them has finished."""
@@ -132,7 +132,7 @@ async def open_loop(rate: float, duration_s: float, rng: random.Random,
         delay = scheduled - loop.time()
         if delay > 0.0005:
             await asyncio.sleep(delay)
-        task = loop.create_task(send(sent, scheduled))  # type: ignore[arg-type]
+        task = loop.create_task(send(sent, scheduled))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         sent += 1

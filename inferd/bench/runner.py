@@ -27,8 +27,11 @@ def run_load(spec: LoadSpec, engine: str = "python") -> Samples:
 
 def percentile(sorted_values: list[float], q: float) -> float | None:
     """Exact percentile (nearest rank) of sorted samples; None without any (JSON has no NaN)."""
-    if not sorted_values:
-        return None
+    return ranked(sorted_values, q) if sorted_values else None
+
+
+def ranked(sorted_values: list[float], q: float) -> float:
+    """`percentile` of samples there are."""
     rank = math.ceil(q / 100.0 * len(sorted_values))
     return sorted_values[max(0, min(len(sorted_values), rank) - 1)]
 
@@ -72,6 +75,7 @@ def summarise(spec: LoadSpec, samples: Samples, view: dict | None) -> dict[str, 
     latencies = sorted(samples.latencies_ms)
     completed = sum(v for k, v in samples.statuses.items() if k.isdigit())
     ok = samples.statuses.get("200", 0)
+    lat: dict[str, float | None]
     if samples.percentiles_ms is not None:
         lat = dict(samples.percentiles_ms)
     else:
@@ -118,9 +122,9 @@ def _generator_summary(lag_ms: list[float], p50_ms: float | None) -> dict[str, A
     if not lag_ms:
         return None
     ordered = sorted(lag_ms)
-    p99 = percentile(ordered, 99)
+    p99 = ranked(ordered, 99)
     busy = p99 > 5.0 or (p50_ms is not None and p99 > 0.1 * p50_ms)
-    return {"loop_lag_ms": {"p50": round(percentile(ordered, 50), 3), "p99": round(p99, 3), "max": round(ordered[-1], 3)},
+    return {"loop_lag_ms": {"p50": round(ranked(ordered, 50), 3), "p99": round(p99, 3), "max": round(ordered[-1], 3)},
             "busy": busy}
 
 
@@ -129,7 +133,7 @@ def _connect_summary(connect_ms: list[float]) -> dict[str, float] | None:
     if not connect_ms:
         return None
     ordered = sorted(connect_ms)
-    return {"count": len(ordered), "p50": round(percentile(ordered, 50), 3), "p99": round(percentile(ordered, 99), 3),
+    return {"count": len(ordered), "p50": round(ranked(ordered, 50), 3), "p99": round(ranked(ordered, 99), 3),
             "max": round(ordered[-1], 3)}
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -63,18 +64,18 @@ def parse_config(raw: Mapping[str, Any]) -> ServerConfig:
         if not isinstance(raw.get(table, {}), dict):
             problems.found.append(f"[{table}] must be a table, not {type(raw[table]).__name__}")
             tables[table] = None
-    server = problems.attempt(lambda: _read_server(dict(tables["server"] or {})), {})
+    server: dict[str, Any] = problems.attempt(lambda: _read_server(dict(tables["server"] or {})), {})
     models_raw = raw.get("models", [])
     if not isinstance(models_raw, list) or not models_raw:
         problems.found.append("at least one [[models]] table is required")
         models_raw = []
-    read = [problems.attempt(lambda m=m: parse_model(m), None) for m in models_raw]
+    read: list[ModelConfig | None] = [problems.attempt(partial(parse_model, m), None) for m in models_raw]
     models = tuple(m for m in read if m is not None)
     if len(models) == len(read):
         problems.attempt(lambda: check_versions(models), None)
-    tiers = problems.attempt(lambda: _parse_tiers(tables["tiers"]), (TierConfig("default"),))
+    tiers: tuple[TierConfig, ...] = problems.attempt(lambda: _parse_tiers(tables["tiers"]), (TierConfig("default"),))
     auth = problems.attempt(lambda: _parse_auth(tables["auth"]), AuthConfig())
-    tenants = problems.attempt(lambda: _parse_tenants(raw.get("tenants", []), {t.name for t in tiers}), ())
+    tenants: tuple[TenantConfig, ...] = problems.attempt(lambda: _parse_tenants(raw.get("tenants", []), {t.name for t in tiers}), ())
     tracing = problems.attempt(lambda: _parse_tracing(tables["tracing"]), TracingConfig())
     if problems.found:  # (the checks across tables below would only repeat these in other words)
         raise ConfigError(*problems.found)

@@ -40,7 +40,8 @@ _OWN = frozenset(("name", "version", "traffic"))  # never inherited
 def inherit(table: dict[str, Any], rollouts: Rollouts) -> dict[str, Any]:
     """What a new version of a served model takes from its serving (default) version: every setting the
     table leaves out but its own name, version and traffic. Nothing for a new model's first version."""
-    served = rollouts.models.served.get(table.get("name")) if isinstance(table.get("name"), str) else None
+    name = table.get("name")
+    served = rollouts.models.served.get(name) if isinstance(name, str) else None
     default = served.default if served is not None else None
     if default is None:
         return {}

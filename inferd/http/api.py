@@ -30,7 +30,7 @@ from ..observability.tracing import Tracing
 from .about import AboutApi
 from .admin import PREFIX as ADMIN_PREFIX
 from .admin import AdminApi
-from .batch_calls import traced_route
+from .batch_calls import CallHandler, traced_route
 from .body_reader import BodyReader
 from .fast_path import FastPath
 from .generation import GenerationApi
@@ -77,9 +77,10 @@ class HttpApi:
         inference = InferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle, ids=self.ids,
                                  body=body, generation=generation)
         self.fast_path = FastPath(inference, lifecycle, tracing) if fast_path else None  # (answers from the connection)
-        call_routes = (inference.inference, inference.embeddings, inference.rerank, inference.tei_rerank, inference.tei_embed)
-        if tracing is not None:
-            call_routes = tuple(traced_route(tracing, self.ids, route) for route in call_routes)
+        untraced: tuple[CallHandler, ...] = (inference.inference, inference.embeddings, inference.rerank,
+                                             inference.tei_rerank, inference.tei_embed)
+        call_routes: tuple[Handler, ...] = untraced if tracing is None else tuple(
+            traced_route(tracing, self.ids, route) for route in untraced)
         self.open_inference = OpenInferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle,
                                                ids=self.ids, body=body, tracing=tracing)
         self.admin = AdminApi(rollouts=rollouts, auth=admission.auth, body=body, ids=self.ids,
@@ -108,9 +109,11 @@ class HttpApi:
         if registry is not None:
             self.routes["/metrics"] = ("GET", self.prometheus, False)
         if generation is not None:
-            completions, chat = generation.completions, generation.chat_completions
+            completions: Handler = generation.completions
+            chat: Handler = generation.chat_completions
             if tracing is not None:
-                completions, chat = traced_route(tracing, self.ids, completions), traced_route(tracing, self.ids, chat)
+                completions = traced_route(tracing, self.ids, generation.completions)
+                chat = traced_route(tracing, self.ids, generation.chat_completions)
             self.routes["/v1/completions"] = ("POST", completions, True)
             self.routes["/v1/chat/completions"] = ("POST", chat, True)
         # A request with an Idempotency-Key goes through the replies' wrapper (only those: no frame for the rest).
@@ -261,7 +264,7 @@ class HttpApi:
                 "in_flight": self.lifecycle.in_flight,
             },
             "connections": self.connections() if self.connections is not None else None,
-            "idempotency": {"keys": self.idempotency.keys, "bytes": self.idempotency.bytes, "replays": self.idempotency.replays},
+            "idempotency": {"keys": self.idempotency.keys, "bytes": self.idempotency.held_bytes, "replays": self.idempotency.replays},
             "models": {_instance_key(m, self.models.batch): m.describe()["stats"] for m in self.models.instances()},
         }
         return json_response(payload, self.ids.pick(request.headers.get("X-Request-ID")))

@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -41,7 +41,10 @@ def call_start(ids: RequestIds, headers: Mapping[str, str]) -> CallStart:
     return CallStart(time.monotonic(), ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key")))
 
 
-CallHandler = Callable[[web.BaseRequest, CallStart | None], Awaitable[web.StreamResponse]]
+class CallHandler(Protocol):
+    """A route that may be handed the call's start (when a trace or the fast path began it)."""
+
+    def __call__(self, request: web.BaseRequest, start: CallStart | None = None, /) -> Awaitable[web.StreamResponse]: ...
 
 
 def traced_route(tracing: Tracing, ids: RequestIds, handler: CallHandler) -> Callable[

@@ -52,7 +52,7 @@ class GuardedServer(web.Server):
     """aiohttp's low-level server, with a count of open connections and a clock on headers."""
 
     def __init__(self, handler: Any, *, limits: ConnectionLimits, ids: RequestIds,
-                 on_error: Callable[[str, InferdError], None], fast_path: FastPath | None = None, **kwargs: Any) -> None:
+                 on_error: Callable[[str, InferdError], object], fast_path: FastPath | None = None, **kwargs: Any) -> None:
         super().__init__(handler, **kwargs)
         self.fast_path = fast_path  # answers the common request from `data_received` (`fast_path`)
         self.limits = limits
@@ -184,7 +184,7 @@ class GuardedConnection(RequestHandler):
     def _request_in_hand(self, *args: Any) -> web.BaseRequest:
         """aiohttp's loop took a request from its queue (its request factory, wrapped)."""
         self._in_hand = True
-        return self._make_request(*args)
+        return self._make_request(*args)  # type: ignore[misc]  # (aiohttp types its factory Optional: set by now)
 
     async def finish_response(self, request: web.BaseRequest, resp: web.StreamResponse,
                               start_time: float | None) -> tuple[web.StreamResponse, bool]:
@@ -247,7 +247,7 @@ class GuardedConnection(RequestHandler):
         refusal = messages.pop()[0]
         content.set_exception(RequestPayloadError(f"malformed body: {refusal.message}"))
 
-    def eof_received(self) -> bool:
+    def eof_received(self) -> bool:  # type: ignore[override]  # (asyncio's protocols may return True: aiohttp says None)
         """The client's end of input. A client that closes and one that only half-closes after sending
         look the same here, so by default (as nginx and Go's server do) it has gone away: its queued work
         is withdrawn. With `answer_half_closed` it still gets its answer, then the connection closes."""

@@ -64,7 +64,8 @@ class GenerationApi:
         """inferd's own shape: {"input": text} -> {"output": text}, or SSE with {"stream": true}. The
         body was read and the caller identified by the `/v1/inference` handler."""
         request_id, started = start.request_id, start.started
-        body = call.body
+        body, prompt = call.body, call.input
+        assert isinstance(prompt, str)  # (an image was refused when the request was routed here)
         def whole(choices: list[Choice], last: Any) -> dict[str, Any]:
             return {"output": choices[0].text, "request_id": request_id, "model": model.name,
                     "latency_ms": round((time.monotonic() - started) * 1000, 3),
@@ -76,8 +77,8 @@ class GenerationApi:
                 event.update(done=True, finish_reason=last.finish_reason, usage=_usage(last))
             return [event]
 
-        return await self._serve(request, model, body, who, start, len(call.input),
-                                 partial(model.prompt_ids, call.input), whole, chunk, openai=False, adapter=adapter)
+        return await self._serve(request, model, body, who, start, len(prompt),
+                                 partial(model.prompt_ids, prompt), whole, chunk, openai=False, adapter=adapter)
 
     async def completions(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
         return await self._openai(request, chat=False, start=start)

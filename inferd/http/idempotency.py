@@ -62,7 +62,7 @@ class IdempotentReplies:
     max_bytes: int = 64 << 20
     replays: int = 0
     keys: int = 0
-    bytes: int = 0
+    held_bytes: int = 0
     _tenants: dict[str, OrderedDict[str, _Entry]] = field(default_factory=dict)  # each in order of expiry
     _tenant_bytes: dict[str, int] = field(default_factory=dict)
 
@@ -102,8 +102,8 @@ class IdempotentReplies:
             if entry is None:
                 return await self._first(request, handler, scoped, fingerprint)
             if entry.fingerprint != fingerprint:
-                error = IdempotencyKeyReused("this Idempotency-Key was used with a different request")
-                return error_response(error, self.ids.pick(request.headers.get("X-Request-ID")), openai=openai)
+                reused = IdempotencyKeyReused("this Idempotency-Key was used with a different request")
+                return error_response(reused, self.ids.pick(request.headers.get("X-Request-ID")), openai=openai)
             if not entry.answered.done() and not join:
                 error = IdempotencyKeyInUse("the request with this Idempotency-Key is still running", retry_after_ms=1000)
                 return error_response(error, self.ids.pick(request.headers.get("X-Request-ID")), openai=openai)
@@ -131,7 +131,8 @@ class IdempotentReplies:
         finally:
             entry.answered.set_result(kept)
             tenant, key = scoped
-            mine = self._tenants.get(tenant, {}).get(key) is entry  # (not when it was evicted for room meanwhile)
+            held = self._tenants.get(tenant)
+            mine = held is not None and held.get(key) is entry  # (not when it was evicted for room meanwhile)
             if kept is not None and mine:
                 entry.kept_until = time.monotonic() + self.window_s
                 self._tenants[tenant].move_to_end(key)  # (in order of expiry, for `_current`)
@@ -161,19 +162,19 @@ class IdempotentReplies:
         entries[key] = entry
         self.keys += 1
         self._tenant_bytes[tenant] = self._tenant_bytes.get(tenant, 0) + entry.size
-        self.bytes += entry.size
+        self.held_bytes += entry.size
         self._make_room()
 
     def _resize(self, tenant: str, entry: _Entry, size: int) -> None:
         self._tenant_bytes[tenant] += size - entry.size
-        self.bytes += size - entry.size
+        self.held_bytes += size - entry.size
         entry.size = size
 
     def _remove(self, tenant: str, key: str) -> None:
         entries = self._tenants[tenant]
         entry = entries.pop(key)
         self.keys -= 1
-        self.bytes -= entry.size
+        self.held_bytes -= entry.size
         held = self._tenant_bytes[tenant] - entry.size
         if entries:
             self._tenant_bytes[tenant] = held
@@ -182,7 +183,7 @@ class IdempotentReplies:
 
     def _make_room(self) -> None:
         """Past either bound, the oldest answer of the tenant holding the most bytes goes first."""
-        while self.keys > self.max_keys or self.bytes > self.max_bytes:
+        while self.keys > self.max_keys or self.held_bytes > self.max_bytes:
             heaviest = max(self._tenant_bytes, key=self._tenant_bytes.__getitem__)
             self._remove(heaviest, next(iter(self._tenants[heaviest])))
 

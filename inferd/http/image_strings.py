@@ -60,7 +60,7 @@ def _lift_images(body: bytes) -> tuple[bytes, list[bytes]] | None:
     """`body` with each long `"image"` value replaced by `"\\u0000<n>"` (no string of the body can hold
     a NUL: it has no escapes, and JSON forbids a raw one), and those values' bytes, in order; None:
     nothing to lift, or a body to leave to orjson."""
-    quotes = []
+    quotes: list[int] = []
     at = body.find(b'"')
     while at >= 0:
         if len(quotes) == MAX_QUOTES:

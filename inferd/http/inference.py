@@ -79,8 +79,9 @@ class InferenceApi:
             self.identify(one, headers)
             generation = self.route(one, await self.body.read(request), headers, request.query)
             if generation is not None:
-                return await self.generation.inference(request, generation[0], one.call, one.who, one.start,  # type: ignore[union-attr]
-                                                       generation[1])
+                call, who = one.call, one.who
+                assert call is not None and who is not None and self.generation is not None  # (set on the way here)
+                return await self.generation.inference(request, generation[0], call, who, one.start, generation[1])
             self.admit(one, headers)
             output = (await self.calls.answers(one.model, one.start, one.items, one.who))[0]  # type: ignore[arg-type]
         except InferdError as error:

@@ -29,7 +29,7 @@ class InferenceCall:
 
 def parse_inference_body(body: bytes) -> InferenceCall:
     data = json_object_with_images(body)
-    value = data.get("input")
+    value: Any = data.get("input")  # (a JSON value: checked here)
     if not isinstance(value, str) and image_item(value) is None:
         raise InvalidInput('`input` is required and must be a string (or {"image": base64} for an image model)')
     model = data.get("model")

@@ -143,10 +143,11 @@ class OpenInferenceApi:
         now = self.outcomes.record(request_id, model.name, tier, 200, "", started, None, tenant, start.trace, version,
                                    items[0].slo_at)
         body, header_length = infer_response(model.name, model.version, call.id, outputs, call.binary_output)
-        headers = (("X-Request-ID", request_id), ("Server-Timing", call_timing(items, now - started)))
+        answer_headers = (("X-Request-ID", request_id), ("Server-Timing", call_timing(items, now - started)))
         if header_length is None:
-            return WholeResponse(200, body, headers)
-        return WholeResponse(200, body, (*headers, (HEADER_LENGTH, str(header_length))), content_type=b"application/octet-stream")
+            return WholeResponse(200, body, answer_headers)
+        return WholeResponse(200, body, (*answer_headers, (HEADER_LENGTH, str(header_length))),
+                             content_type=b"application/octet-stream")
 
 
 def _input_name(model: BatchModel) -> str:

@@ -153,8 +153,9 @@ def _element(value: Any) -> str:
     return value
 
 
-def _unpack_bytes(raw: bytes, count: int) -> list[bytes]:
-    elements, offset = [], 0
+def _unpack_bytes(raw: bytes, count: int) -> list[str | bytes]:
+    elements: list[str | bytes] = []
+    offset = 0
     for _ in range(count):
         if offset + 4 > len(raw):
             raise InvalidInput(f"binary `{INPUT}` ends before its {count} elements")
@@ -181,7 +182,8 @@ def infer_response(model: str, version: str, call_id: str | None, outputs: list[
     """The answer's bytes, and the length of its JSON header when tensors follow it in binary."""
     if outputs and all(isinstance(o, np.ndarray) for o in outputs):
         array = np.stack(outputs).astype("<f4", copy=False)
-        datatype, shape, raw, json_data = "FP32", list(array.shape), array.tobytes(), array.ravel()
+        json_data: Any = array.ravel()
+        datatype, shape, raw = "FP32", list(array.shape), array.tobytes()
     else:
         texts = [o if isinstance(o, str) else orjson.dumps(o, option=orjson.OPT_SERIALIZE_NUMPY).decode() for o in outputs]
         datatype, shape, json_data = "BYTES", [len(texts)], texts

@@ -38,7 +38,7 @@ def _errors(schema: str, statuses: Iterable[str]) -> dict[str, Any]:
     return {s: _json(_ref(schema), _ERROR_STATUSES[s]) for s in statuses}
 
 
-def _or_null(schema: dict[str, Any]) -> dict[str, Any]:
+def _or_null(schema: Any) -> dict[str, Any]:
     """A field whose null means the same as its absence (as OpenAI's clients send it)."""
     return {"anyOf": [schema, {"type": "null"}]}
 

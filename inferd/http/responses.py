@@ -84,7 +84,7 @@ class WholeResponse(web.StreamResponse):
     def __init__(self, status: int, body: bytes, headers: tuple[tuple[str, str], ...] = (), *, close: bool = False,
                  drop_body: bool = False, content_type: bytes = b"application/json") -> None:
         super().__init__(status=status)
-        self._content_type = content_type
+        self._media_type = content_type  # (not aiohttp's `_content_type`, a str it reads itself)
         self._whole_body = body
         self._extra = headers
         self._close = close or drop_body
@@ -92,9 +92,9 @@ class WholeResponse(web.StreamResponse):
 
     def kept(self) -> KeptAnswer:
         """What it says, kept to be said again (`Idempotency-Key`): exactly its bytes."""
-        return KeptAnswer(self.status, bytes(memoryview(self._whole_body)), self._extra, self._close, self._content_type)
+        return KeptAnswer(self.status, bytes(memoryview(self._whole_body)), self._extra, self._close, self._media_type)
 
-    async def prepare(self, request: web.BaseRequest) -> None:  # type: ignore[override]
+    async def prepare(self, request: web.BaseRequest) -> None:
         if self._eof_sent:
             return None
         self._eof_sent = True
@@ -110,7 +110,7 @@ class WholeResponse(web.StreamResponse):
     def encoded(self, keep_alive: bool, head_only: bool = False) -> bytes:
         """The whole answer as it goes out (a HEAD's answer says how long the body is, and sends none)."""
         return answer_bytes(self._status, self._whole_body, self._extra, keep_alive and not self._close,
-                            self._content_type, head_only)
+                            self._media_type, head_only)
 
     async def write_eof(self, data: bytes = b"") -> None:
         return None  # everything went out in `prepare`
@@ -155,6 +155,7 @@ def error_response(
         headers += (("WWW-Authenticate", 'Bearer realm="inferd"'),)
     if error.retry_after_ms is not None:
         headers += (("Retry-After", str(max(1, math.ceil(error.retry_after_ms / 1000)))),)
+    payload: dict[str, Any]
     if open_inference:
         payload = {"error": error.message, "code": error.code, "request_id": request_id}
         if error.retry_after_ms is not None:
@@ -164,7 +165,7 @@ def error_response(
                                  "param": None, "code": error.code}
         if error.retry_after_ms is not None:
             inner["retry_after_ms"] = error.retry_after_ms
-        payload: dict[str, Any] = {"error": inner, "request_id": request_id}
+        payload = {"error": inner, "request_id": request_id}
     else:
         payload = {"error": error.code, "message": error.message, "request_id": request_id}
         if error.retry_after_ms is not None:

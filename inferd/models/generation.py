@@ -16,7 +16,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
@@ -202,7 +202,7 @@ class GenerationModel:
         return f"{self.name}-{next(self._engine_ids)}"
 
     async def stream(self, prompt_ids: list[int], sampling: Any, priority: int,
-                     request_id: str | None = None, adapter: Adapter | None = None) -> AsyncIterator[Delta]:
+                     request_id: str | None = None, adapter: Adapter | None = None) -> AsyncGenerator[Delta, None]:
         """Deltas for one request (through `adapter`, one of `adapters`, when given), accounted as
         waiting until its first token, then running."""
         assert self.engine is not None

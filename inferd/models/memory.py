@@ -47,7 +47,7 @@ def _where(device: str) -> str:
     cuda = torch is not None and torch.cuda.is_available()
     if device.startswith("cuda"):
         return device if ":" in device else "cuda:0"
-    if device.startswith("auto") and cuda:
+    if device.startswith("auto") and cuda and torch is not None:
         index = int(device.partition(":")[2] or 0) % torch.cuda.device_count()
         return f"cuda:{index}"
     return "host"

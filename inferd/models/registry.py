@@ -110,7 +110,8 @@ class Models:
 
     def failed(self) -> list[BatchModel | GenerationModel]:
         """Models that never came up (versions marked failed included)."""
-        versions = [v.model for served in self.served.values() for v in served.versions.values()]
+        versions: list[BatchModel | GenerationModel] = [v.model for served in self.served.values()
+                                                        for v in served.versions.values()]
         return [m for m in (*versions, *self.generation.values()) if m.start_error is not None]
 
     def start(self) -> None:

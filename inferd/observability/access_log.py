@@ -72,7 +72,7 @@ class BurstWriter:
     """The thread writing the pending lines through `handler` (its format, its stream), in bursts (see
     the module docstring). `stop` writes what is left; it runs at exit."""
 
-    def __init__(self, lines: PendingLines, handler: logging.StreamHandler, gather_s: float = GATHER_S) -> None:  # type: ignore[type-arg]
+    def __init__(self, lines: PendingLines, handler: logging.StreamHandler, gather_s: float = GATHER_S) -> None:
         self.lines, self.handler, self.gather_s = lines, handler, gather_s
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="inferd-access-log", daemon=True)

@@ -46,7 +46,8 @@ class Histogram:
 
     def cumulative(self) -> list[tuple[str, float]]:
         """(le, count) pairs as the Prometheus text format has them."""
-        out, running = [], 0
+        out: list[tuple[str, float]] = []
+        running = 0
         for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
             running += n
             out.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))

@@ -150,7 +150,7 @@ class Batcher:
         with self._lock:  # (asked per request while a worker is free: only what the rule reads of the queue)
             queue = self._queues.get(bucket)
             count, tokens = (queue.live, queue.tokens) if queue is not None else (0, 0)
-            oldest_at, due = queue.oldest_and_due() if count else (now, request.due)
+            oldest_at, due = queue.oldest_and_due() if queue is not None and count else (now, request.due)
             rate, hold_until = self._arrivals.per_s(now), self._hold_until
         count += 1
         view = BucketView(bucket, count, tokens + cost(request), min(oldest_at, now), min(due, request.due), 0.0, now,
@@ -362,7 +362,7 @@ class Batcher:
             return None
         costs = self.costs
         live = queue.live
-        requests = queue.take(costs.size_limit(bucket), now, self.max_batch_tokens, costs.curve(bucket), costs.level,  # type: ignore[arg-type]
+        requests = queue.take(costs.size_limit(bucket), now, self.max_batch_tokens, costs.curve(bucket), costs.level,
                               1.0 + costs.slack)
         self._depth -= live - queue.live  # taken, and any found expired on the way
         if not requests:

@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,6 +50,12 @@ def install(wheel: Path, root: Path, extras: str) -> Path:
     run(str(root / "venv" / "bin" / "python"), "-m", "pip", "install", "--quiet", f"{wheel}{extras}", cwd=root)
     print(f"\n{wheel.name}{extras}: installed in {time.monotonic() - started:.0f} s")
     return root / "venv" / "bin"
+
+
+def test_the_wheel_ships_its_types(wheel: Path) -> None:
+    """`py.typed` in the wheel: users' type checkers read inferd's own types (the backend and engine contracts)."""
+    with zipfile.ZipFile(wheel) as built:
+        assert "inferd/py.typed" in built.namelist()
 
 
 @pytest.fixture(scope="module")
