@@ -30,6 +30,7 @@ from ..observability.tracing import Tracing
 from .about import AboutApi
 from .admin import PREFIX as ADMIN_PREFIX
 from .admin import AdminApi
+from .api_page import PAGE_FILES, ApiPage
 from .batch_calls import CallHandler, traced_route
 from .body_reader import BodyReader
 from .fast_path import FastPath
@@ -121,6 +122,9 @@ class HttpApi:
             path: keyed(self.routes[path][1], join=path not in _GENERATION_PATHS, openai=path not in _INFERD_ERRORS)
             for path in (*_KEYED_PATHS, *_GENERATION_PATHS) if path in self.routes}
         self.routes["/openapi.json"] = ("GET", self.openapi, False)
+        page = ApiPage()  # /docs: the document as an interactive page
+        self.routes["/docs"] = ("GET", page.page, False)
+        self.routes.update({path: ("GET", page.asset, False) for path in PAGE_FILES})
         self._model_route: Handler = self.model  # GET /v1/models/{id}: the one path with a parameter
         self._openapi = dumps(openapi_document(self.routes, __version__))
         if admission.auth.config.operations != "open":

@@ -201,6 +201,8 @@ PATHS: dict[str, Any] = {
                                                **_errors("Error", ("401",)), "403": _json(_ref("Error"), "not the admin key")}}},
     "/metrics": _get("Prometheus text format", {"type": "string"}, "401", content_type="text/plain"),
     "/openapi.json": _get("this document", {"type": "object"}),
+    "/docs": _get("this document as an interactive page (Swagger UI, its files under /docs/)", {"type": "string"},
+                  content_type="text/html"),
 }
 # The Open Inference Protocol (KServe v2): its own error shape; one version, "1", per model.
 _V2_ERROR = ("OpenInferenceError",)
