@@ -117,19 +117,20 @@ class EchoEngine:
         """One word per choice per step, after waiting for a place among the running."""
         self._unfinished.add(request_id)
         try:
-            await self._turn(priority)
-            self.stats.running += 1
+            await self._place(priority)
             try:
                 async for delta in self._steps(prompt_ids, sampling, adapter):
                     yield delta
             finally:
-                self.stats.running -= 1
-                self._next()
+                self._leave()
         finally:
             self._unfinished.discard(request_id)
 
-    async def _turn(self, priority: int) -> None:
+    async def _place(self, priority: int) -> None:
+        """A place among the running, counted from the moment it is given (so no newcomer takes it
+        before the waiter it was given to runs)."""
         if self.stats.running < self.max_running and not self._queue:
+            self.stats.running += 1
             return
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._queue, (priority, next(self._arrivals), turn))
@@ -137,16 +138,19 @@ class EchoEngine:
         try:
             await turn
         except asyncio.CancelledError:
-            if turn.done() and not turn.cancelled():  # (its turn came as it left: pass it on)
-                self._next()
+            if turn.done() and not turn.cancelled():  # (given its place as it left: pass the place on)
+                self._leave()
             raise
         finally:
             self.stats.waiting -= 1
 
-    def _next(self) -> None:
-        while self._queue and self.stats.running < self.max_running:
+    def _leave(self) -> None:
+        """A running request gives its place to the first waiting, by priority then arrival."""
+        self.stats.running -= 1
+        while self._queue:
             _, _, turn = heapq.heappop(self._queue)
             if not turn.done():
+                self.stats.running += 1
                 turn.set_result(None)
                 return
 
