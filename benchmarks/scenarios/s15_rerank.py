@@ -9,7 +9,10 @@ tokenizer) on this machine's CPU behind `POST /v1/rerank`, against the same mode
   100-document calls, its p50 and p99, beside the same client alone.
 Rounds alternate served and direct (this machine is noisy); the figures are medians. With
 `--baseline-tree DIR` each round also serves from that checkout, beside this one, and the results go to
-`S15_rerank_vs_baseline.{md,json}`.
+`S15_rerank_vs_baseline.{md,json}`. With `--max-batch-tokens N` each round serves this checkout twice, as
+configured above and with `max_batch_tokens = N` (a batch's token budget: on a CPU, where a batch's time
+grows with its pairs, it bounds how long a small call waits for the batch running), to
+`S15_rerank_token_budget.{md,json}`.
 (The issue named this S14; S13 and S14 were taken by the real-model tail and the prediction scenarios.)
 """
 
@@ -25,7 +28,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from common import REPO, inferd_server, parse_args
+from common import REPO, inferd_server, own_option, parse_args
 
 WORDS = ("the server gathers concurrent requests into batches and runs each batch on a device while clients "
          "wait on their connections for answers about queues latency tokens models documents queries").split()
@@ -41,6 +44,7 @@ max_batch_size = {MAX_BATCH}
 max_wait_ms = 5
 max_queue = 20000
 timeout_ms = 60000
+{{budget}}
 [models.options]
 model_path = "{{path}}"
 task = "rerank"
@@ -128,9 +132,10 @@ def stats(url: str) -> dict:
         return json.loads(resp.read())["stats"]
 
 
-def served(path: str, quick: bool, tree: Path | str = REPO) -> dict:
+def served(path: str, quick: bool, tree: Path | str = REPO, max_batch_tokens: int | None = None) -> dict:
     seconds = 5 if quick else 20
-    with inferd_server(CONFIG.format(path=path), tree=tree) as url:
+    budget = f"max_batch_tokens = {max_batch_tokens}" if max_batch_tokens else ""
+    with inferd_server(CONFIG.format(path=path, budget=budget), tree=tree) as url:
         asyncio.run(closed_loop(url, 2, [("warm", None)] * 4))
         before = stats(url)
         throughput = asyncio.run(closed_loop(url, seconds, [("mixed", None)] * 8))
@@ -171,24 +176,29 @@ def direct(path: str, batch: int, quick: bool) -> dict:
     return {"pairs_per_s": round(len(pairs) / seconds, 1), "pairs": len(pairs), "batch": batch}
 
 
-def write_versus(rounds: list[dict], out: Path, quick: bool) -> None:
-    """This checkout and the baseline tree, round by round."""
-    lines = ["### S15 against a baseline tree: the same load on each checkout, alternated", "",
+def write_versus(rounds: list[dict], out: Path, quick: bool, budget: int | None = None) -> None:
+    """This checkout and the baseline tree (or this checkout with a token budget), round by round."""
+    title = (f"### S15 with and without `max_batch_tokens = {budget}`: the same load on each, alternated" if budget
+             else "### S15 against a baseline tree: the same load on each checkout, alternated")
+    lines = [title, "",
              "| round | checkout | served pairs/s | served / direct | mean batch | errors | 10-doc alone p50 / p99 ms | "
              "10-doc beside 4 x 100-doc p50 / p99 ms | 100-doc p50 / p99 ms |", "|---|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(rounds, 1):
-        for label, s, ratio in (("this", r["served"], r["ratio"]), ("baseline", r["baseline"], r["baseline"]["ratio"])):
+        other = f"max_batch_tokens = {budget}" if budget else "baseline"
+        for label, s, ratio in (("this", r["served"], r["ratio"]), (other, r["baseline"], r["baseline"]["ratio"])):
             lines.append(f"| {i} | {label} | {s['pairs_per_s']:,.0f} | {ratio} | {s['mean_batch']} | {s['errors']} | "
                          f"{s['ten_alone']['p50_ms']} / {s['ten_alone']['p99_ms']} | "
                          f"{s['ten_beside_hundreds']['p50_ms']} / {s['ten_beside_hundreds']['p99_ms']} | "
                          f"{s['hundreds']['p50_ms']} / {s['hundreds']['p99_ms']} |")
     print("\n".join(lines))
     if not quick:
-        (out / "S15_rerank_vs_baseline.json").write_text(json.dumps({"rounds": rounds}, indent=1) + "\n")
-        (out / "S15_rerank_vs_baseline.md").write_text("\n".join(lines) + "\n")
+        name = "S15_rerank_token_budget" if budget else "S15_rerank_vs_baseline"
+        (out / f"{name}.json").write_text(json.dumps({"rounds": rounds}, indent=1) + "\n")
+        (out / f"{name}.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
+    budget = int(own_option("--max-batch-tokens") or 0) or None
     args = parse_args(__doc__, baseline=True)
     with tempfile.TemporaryDirectory() as folder:
         path = make_cross_encoder(Path(folder))
@@ -197,12 +207,12 @@ if __name__ == "__main__":
             s = served(path, args.quick)
             d = direct(path, max(1, round(s["mean_batch"] or 1)), args.quick)
             rounds.append({"served": s, "direct": d, "ratio": round(s["pairs_per_s"] / d["pairs_per_s"], 3)})
-            if args.baseline_tree:
-                b = served(path, args.quick, args.baseline_tree)
+            if args.baseline_tree or budget:
+                b = served(path, args.quick, args.baseline_tree or REPO, budget)
                 rounds[-1]["baseline"] = {**b, "ratio": round(b["pairs_per_s"] / d["pairs_per_s"], 3)}
             print(json.dumps(rounds[-1]), flush=True)
-    if args.baseline_tree:
-        write_versus(rounds, Path(args.out_dir), args.quick)
+    if args.baseline_tree or budget:
+        write_versus(rounds, Path(args.out_dir), args.quick, budget)
         sys.exit(0)
     median = statistics.median
     summary = {

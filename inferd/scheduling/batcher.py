@@ -90,12 +90,13 @@ class Batcher:
         self._lock = threading.Lock()
         self._token_limits = Limits(max_batch_tokens, 0.0)
         self._tiers = list(tiers)
+        self._whole_call = max(1, max_batch_size // 4)  # a call of at most this many inputs goes whole in its turn
         self._tier_rank = {name: len(self._tiers) - i for i, (name, _) in enumerate(self._tiers)}
         self._single_tier = len(self._tiers) == 1
         self._one_tenant: str | None = ""  # the only tenant seen so far ("": none yet; None: several)
         self._arrivals = Rate()
         self._arrivals_by_rank: dict[int, Rate] | None = None if self._single_tier else {}
-        self._queues: dict[int, RequestQueue] = {0: RequestQueue(self._tiers)}  # by bucket
+        self._queues: dict[int, RequestQueue] = {0: RequestQueue(self._tiers, self._whole_call)}  # by bucket
         self._depth = 0  # live requests over every bucket
         self._last_batch: dict[int, float] = {}  # by bucket: when its last batch was taken
         self._takers: deque[Taker] = deque()  # parked workers, first parked first served
@@ -193,7 +194,7 @@ class Batcher:
                     raise QueueFull
             queue = self._queues.get(request.bucket)
             if queue is None:
-                queue = self._queues[request.bucket] = RequestQueue(self._tiers)
+                queue = self._queues[request.bucket] = RequestQueue(self._tiers, self._whole_call)
             queue.append(request)
             self._depth += 1
             now = request.enqueued_at

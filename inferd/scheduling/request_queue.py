@@ -5,7 +5,8 @@ tenant's burst cannot take every slot of a batch. Inside a tenant, its calls tak
 one input is one entry of the tenant's FIFO, and the inputs of a multi-input call (/v1/embeddings,
 /v1/rerank, a v2 tensor) wait together as one entry that gives up one input per turn and goes back to
 the end, so a 10-document call is not served after every pair of the 100-document calls queued before
-it. A request that has waited past its tier's `promote_after` is served before any tier order (the
+it; a call with at most `whole_call` inputs waiting goes whole in its turn (see `tier_queue`). A
+request that has waited past its tier's `promote_after` is served before any tier order (the
 starvation guard). A batch stops at its size limit and at its token budget (a request without a token
 count costs one).
 
@@ -37,10 +38,11 @@ _QUEUED = RequestState.QUEUED
 class RequestQueue:
     """One length bucket's waiting requests: a FIFO per tenant inside a queue per tier."""
 
-    def __init__(self, tiers: Iterable[tuple[str, float | None]] = (("default", None),)) -> None:
-        """`tiers`: (name, promote_after_s), highest priority first."""
+    def __init__(self, tiers: Iterable[tuple[str, float | None]] = (("default", None),), whole_call: int = 1) -> None:
+        """`tiers`: (name, promote_after_s), highest priority first; `whole_call`: a call with at most this
+        many inputs waiting goes whole in its turn."""
         tiers = list(tiers)
-        self._tiers = [TierQueue(name, len(tiers) - i, promote) for i, (name, promote) in enumerate(tiers)]
+        self._tiers = [TierQueue(name, len(tiers) - i, promote, whole_call) for i, (name, promote) in enumerate(tiers)]
         self._by_name = {t.name: t for t in self._tiers}
         self._promoting = any(t.promote_after_s is not None for t in self._tiers)
         self.live = 0

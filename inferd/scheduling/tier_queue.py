@@ -1,5 +1,8 @@
 """One tier's waiting requests in one length bucket: a queue per tenant, the tenants' turns, and inside
-a tenant the turns of its multi-input calls (see `request_queue`, which keeps the counts beside them)."""
+a tenant the turns of its multi-input calls (see `request_queue`, which keeps the counts beside them).
+A call with at most `whole_call` inputs waiting goes whole in its turn (the shortest finish first: a
+10-document call beside 100-document ones is one batch's work, not ten turns'); a larger one gives one
+input a turn, so it is never starved (each round serves it one)."""
 
 from __future__ import annotations
 
@@ -35,10 +38,11 @@ class CallInputs:
 
 
 class TierQueue:
-    __slots__ = ("name", "rank", "promote_after_s", "tenants", "turns", "calls", "live", "tenant_live")
+    __slots__ = ("name", "rank", "promote_after_s", "whole_call", "tenants", "turns", "calls", "live", "tenant_live")
 
-    def __init__(self, name: str, rank: int, promote_after_s: float | None) -> None:
+    def __init__(self, name: str, rank: int, promote_after_s: float | None, whole_call: int = 1) -> None:
         self.name = name
+        self.whole_call = whole_call  # a call with at most this many inputs waiting goes whole in its turn
         self.rank = rank
         self.promote_after_s = promote_after_s
         self.tenants: dict[str, deque[PendingRequest | CallInputs]] = {}  # a call's entry is in its tenant's deque
@@ -63,15 +67,19 @@ class TierQueue:
         return None
 
     def pop(self, tenant: str) -> PendingRequest:
-        """Take the request `head(tenant)` returned; a call with inputs left goes to the end of the
-        tenant's queue (its next input waits for the tenant's other calls' turns)."""
+        """Take the request `head(tenant)` returned; a call with inputs left stays at the front while it
+        has at most `whole_call` waiting (it goes whole), else goes to the end of the tenant's queue (its
+        next input waits for the tenant's other calls' turns)."""
         items = self.tenants[tenant]
         first = items.popleft()
         if not isinstance(first, CallInputs):
             return first
         request = first.items.popleft()
         if first.items:
-            items.append(first)
+            if first.live <= self.whole_call:  # (`live` still counts the input taken: what its turn began with)
+                items.appendleft(first)
+            else:
+                items.append(first)
         else:
             del self.calls[(tenant, first.call)]
         return request
@@ -93,16 +101,20 @@ class TierQueue:
 
     def own_ahead(self, tenant: str, call: str | None) -> int:
         """The tenant's waiting requests a new one (an input of `call`, or a call of its own) would be
-        served after. Its call's entry gives one input a turn, so its j-th waiting input comes in the
+        served after. A large call's entry gives one input a turn, so its j-th waiting input comes in the
         j-th round of the tenant's entries: after every single request, its call's j - 1 earlier inputs,
-        and at most j inputs of each other call (its inputs past j come later)."""
+        and at most j inputs of each other large call (its inputs past j come later); an input of a call
+        going whole comes in the call's first turn (j = 1). A call going whole counts whole (ahead or
+        behind in the round: the safe side)."""
         mine = self.tenant_live.get(tenant, 0)
         if not self.calls:
             return mine
         own = self.calls.get((tenant, call)) if call is not None else None
-        j = (own.live if own is not None else 0) + 1
+        waiting = own.live if own is not None else 0
+        j = 1 if waiting + 1 <= self.whole_call else waiting + 1
+        whole = self.whole_call
         return mine - sum(entry.live - j for (who, _), entry in self.calls.items()
-                          if who == tenant and entry is not own and entry.live > j)
+                          if who == tenant and entry is not own and entry.live > j and entry.live > whole)
 
     def unlink(self, request: PendingRequest) -> None:
         """Take a queued `request` out of wherever it sits (linear: only for the rare promotion)."""

@@ -147,6 +147,32 @@ def test_the_calls_of_one_tenant_take_turns_a_small_call_is_not_served_after_the
     assert not q._by_name["default"].calls  # every call's entry left with its last input
 
 
+def test_a_call_of_at_most_whole_call_inputs_goes_whole_in_its_turn_and_the_big_ones_still_move():
+    q = RequestQueue(whole_call=4)
+    for r in (*call_inputs("big1", 10, 0), *call_inputs("big2", 10, 100), *call_inputs("small", 3, 200)):
+        q.append(r)
+    # the small call's turn serves all three; each big call gives one a round until 4 are left, then goes whole
+    assert ids(q.take(8, now=0)) == ["big1.0", "big2.0", "small.0", "small.1", "small.2", "big1.1", "big2.1", "big1.2"]
+    assert ids(q.take(20, now=0)) == ["big2.2", "big1.3", "big2.3", "big1.4", "big2.4", "big1.5", "big2.5",
+                                      "big1.6", "big1.7", "big1.8", "big1.9", "big2.6", "big2.7", "big2.8", "big2.9"]
+    assert q.live == 0 and not q._by_name["default"].calls
+
+
+def test_what_a_whole_calls_input_waits_behind_is_what_its_turn_comes_after():
+    def queue() -> RequestQueue:
+        q = RequestQueue(whole_call=4)
+        for r in (*call_inputs("big1", 10, 0), *call_inputs("big2", 10, 100), request(300)):
+            q.append(r)
+        return q
+    # a small call's third input: one of each big call, the single, its own two (it goes whole in its turn)
+    q = queue()
+    inputs = call_inputs("small", 3, 400)
+    for r in inputs[:2]:
+        q.append(r)
+    assert q.live_ahead_of("default", "anonymous", "small") == 1 + 1 + 1 + 2
+    assert served_before(q, inputs[2]) == 5
+
+
 def served_before(q: RequestQueue, new: PendingRequest) -> int:
     """How many waiting requests the turns serve before `new`, queued now with nothing arriving after it."""
     q.append(new)
