@@ -64,6 +64,14 @@ def inferd_server(config_toml: str, env: dict[str, str] | None = None, tree: Pat
     `tree`: the checkout whose inferd serves (another one for a before/after); `python`: the interpreter
     that runs it. The benchmark-only backends in this folder (e.g. `gpu_standin`) are importable by the
     server."""
+    with inferd_process(config_toml, env, tree, python) as (url, _):
+        yield url
+
+
+@contextmanager
+def inferd_process(config_toml: str, env: dict[str, str] | None = None, tree: Path | str = REPO,
+                   python: str = sys.executable) -> Iterator[tuple[str, int]]:
+    """`inferd_server`, yielding its process id beside its URL (for its CPU, read from /proc)."""
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
         f.write(config_toml)
     env = {**os.environ, **(env or {})}
@@ -85,7 +93,7 @@ def inferd_server(config_toml: str, env: dict[str, str] | None = None, tree: Pat
         # Keep draining its output (access log lines), or a full pipe would stall the server.
         threading.Thread(target=proc.stdout.read, daemon=True).start()
         _wait_ready(url)
-        yield url
+        yield url, proc.pid
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

@@ -45,8 +45,8 @@ from .responses import WholeResponse, dumps, error_response, json_response, open
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
-_KEYED_PATHS = ("/v1/inference", "/api/inference", "/v1/embeddings", "/v1/rerank", "/rerank", "/embed")
-_INFERD_ERRORS = ("/v1/inference", "/api/inference", "/v1/rerank", "/rerank", "/embed")  # (the other keyed paths: OpenAI's)
+_KEYED_PATHS = ("/v1/inference", "/api/inference", "/v1/embeddings", "/v1/rerank", "/rerank", "/embed", "/v2/embed")
+_INFERD_ERRORS = ("/v1/inference", "/api/inference", "/v1/rerank", "/rerank", "/embed", "/v2/embed")  # (the other keyed paths: OpenAI's)
 _GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 
 
@@ -79,7 +79,7 @@ class HttpApi:
                                  body=body, generation=generation)
         self.fast_path = FastPath(inference, lifecycle, tracing) if fast_path else None  # (answers from the connection)
         untraced: tuple[CallHandler, ...] = (inference.inference, inference.embeddings, inference.rerank,
-                                             inference.tei_rerank, inference.tei_embed)
+                                             inference.tei_rerank, inference.tei_embed, inference.cohere_embed)
         call_routes: tuple[Handler, ...] = untraced if tracing is None else tuple(
             traced_route(tracing, self.ids, route) for route in untraced)
         self.open_inference = OpenInferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle,
@@ -98,6 +98,7 @@ class HttpApi:
             "/v1/rerank": ("POST", call_routes[2], True),
             "/rerank": ("POST", call_routes[3], True),
             "/embed": ("POST", call_routes[4], True),
+            "/v2/embed": ("POST", call_routes[5], True),
             "/healthz": ("GET", about.healthz, False),
             "/readyz": ("GET", about.readyz, False),
             "/health": ("GET", about.health, False), "/version": ("GET", about.version, False),

@@ -11,6 +11,12 @@ Text Embeddings Inference's `POST /embed` is the same computation: `inputs` (a s
 ids), `normalize`, `truncate`, `truncation_direction`, answered as an array of vectors. `dimensions` (both
 routes) cuts each vector to its first N components, normalised again where the model's vectors are unit
 length (OpenAI's and TEI's rule); the model says which sizes it takes (`embedding_sizes`).
+`encoding_format` takes the compact types too (int8, uint8, binary, ubinary: `vector_types`).
+
+Cohere's `POST /v2/embed` is the same computation again: `texts`, `input_type`, `embedding_types` (any
+of float, base64 and the compact types, each answered under its name), `truncate` ("END", the default,
+as the model truncates; "NONE" as TEI's `truncate: false`; "START" refused: inputs are cut on the
+right) and `output_dimension` (as `dimensions`).
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from typing import Any
 from ..errors import InvalidInput
 from .body_reader import json_object
 from .image_strings import json_object_with_images
-from .inference_body import encode_vector, encoding_format, image_item, timeout_ms
+from .inference_body import image_item, timeout_ms
+from .vector_types import VECTOR_TYPES, encoded
 
 Item = str | list[int] | dict[str, str]
 
@@ -32,7 +39,7 @@ class EmbeddingsCall:
 
     items: list[Item]
     model: str | None
-    base64: bool
+    encodings: tuple[str, ...]  # the wire types asked (`vector_types`): one, or Cohere's several
     timeout_ms: int | None
     dimensions: int | None = None  # the first N components only
     normalize: bool | None = None  # TEI's `normalize` (its default true); None: as the model gives them
@@ -62,8 +69,10 @@ def parse_embeddings_body(body: bytes) -> EmbeddingsCall:
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise InvalidInput("`model` must be a string")
-    return EmbeddingsCall(_items(data.get("input")), model, encoding_format(data) == "base64", timeout_ms(data),
-                          _dimensions(data))
+    fmt = data.get("encoding_format", "float")
+    if fmt not in VECTOR_TYPES:
+        raise InvalidInput(f"`encoding_format` must be one of {', '.join(VECTOR_TYPES)}")
+    return EmbeddingsCall(_items(data.get("input")), model, (fmt,), timeout_ms(data), _dimensions(data))
 
 
 def parse_tei_embed_body(body: bytes) -> EmbeddingsCall:
@@ -81,14 +90,45 @@ def parse_tei_embed_body(body: bytes) -> EmbeddingsCall:
         raise InvalidInput('`truncation_direction` must be "Right": this server truncates inputs on the right')
     if data.get("prompt_name") is not None:
         raise InvalidInput("`prompt_name` is not served: no prompts are configured for this model")
-    return EmbeddingsCall(_items(data.get("inputs"), "inputs"), model, False, timeout_ms(data), _dimensions(data),
+    return EmbeddingsCall(_items(data.get("inputs"), "inputs"), model, ("float",), timeout_ms(data), _dimensions(data),
                           flags["normalize"] is not False, flags["truncate"])  # (TEI normalises unless told not to)
 
 
-def _dimensions(data: dict[str, Any]) -> int | None:
-    value = data.get("dimensions")
+_COHERE_INPUT_TYPES = ("search_document", "search_query", "classification", "clustering")
+
+
+def parse_cohere_embed_body(body: bytes) -> EmbeddingsCall:
+    """Cohere's `/v2/embed` body (see the module docstring); `images` and `inputs` are refused: this route
+    embeds texts (an image model takes `/v1/embeddings`)."""
+    data = json_object(body)
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidInput("`model` must be a string")
+    for field in ("images", "inputs"):
+        if data.get(field) is not None:
+            raise InvalidInput(f"`{field}` is not served on /v2/embed: send `texts` (an image model takes /v1/embeddings)")
+    texts = data.get("texts")
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise InvalidInput("`texts` must be a non-empty array of strings")
+    input_type = data.get("input_type")
+    if input_type is not None and input_type not in _COHERE_INPUT_TYPES:
+        raise InvalidInput(f"`input_type` must be one of {', '.join(_COHERE_INPUT_TYPES)}")
+    kinds = data.get("embedding_types", ["float"])
+    if not isinstance(kinds, list) or not kinds or any(k not in VECTOR_TYPES for k in kinds):
+        raise InvalidInput(f"`embedding_types` must be a non-empty array of {', '.join(VECTOR_TYPES)}")
+    truncate = data.get("truncate", "END")
+    if truncate not in ("END", "NONE", "START"):
+        raise InvalidInput('`truncate` must be "END", "NONE" or "START"')
+    if truncate == "START":
+        raise InvalidInput('`truncate: "START"` is not served: this server truncates inputs at the end')
+    return EmbeddingsCall(list(texts), model, tuple(dict.fromkeys(kinds)), timeout_ms(data),
+                          _dimensions(data, "output_dimension"), None, False if truncate == "NONE" else None)
+
+
+def _dimensions(data: dict[str, Any], field: str = "dimensions") -> int | None:
+    value = data.get(field)
     if value is not None and (type(value) is not int or value < 1):
-        raise InvalidInput("`dimensions` must be a positive integer")
+        raise InvalidInput(f"`{field}` must be a positive integer")
     return value
 
 
@@ -130,11 +170,21 @@ def shaped(vectors: list[Any], call: EmbeddingsCall, normalized: bool) -> list[A
     return out
 
 
-def embeddings_payload(model: str, vectors: list[Any], tokens: int, base64: bool) -> dict[str, Any]:
+def embeddings_payload(model: str, vectors: list[Any], tokens: int, encoding: str) -> dict[str, Any]:
     return {
         "object": "list",
-        "data": [{"object": "embedding", "index": i, "embedding": encode_vector(v, base64=base64)}
-                 for i, v in enumerate(vectors)],
+        "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(encoded(vectors, encoding))],
         "model": model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+def cohere_embed_payload(call: EmbeddingsCall, vectors: list[Any], request_id: str, tokens: int) -> dict[str, Any]:
+    """Cohere's `/v2/embed` answer: the vectors under each type asked, the texts, the tokens billed."""
+    return {
+        "id": request_id,
+        "embeddings": {kind: encoded(vectors, kind) for kind in call.encodings},
+        "texts": call.items,
+        "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": tokens}},
+        "response_type": "embeddings_by_type",
     }

@@ -26,7 +26,15 @@ from ..models.registry import Models
 from ..observability.outcomes import Outcomes
 from .batch_calls import BatchCalls, CallStart, cache_allowed, call_start, call_timing
 from .body_reader import BodyReader
-from .embeddings import EmbeddingsCall, embeddings_payload, parse_embeddings_body, parse_tei_embed_body, shaped
+from .embeddings import (
+    EmbeddingsCall,
+    cohere_embed_payload,
+    embeddings_payload,
+    parse_cohere_embed_body,
+    parse_embeddings_body,
+    parse_tei_embed_body,
+    shaped,
+)
 from .generation import GenerationApi
 from .inference_body import InferenceCall, encode_vector, input_kind, parse_image_body, parse_inference_body
 from .request_ids import RequestIds
@@ -158,6 +166,10 @@ class InferenceApi:
         """Text Embeddings Inference's `POST /embed`: the same computation, TEI's body and an array of vectors."""
         return await self._call_of_many(request, start, parse_tei_embed_body, "embedding", _tei_embed_answer)
 
+    async def cohere_embed(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
+        """Cohere's `POST /v2/embed`: the same computation, each vector in the types asked."""
+        return await self._call_of_many(request, start, parse_cohere_embed_body, "embedding", _cohere_embed_answer)
+
     async def rerank(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
         """Cohere's `POST /v1/rerank` (Jina's clients send the same): relevance scores, best first."""
         return await self._call_of_many(request, start, parse_rerank_body, "rerank", _rerank_answer)
@@ -248,7 +260,11 @@ def _refuse_long_pairs(call: RerankCall, model: BatchModel) -> None:
 
 
 def _embeddings_answer(call: EmbeddingsCall, vectors: list[Any], model: str, request_id: str, tokens: int) -> Any:
-    return embeddings_payload(model, vectors, tokens, call.base64)
+    return embeddings_payload(model, vectors, tokens, call.encodings[0])
+
+
+def _cohere_embed_answer(call: EmbeddingsCall, vectors: list[Any], model: str, request_id: str, tokens: int) -> Any:
+    return cohere_embed_payload(call, vectors, request_id, tokens)
 
 
 def _tei_embed_answer(call: EmbeddingsCall, vectors: list[Any], model: str, request_id: str, tokens: int) -> Any:

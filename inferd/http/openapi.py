@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from .vector_types import VECTOR_TYPES
+
 _REF = "#/components/schemas/"
 _ERROR_STATUSES = {
     "400": "the body or a parameter is wrong", "401": "no valid API key", "404": "no such model",
@@ -143,6 +145,13 @@ PATHS: dict[str, Any] = {
         "responses": {"200": _json({"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
                                    "one vector per input, in order"), **_errors("Error", _COMPUTE_ERRORS)},
     }},
+    "/v2/embed": {"post": {
+        "summary": "Cohere's embed: the same computation as /v1/embeddings, each vector in the types asked",
+        "parameters": _HEADERS,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("CohereEmbedRequest")}}},
+        "responses": {"200": _json(_ref("CohereEmbedResponse"), "the vectors by type, in the texts' order"),
+                      **_errors("Error", _COMPUTE_ERRORS)},
+    }},
     "/v1/completions": {"post": {"summary": "OpenAI's text completions (generation models)", "requestBody": {
         "required": True, "content": {"application/json": {"schema": {
             "type": "object", "required": ["model", "prompt"],
@@ -256,8 +265,10 @@ PATHS.update({
         "summary": "drain and unload a version (admin key)", "parameters": [_V2_MODEL, _V2_VERSION],
         "responses": {"202": _json(_VERSION_STATE, "draining"), **_ADMIN_ERRORS}}},
 })
-# Paths the route table does not hold (answered by a prefix), always in the document.
-PARAMETRISED = {path for path in PATHS if "{" in path or path.startswith(("/v2", "/v1/admin/"))}
+# Paths the route table does not hold (answered by a prefix: the Open Inference Protocol's, the admin
+# API's), always in the document. (Cohere's /v2/embed is a route of its own.)
+PARAMETRISED = {path for path in PATHS
+                if "{" in path or path == "/v2" or path.startswith(("/v2/health/", "/v2/models/", "/v1/admin/"))}
 
 for _operations in PATHS.values():  # every route: a request with a method it does not take is a 405
     for _operation in _operations.values():
@@ -289,8 +300,18 @@ SCHEMAS: dict[str, Any] = {
             {"type": "array", "minItems": 1, "items": {"type": "integer"}},
             {"type": "array", "minItems": 1, "items": {"type": "array", "minItems": 1, "items": {"type": "integer"}}},
             _ref("ImageInput"), {"type": "array", "minItems": 1, "items": _ref("ImageInput")}]},
-        "model": _MODEL, "timeout_ms": _TIMEOUT, "encoding_format": {"enum": ["float", "base64"]},
+        "model": _MODEL, "timeout_ms": _TIMEOUT, "encoding_format": {"enum": list(VECTOR_TYPES)},
         "dimensions": _DIMENSIONS, "user": {"type": "string"}}},
+    "CohereEmbedRequest": {"type": "object", "required": ["texts"], "properties": {
+        "texts": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+        "input_type": {"enum": ["search_document", "search_query", "classification", "clustering"]},
+        "embedding_types": {"type": "array", "minItems": 1, "items": {"enum": list(VECTOR_TYPES)}},
+        "truncate": {"enum": ["END", "NONE"]}, "output_dimension": {"type": "integer", "minimum": 1},
+        "model": _MODEL, "timeout_ms": _TIMEOUT}},
+    "CohereEmbedResponse": {"type": "object", "required": ["id", "embeddings", "texts", "meta", "response_type"],
+                            "properties": {"id": {"type": "string"}, "texts": {"type": "array"}, "meta": {"type": "object"},
+                                           "response_type": {"const": "embeddings_by_type"}, "embeddings": {
+                                               "type": "object", "additionalProperties": {"type": "array"}}}},
     "TeiEmbedRequest": {"type": "object", "required": ["inputs"], "properties": {
         "inputs": {"oneOf": [
             {"type": "string", "minLength": 1},

@@ -255,3 +255,46 @@ async def test_dimensions_cut_and_renormalise_and_teis_embed_gives_the_same_vect
         message = answer["error"]["message"] if path == "/v1/embeddings" else answer["message"]
         assert status == 400 and f"`{field}" in message, (path, field, answer)
     assert "up to 384" in refused[("/embed", "dimensions")][1]["message"]
+
+
+async def test_compact_vector_types_and_cohere_embed_give_the_models_vectors_packed(http, reference):
+    """int8, uint8, binary and ubinary on /v1/embeddings and Cohere's /v2/embed, against MiniLM called
+    directly and packed here by their definitions (absmax int8, sign bits high bit first)."""
+    inputs = texts()[:4]
+    want = [alone(reference, text) for text in inputs]
+
+    def int8(v: np.ndarray) -> list[int]:
+        return np.rint(v * (127 / np.abs(v).max())).astype(int).tolist()
+
+    def ubinary(v: np.ndarray) -> list[int]:
+        bits = "".join("1" if x > 0 else "0" for x in v)
+        return [int(bits[i:i + 8], 2) for i in range(0, len(bits), 8)]
+
+    async with running_server(minilm()) as srv:
+        openai_shape = {}
+        for kind in ("int8", "uint8", "binary", "ubinary"):
+            async with http.post(f"{srv.url}/v1/embeddings", json={"input": inputs, "encoding_format": kind}) as resp:
+                assert resp.status == 200, await resp.text()
+                openai_shape[kind] = [d["embedding"] for d in (await resp.json())["data"]]
+        async with http.post(f"{srv.url}/v2/embed", json={
+                "texts": inputs, "input_type": "search_document", "embedding_types": ["float", "int8", "ubinary"],
+                "output_dimension": 128}) as resp:
+            assert resp.status == 200, await resp.text()
+            cohere = await resp.json()
+        async with http.post(f"{srv.url}/v2/embed", json={"texts": inputs[:1], "truncate": "NONE"}) as resp:
+            refused = (resp.status, await resp.json())
+    for got, v in zip(openai_shape["int8"], want, strict=True):
+        assert np.max(np.abs(np.array(got) - int8(v))) <= 1  # (a component on a rounding edge may fall either side)
+    for got, v in zip(openai_shape["uint8"], want, strict=True):
+        assert np.max(np.abs(np.array(got) - 128 - int8(v))) <= 1
+    for got, v in zip(openai_shape["ubinary"], want, strict=True):
+        assert len(got) == 48 and sum(bin(a ^ b).count("1") for a, b in zip(got, ubinary(v))) <= 2  # (signs of ~0)
+    assert [[b - 128 for b in u] for u in openai_shape["ubinary"]] == openai_shape["binary"]
+    cut = [v[:128] / np.linalg.norm(v[:128]) for v in want]
+    assert set(cohere["embeddings"]) == {"float", "int8", "ubinary"} and cohere["texts"] == inputs
+    assert cohere["response_type"] == "embeddings_by_type" and cohere["meta"]["billed_units"]["input_tokens"] > 0
+    for f, i8, ub, v in zip(cohere["embeddings"]["float"], cohere["embeddings"]["int8"], cohere["embeddings"]["ubinary"],
+                            cut, strict=True):
+        assert np.max(np.abs(np.array(f) - v)) < 1e-4
+        assert np.max(np.abs(np.array(i8) - int8(v))) <= 1 and len(ub) == 16
+    assert refused[0] == 400 and "truncate" in refused[1]["message"]  # (MiniLM truncates: "NONE" cannot be honoured)

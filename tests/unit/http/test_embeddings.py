@@ -6,7 +6,14 @@ import orjson
 import pytest
 
 from inferd.errors import InvalidInput
-from inferd.http.embeddings import embeddings_payload, parse_embeddings_body, parse_tei_embed_body, shaped
+from inferd.http.embeddings import (
+    cohere_embed_payload,
+    embeddings_payload,
+    parse_cohere_embed_body,
+    parse_embeddings_body,
+    parse_tei_embed_body,
+    shaped,
+)
 
 
 @pytest.mark.parametrize("body, items", [
@@ -32,7 +39,7 @@ def test_bad_inputs_are_400s(body):
 
 
 def test_the_answer_keeps_order_and_counts_tokens():
-    payload = embeddings_payload("m", ["v0", "v1"], tokens=7, base64=False)
+    payload = embeddings_payload("m", ["v0", "v1"], tokens=7, encoding="float")
     assert [(d["index"], d["embedding"]) for d in payload["data"]] == [(0, "v0"), (1, "v1")]
     assert payload["usage"] == {"prompt_tokens": 7, "total_tokens": 7} and payload["object"] == "list"
 
@@ -58,7 +65,7 @@ def test_bad_tei_embed_bodies_are_400s_naming_the_field(body):
 
 def test_a_tei_embed_body_is_the_same_call():
     call = parse_tei_embed_body(b'{"inputs": ["a", [7, 8]], "truncate": true, "dimensions": 2}')
-    assert (call.items, call.truncate, call.dimensions, call.normalize, call.base64) == (["a", [7, 8]], True, 2, True, False)
+    assert (call.items, call.truncate, call.dimensions, call.normalize, call.encodings) == (["a", [7, 8]], True, 2, True, ("float",))
     assert parse_tei_embed_body(b'{"inputs": "a", "normalize": false}').normalize is False
     assert parse_embeddings_body(b'{"input": "a"}').normalize is None  # (OpenAI's: as the model gives them)
 
@@ -96,3 +103,41 @@ def test_dimensions_a_model_does_not_take_are_refused_naming_what_it_takes(sizes
     else:
         with pytest.raises(InvalidInput, match=refused):
             _refuse_vectors_it_cannot_give(call, model)
+
+
+def test_cohere_embed_body_maps_to_the_same_call():
+    call = parse_cohere_embed_body(b'{"texts": ["a", "b"], "input_type": "search_query", "embedding_types": '
+                                   b'["int8", "float", "int8"], "output_dimension": 64, "truncate": "NONE"}')
+    assert call.items == ["a", "b"] and call.encodings == ("int8", "float") and call.dimensions == 64
+    assert call.truncate is False  # (as TEI's truncate: false: refused by a model that truncates)
+    default = parse_cohere_embed_body(b'{"texts": ["a"]}')
+    assert default.encodings == ("float",) and default.truncate is None and default.dimensions is None
+
+
+@pytest.mark.parametrize("body, field", [
+    (b'{"texts": []}', "texts"), (b'{"texts": "a"}', "texts"), (b'{"texts": ["a", 1]}', "texts"), (b'{}', "texts"),
+    (b'{"texts": ["a"], "embedding_types": ["int4"]}', "embedding_types"),
+    (b'{"texts": ["a"], "embedding_types": []}', "embedding_types"),
+    (b'{"texts": ["a"], "input_type": "image"}', "input_type"),
+    (b'{"texts": ["a"], "truncate": "START"}', "truncate"), (b'{"texts": ["a"], "truncate": "LEFT"}', "truncate"),
+    (b'{"texts": ["a"], "output_dimension": 0}', "output_dimension"),
+    (b'{"texts": ["a"], "images": ["data:image/png;base64,AA=="]}', "images"),
+])
+def test_cohere_embed_bad_bodies_are_400s_naming_the_field(body, field):
+    with pytest.raises(InvalidInput, match=f"`{field}"):
+        parse_cohere_embed_body(body).inputs  # noqa: B018
+
+
+def test_cohere_embed_answer_gives_each_type_under_its_name():
+    np = pytest.importorskip("numpy")
+    call = parse_cohere_embed_body(b'{"texts": ["x"], "embedding_types": ["float", "ubinary"]}')
+    payload = orjson.loads(orjson.dumps(cohere_embed_payload(call, [np.array([0.5, -0.5], dtype=np.float32)], "rid", 3),
+                                        option=orjson.OPT_SERIALIZE_NUMPY))
+    assert payload == {"id": "rid", "embeddings": {"float": [[0.5, -0.5]], "ubinary": [[128]]}, "texts": ["x"],
+                       "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": 3}},
+                       "response_type": "embeddings_by_type"}
+
+
+def test_encoding_format_takes_the_compact_types():
+    assert parse_embeddings_body(b'{"input": "a", "encoding_format": "binary"}').encodings == ("binary",)
+    assert parse_embeddings_body(b'{"input": "a"}').encodings == ("float",)
