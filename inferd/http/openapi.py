@@ -6,9 +6,9 @@ server (tests/e2e/test_openapi.py) and checks every answer against it: no 500, n
 no body outside its schema. A server without a generation model serves it without the OpenAI text
 endpoints.
 
-Why one module: it is one document. Its paths share their parts (error responses, headers, fields)
-and its schemas are named from the paths; split, a reader would chase one document across files, and
-the test above checks it whole against the routes.
+Why one module: it is one document. Its schemas are named from the paths; split, a reader would chase
+one document across files, and the test above checks it whole against the routes. Only the parts its
+paths share (references, error responses, common fields and headers) are apart, in `openapi_parts`.
 """
 
 from __future__ import annotations
@@ -16,98 +16,53 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from .openapi_parts import (
+    CHOICES,
+    COMPUTE_ERRORS,
+    DIMENSIONS,
+    GENERATION_FIELDS,
+    HEADERS,
+    MODEL,
+    RESPONSE_FORMAT,
+    SSE_EVENT,
+    TIMEOUT,
+    TOOL,
+    error_responses,
+    json_body,
+    or_null,
+    ref,
+)
 from .vector_types import VECTOR_TYPES
 
-_REF = "#/components/schemas/"
-_ERROR_STATUSES = {
-    "400": "the body or a parameter is wrong", "401": "no valid API key", "404": "no such model",
-    "408": "the body did not arrive in time", "413": "the body is over max_body_bytes",
-    "422": "this Idempotency-Key came before with another request",
-    "429": "the tenant's rate limit", "500": "inference failed for this request", "503": "overloaded, draining, "
-    "not ready or failing: retry after retry_after_ms", "504": "the deadline passed",
-}
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": _REF + name}
-
-
-def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
-
-
-def _errors(schema: str, statuses: Iterable[str]) -> dict[str, Any]:
-    return {s: _json(_ref(schema), _ERROR_STATUSES[s]) for s in statuses}
-
-
-def _or_null(schema: Any) -> dict[str, Any]:
-    """A field whose null means the same as its absence (as OpenAI's clients send it)."""
-    return {"anyOf": [schema, {"type": "null"}]}
-
-
-_COMPUTE_ERRORS = ("400", "401", "404", "408", "413", "422", "429", "500", "503", "504")
-_GENERATION_FIELDS: dict[str, Any] = {key: _or_null(schema) for key, schema in {
-    "max_tokens": {"type": "integer", "minimum": 1}, "max_completion_tokens": {"type": "integer", "minimum": 1},
-    "temperature": {"type": "number", "minimum": 0, "maximum": 2}, "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-    "seed": {"type": "integer"}, "ignore_eos": {"type": "boolean"}, "stream": {"type": "boolean"},
-    "stop": {"oneOf": [{"type": "string", "minLength": 1},
-                       {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4}]},
-    "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
-    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
-    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
-    "repetition_penalty": {"type": "number", "exclusiveMinimum": 0, "maximum": 2},
-    "top_k": {"type": "integer", "minimum": -1}, "min_p": {"type": "number", "minimum": 0, "maximum": 1},
-    "min_tokens": {"type": "integer", "minimum": 0},
-    "structured_outputs": {"type": "object", "description": "vLLM's: one of json, regex, choice, grammar, json_object"},
-    "user": {"type": "string"},
-}.items()}
-_RESPONSE_FORMAT = _or_null({"type": "object", "description": "text, json_object, or json_schema with its schema"})
-_TOOL = {"type": "object", "required": ["type", "function"], "properties": {
-    "type": {"const": "function"}, "function": {"type": "object", "required": ["name"], "properties": {
-        "name": {"type": "string"}, "description": {"type": "string"}, "parameters": {"type": "object"}}}}}
-_CHOICES = _or_null({"type": "integer", "minimum": 1, "maximum": 16, "description": "choices to generate for the prompt"})
-_TIMEOUT = _or_null({"type": "integer", "minimum": 1, "description": "this request's deadline, capped at max_timeout_ms"})
-_MODEL = _or_null({"type": "string", "description": "default: the first configured model"})
-_DIMENSIONS = _or_null({"type": "integer", "minimum": 1,
-                        "description": "the first N components of each vector (normalised again where the model's are)"})
-# One Server-Sent Event: `data` a JSON chunk (or [DONE]); `event: error` for a failure mid-stream.
-_SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}, "event": {"enum": ["message", "error"]}}}
-# Headers a compute request may carry: a key answered once per tenant, and a request for a fresh result.
-_HEADERS = [
-    {"name": "Idempotency-Key", "in": "header", "required": False, "schema": {"type": "string", "maxLength": 255},
-     "description": "a repeat gets the first answer again (Idempotent-Replayed: true); another body with it, 422"},
-    {"name": "Cache-Control", "in": "header", "required": False, "schema": {"type": "string"},
-     "description": "no-cache: compute afresh rather than answer from the model's result cache"},
-]
 _INFERENCE = {
     "post": {
         "summary": "One input, one output: batched with other requests (or, for a generation model, generated)",
         "description": "An image model also takes the image itself as the body (Content-Type: image/..., the "
                        "model in the query: ?model=NAME&timeout_ms=N)",
-        "parameters": _HEADERS,
-        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("InferenceRequest")}}},
+        "parameters": HEADERS,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": ref("InferenceRequest")}}},
         "responses": {
             "200": {"description": "the output", "content": {
-                "application/json": {"schema": _ref("InferenceResponse")},
-                "text/event-stream": {"schema": _SSE_EVENT, "description": "generation with stream: true"}}},
-            **_errors("Error", _COMPUTE_ERRORS),
+                "application/json": {"schema": ref("InferenceResponse")},
+                "text/event-stream": {"schema": SSE_EVENT, "description": "generation with stream: true"}}},
+            **error_responses("Error", COMPUTE_ERRORS),
         },
     }
 }
 _OPENAI_TEXT = {
-    "parameters": _HEADERS[:1],
+    "parameters": HEADERS[:1],
     "responses": {
-        "409": _json(_ref("OpenAIError"), "this Idempotency-Key's first request is still running"),
+        "409": json_body(ref("OpenAIError"), "this Idempotency-Key's first request is still running"),
         "200": {"description": "the completion (or Server-Sent Events ending with data: [DONE])", "content": {
-            "application/json": {"schema": {"type": "object"}}, "text/event-stream": {"schema": _SSE_EVENT}}},
-        **_errors("OpenAIError", _COMPUTE_ERRORS),
+            "application/json": {"schema": {"type": "object"}}, "text/event-stream": {"schema": SSE_EVENT}}},
+        **error_responses("OpenAIError", COMPUTE_ERRORS),
     },
 }
 
 
 def _get(summary: str, schema: dict[str, Any], *errors: str, content_type: str = "application/json") -> dict[str, Any]:
     ok = {"description": summary, "content": {content_type: {"schema": schema}}}
-    return {"get": {"summary": summary, "responses": {"200": ok, **_errors("Error", errors)}}}
+    return {"get": {"summary": summary, "responses": {"200": ok, **error_responses("Error", errors)}}}
 
 
 PATHS: dict[str, Any] = {
@@ -115,65 +70,65 @@ PATHS: dict[str, Any] = {
     "/api/inference": _INFERENCE,
     "/v1/embeddings": {"post": {
         "summary": "OpenAI's embeddings: each item batched like a request of its own, answered in order",
-        "parameters": _HEADERS,
-        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("EmbeddingsRequest")}}},
-        "responses": {"200": _json(_ref("EmbeddingsResponse"), "one embedding per item, in order"),
-                      **_errors("OpenAIError", _COMPUTE_ERRORS)},
+        "parameters": HEADERS,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": ref("EmbeddingsRequest")}}},
+        "responses": {"200": json_body(ref("EmbeddingsResponse"), "one embedding per item, in order"),
+                      **error_responses("OpenAIError", COMPUTE_ERRORS)},
     }},
     "/v1/rerank": {"post": {
         "summary": "Cohere's rerank (Jina's clients too): each (query, document) pair batched like a request, "
                    "answered best first",
-        "parameters": _HEADERS,
-        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("RerankRequest")}}},
-        "responses": {"200": _json(_ref("RerankResponse"), "the documents' scores, best first"),
-                      **_errors("Error", _COMPUTE_ERRORS)},
+        "parameters": HEADERS,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": ref("RerankRequest")}}},
+        "responses": {"200": json_body(ref("RerankResponse"), "the documents' scores, best first"),
+                      **error_responses("Error", COMPUTE_ERRORS)},
     }},
     "/rerank": {"post": {
         "summary": "Text Embeddings Inference's rerank: the same computation, TEI's body and answer",
-        "parameters": _HEADERS,
-        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("TeiRerankRequest")}}},
-        "responses": {"200": _json({"type": "array", "items": {
+        "parameters": HEADERS,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": ref("TeiRerankRequest")}}},
+        "responses": {"200": json_body({"type": "array", "items": {
             "type": "object", "required": ["index", "score"], "properties": {
                 "index": {"type": "integer", "minimum": 0}, "score": {"type": "number"}, "text": {"type": "string"}}}},
-            "the texts' scores, best first"), **_errors("Error", _COMPUTE_ERRORS)},
+            "the texts' scores, best first"), **error_responses("Error", COMPUTE_ERRORS)},
     }},
     "/embed": {"post": {
         "summary": "Text Embeddings Inference's embed: the same computation as /v1/embeddings, TEI's body, an array "
                    "of vectors",
-        "parameters": _HEADERS,
-        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("TeiEmbedRequest")}}},
-        "responses": {"200": _json({"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
-                                   "one vector per input, in order"), **_errors("Error", _COMPUTE_ERRORS)},
+        "parameters": HEADERS,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": ref("TeiEmbedRequest")}}},
+        "responses": {"200": json_body({"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
+                                   "one vector per input, in order"), **error_responses("Error", COMPUTE_ERRORS)},
     }},
     "/v2/embed": {"post": {
         "summary": "Cohere's embed: the same computation as /v1/embeddings, each vector in the types asked",
-        "parameters": _HEADERS,
-        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("CohereEmbedRequest")}}},
-        "responses": {"200": _json(_ref("CohereEmbedResponse"), "the vectors by type, in the texts' order"),
-                      **_errors("Error", _COMPUTE_ERRORS)},
+        "parameters": HEADERS,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": ref("CohereEmbedRequest")}}},
+        "responses": {"200": json_body(ref("CohereEmbedResponse"), "the vectors by type, in the texts' order"),
+                      **error_responses("Error", COMPUTE_ERRORS)},
     }},
     "/v1/completions": {"post": {"summary": "OpenAI's text completions (generation models)", "requestBody": {
         "required": True, "content": {"application/json": {"schema": {
             "type": "object", "required": ["model", "prompt"],
-            "properties": {"model": {"type": "string"}, "timeout_ms": _TIMEOUT, "n": _CHOICES,
-                           "logprobs": _or_null({"type": "integer", "minimum": 0, "maximum": 20}),
-                           "response_format": _RESPONSE_FORMAT,
+            "properties": {"model": {"type": "string"}, "timeout_ms": TIMEOUT, "n": CHOICES,
+                           "logprobs": or_null({"type": "integer", "minimum": 0, "maximum": 20}),
+                           "response_format": RESPONSE_FORMAT,
                            "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
                                                                      "minItems": 1, "maxItems": 1}]},
-                           **_GENERATION_FIELDS}}}}}, **_OPENAI_TEXT}},
+                           **GENERATION_FIELDS}}}}}, **_OPENAI_TEXT}},
     "/v1/chat/completions": {"post": {"summary": "OpenAI's chat completions (generation models)", "requestBody": {
         "required": True, "content": {"application/json": {"schema": {
             "type": "object", "required": ["model", "messages"],
-            "properties": {"model": {"type": "string"}, "timeout_ms": _TIMEOUT, "n": _CHOICES,
-                           "logprobs": _or_null({"type": "boolean"}),
-                           "top_logprobs": _or_null({"type": "integer", "minimum": 0, "maximum": 20}),
-                           "response_format": _RESPONSE_FORMAT,
-                           "tools": _or_null({"type": "array", "items": _TOOL}),
-                           "tool_choice": _or_null({"oneOf": [{"enum": ["none", "auto", "required"]}, {
+            "properties": {"model": {"type": "string"}, "timeout_ms": TIMEOUT, "n": CHOICES,
+                           "logprobs": or_null({"type": "boolean"}),
+                           "top_logprobs": or_null({"type": "integer", "minimum": 0, "maximum": 20}),
+                           "response_format": RESPONSE_FORMAT,
+                           "tools": or_null({"type": "array", "items": TOOL}),
+                           "tool_choice": or_null({"oneOf": [{"enum": ["none", "auto", "required"]}, {
                                "type": "object", "required": ["type", "function"], "properties": {
                                    "type": {"const": "function"}, "function": {
                                        "type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}}]}),
-                           "parallel_tool_calls": _or_null({"type": "boolean"}),
+                           "parallel_tool_calls": or_null({"type": "boolean"}),
                            "messages": {"type": "array", "minItems": 1, "items": {
                                "type": "object", "required": ["role", "content"],
                                "properties": {"role": {"type": "string"}, "content": {"oneOf": [
@@ -182,18 +137,18 @@ PATHS: dict[str, Any] = {
                                        "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]},
                                    "tool_calls": {"type": "array", "items": {"type": "object"}},
                                    "tool_call_id": {"type": "string"}}}},
-                           **_GENERATION_FIELDS}}}}}, **_OPENAI_TEXT}},
+                           **GENERATION_FIELDS}}}}}, **_OPENAI_TEXT}},
     "/healthz": _get("the process is up", {"type": "object", "required": ["status"]}),
     "/health": {"get": {"summary": "TEI's and vLLM's probe: 200 when every model taking traffic can serve", "responses": {
-        "200": _json({"type": "object", "required": ["status"]}, "can serve"),
-        "503": _json({"type": "object", "required": ["status"]}, "cannot serve now (starting, draining, a model down)")}}},
+        "200": json_body({"type": "object", "required": ["status"]}, "can serve"),
+        "503": json_body({"type": "object", "required": ["status"]}, "cannot serve now (starting, draining, a model down)")}}},
     "/version": _get("the server's version (vLLM's route)", {"type": "object", "required": ["version"],
                                                              "properties": {"version": {"type": "string"}}}),
     "/info": _get("the default model (TEI's `model_id`) and every model's batch limits",
                   {"type": "object", "required": ["version", "model_id", "models"],
                    "properties": {"models": {"type": "array", "items": {"type": "object", "required": ["id", "kind"]}}}}),
     "/readyz": {"get": {"summary": "ready for traffic: serving, and every model ready", "responses": {
-        "200": _json(_ref("Readiness"), "ready"), "503": _json(_ref("Readiness"), "not ready (starting, draining, a model down)")}}},
+        "200": json_body(ref("Readiness"), "ready"), "503": json_body(ref("Readiness"), "not ready (starting, draining, a model down)")}}},
     "/v1/models": _get("every model, in OpenAI's list shape, with its settings and figures",
                        {"type": "object", "required": ["object", "data"],
                         "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": {"type": "object"}}}},
@@ -201,13 +156,13 @@ PATHS: dict[str, Any] = {
     "/v1/models/{model}": {"get": {
         "summary": "one model, as OpenAI's models.retrieve() reads it",
         "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
-        "responses": {"200": _json({"type": "object", "required": ["id", "object"]}, "the model"),
-                      **_errors("OpenAIError", ("404",)), **_errors("Error", ("401",))}}},
+        "responses": {"200": json_body({"type": "object", "required": ["id", "object"]}, "the model"),
+                      **error_responses("OpenAIError", ("404",)), **error_responses("Error", ("401",))}}},
     "/v1/stats": _get("process figures (CPU, memory, in flight, connections) and each model's", {"type": "object"}, "401"),
     "/v1/limits": _get("the caller's tier, and per model its rate limit now and what is left", {"type": "object"}, "401"),
     "/v1/dead-letters": {"get": {"summary": "poison inputs isolated by bisection: ids, hashes, lengths (admin key)",
-                                 "responses": {"200": _json({"type": "object"}, "the entries"),
-                                               **_errors("Error", ("401",)), "403": _json(_ref("Error"), "not the admin key")}}},
+                                 "responses": {"200": json_body({"type": "object"}, "the entries"),
+                                               **error_responses("Error", ("401",)), "403": json_body(ref("Error"), "not the admin key")}}},
     "/metrics": _get("Prometheus text format", {"type": "string"}, "401", content_type="text/plain"),
     "/openapi.json": _get("this document", {"type": "object"}),
     "/docs": _get("this document as an interactive page (Swagger UI, its files under /docs/)", {"type": "string"},
@@ -219,51 +174,51 @@ _V2_MODEL = {"name": "model", "in": "path", "required": True, "schema": {"type":
 _V2_VERSION = {"name": "version", "in": "path", "required": True, "schema": {"type": "string"}}
 _V2_INFER = {"post": {
     "summary": "Open Inference Protocol infer: each element of the BYTES input `text` batched like a request",
-    "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("OpenInferenceRequest")}}},
+    "requestBody": {"required": True, "content": {"application/json": {"schema": ref("OpenInferenceRequest")}}},
     "responses": {"200": {"description": "the output tensor `output` (FP32 [N, D] for embeddings, else BYTES [N])",
-                          "content": {"application/json": {"schema": _ref("OpenInferenceResponse")},
+                          "content": {"application/json": {"schema": ref("OpenInferenceResponse")},
                                       "application/octet-stream": {"description": "binary tensor data after the "
                                                                    "JSON header (Inference-Header-Content-Length)"}}},
-                  **_errors(*_V2_ERROR, _COMPUTE_ERRORS)}}}
+                  **error_responses(*_V2_ERROR, COMPUTE_ERRORS)}}}
 _V2_METADATA = {"get": {"summary": "a model's metadata: versions, input and output tensors",
-                        "responses": {"200": _json({"type": "object", "required": ["name", "versions", "inputs", "outputs"]},
-                                                   "the model"), **_errors(*_V2_ERROR, ("401", "404"))}}}
+                        "responses": {"200": json_body({"type": "object", "required": ["name", "versions", "inputs", "outputs"]},
+                                                   "the model"), **error_responses(*_V2_ERROR, ("401", "404"))}}}
 _V2_READY = {"get": {"summary": "whether the model is ready", "responses": {
-    "200": _json({"type": "object", "required": ["ready"]}, "ready"), **_errors(*_V2_ERROR, ("401", "404", "503"))}}}
+    "200": json_body({"type": "object", "required": ["ready"]}, "ready"), **error_responses(*_V2_ERROR, ("401", "404", "503"))}}}
 PATHS.update({
     "/v2": _get("server metadata", {"type": "object", "required": ["name", "version", "extensions"]}),
     "/v2/health/live": _get("the process is up", {"type": "object", "required": ["live"]}),
     "/v2/health/ready": {"get": {"summary": "serving, and every model ready", "responses": {
-        "200": _json({"type": "object", "required": ["ready"]}, "ready"), **_errors(*_V2_ERROR, ("503",))}}},
+        "200": json_body({"type": "object", "required": ["ready"]}, "ready"), **error_responses(*_V2_ERROR, ("503",))}}},
 })
 for _suffix, _item in (("", _V2_METADATA), ("/ready", _V2_READY), ("/infer", _V2_INFER)):
     for _prefix, _parameters in (("/v2/models/{model}", [_V2_MODEL]), ("/v2/models/{model}/versions/{version}",
                                                                         [_V2_MODEL, _V2_VERSION])):
         PATHS[_prefix + _suffix] = {method: {**op, "parameters": _parameters} for method, op in _item.items()}
-_ADMIN_ERRORS = {**_errors("Error", ("400", "401", "404")), "403": _json(_ref("Error"), "not the admin key"),
-                 "409": _json(_ref("Error"), "the versions' states do not allow it")}
+_ADMIN_ERRORS = {**error_responses("Error", ("400", "401", "404")), "403": json_body(ref("Error"), "not the admin key"),
+                 "409": json_body(ref("Error"), "the versions' states do not allow it")}
 _VERSION_STATE = {"type": "object", "required": ["name", "version", "state"]}
 PATHS.update({
     "/v1/admin/models": {
         "get": {"summary": "every model's versions, their states and traffic split (admin key)",
-                "responses": {"200": _json({"type": "object", "required": ["models"]}, "the models"), **_ADMIN_ERRORS}},
+                "responses": {"200": json_body({"type": "object", "required": ["models"]}, "the models"), **_ADMIN_ERRORS}},
         "post": {"summary": "load a model version beside the running ones: a [[models]] table as JSON (admin key)",
                  "requestBody": {"required": True, "content": {"application/json": {"schema": {
                      "type": "object", "required": ["name", "backend"],
                      "properties": {"name": {"type": "string"}, "version": {"type": "string"},
                                     "backend": {"type": "string"}, "options": {"type": "object"}}}}}},
-                 "responses": {"202": _json(_VERSION_STATE, "loading"), **_ADMIN_ERRORS,
-                               "507": _json(_ref("Error"), "it would not fit in memory")}},
+                 "responses": {"202": json_body(_VERSION_STATE, "loading"), **_ADMIN_ERRORS,
+                               "507": json_body(ref("Error"), "it would not fit in memory")}},
     },
     "/v1/admin/models/{model}/traffic": {"put": {
         "summary": "the split of requests that name no version, e.g. {\"1\": 90, \"2\": 10} (admin key)",
         "parameters": [_V2_MODEL],
         "requestBody": {"required": True, "content": {"application/json": {"schema": {
             "type": "object", "additionalProperties": {"type": "number", "minimum": 0}}}}},
-        "responses": {"200": _json({"type": "object", "required": ["name", "traffic"]}, "the new split"), **_ADMIN_ERRORS}}},
+        "responses": {"200": json_body({"type": "object", "required": ["name", "traffic"]}, "the new split"), **_ADMIN_ERRORS}}},
     "/v1/admin/models/{model}/versions/{version}": {"delete": {
         "summary": "drain and unload a version (admin key)", "parameters": [_V2_MODEL, _V2_VERSION],
-        "responses": {"202": _json(_VERSION_STATE, "draining"), **_ADMIN_ERRORS}}},
+        "responses": {"202": json_body(_VERSION_STATE, "draining"), **_ADMIN_ERRORS}}},
 })
 # Paths the route table does not hold (answered by a prefix: the Open Inference Protocol's, the admin
 # API's), always in the document. (Cohere's /v2/embed is a route of its own.)
@@ -272,7 +227,7 @@ PARAMETRISED = {path for path in PATHS
 
 for _operations in PATHS.values():  # every route: a request with a method it does not take is a 405
     for _operation in _operations.values():
-        _operation["responses"].setdefault("405", _json(_ref("Error"), "the path takes another method"))
+        _operation["responses"].setdefault("405", json_body(ref("Error"), "the path takes another method"))
 
 SCHEMAS: dict[str, Any] = {
     "Error": {"type": "object", "required": ["error", "message", "request_id"], "properties": {
@@ -285,9 +240,9 @@ SCHEMAS: dict[str, Any] = {
             "code": {"type": "string"}, "retry_after_ms": {"type": "integer"}}},
         "request_id": {"type": "string"}}},
     "InferenceRequest": {"type": "object", "required": ["input"], "properties": {
-        "input": {"oneOf": [{"type": "string"}, _ref("ImageInput")]}, "model": _MODEL, "timeout_ms": _TIMEOUT,
-        "version": _or_null({"type": "string", "description": "a pinned version (or model@version); default: the split"}),
-        "encoding_format": _or_null({"enum": ["float", "base64"]}), **_GENERATION_FIELDS}},
+        "input": {"oneOf": [{"type": "string"}, ref("ImageInput")]}, "model": MODEL, "timeout_ms": TIMEOUT,
+        "version": or_null({"type": "string", "description": "a pinned version (or model@version); default: the split"}),
+        "encoding_format": or_null({"enum": ["float", "base64"]}), **GENERATION_FIELDS}},
     "InferenceResponse": {"type": "object", "required": ["output", "request_id", "model", "latency_ms"], "properties": {
         "output": {"description": "the model's output: text, a vector (or base64 of its float32s), a label and score"},
         "request_id": {"type": "string"}, "model": {"type": "string"}, "latency_ms": {"type": "number"},
@@ -299,15 +254,15 @@ SCHEMAS: dict[str, Any] = {
             {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
             {"type": "array", "minItems": 1, "items": {"type": "integer"}},
             {"type": "array", "minItems": 1, "items": {"type": "array", "minItems": 1, "items": {"type": "integer"}}},
-            _ref("ImageInput"), {"type": "array", "minItems": 1, "items": _ref("ImageInput")}]},
-        "model": _MODEL, "timeout_ms": _TIMEOUT, "encoding_format": {"enum": list(VECTOR_TYPES)},
-        "dimensions": _DIMENSIONS, "user": {"type": "string"}}},
+            ref("ImageInput"), {"type": "array", "minItems": 1, "items": ref("ImageInput")}]},
+        "model": MODEL, "timeout_ms": TIMEOUT, "encoding_format": {"enum": list(VECTOR_TYPES)},
+        "dimensions": DIMENSIONS, "user": {"type": "string"}}},
     "CohereEmbedRequest": {"type": "object", "required": ["texts"], "properties": {
         "texts": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
         "input_type": {"enum": ["search_document", "search_query", "classification", "clustering"]},
         "embedding_types": {"type": "array", "minItems": 1, "items": {"enum": list(VECTOR_TYPES)}},
         "truncate": {"enum": ["END", "NONE"]}, "output_dimension": {"type": "integer", "minimum": 1},
-        "model": _MODEL, "timeout_ms": _TIMEOUT}},
+        "model": MODEL, "timeout_ms": TIMEOUT}},
     "CohereEmbedResponse": {"type": "object", "required": ["id", "embeddings", "texts", "meta", "response_type"],
                             "properties": {"id": {"type": "string"}, "texts": {"type": "array"}, "meta": {"type": "object"},
                                            "response_type": {"const": "embeddings_by_type"}, "embeddings": {
@@ -318,9 +273,9 @@ SCHEMAS: dict[str, Any] = {
             {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
             {"type": "array", "minItems": 1, "items": {"type": "integer"}},
             {"type": "array", "minItems": 1, "items": {"type": "array", "minItems": 1, "items": {"type": "integer"}}}]},
-        "normalize": {"type": "boolean"}, "truncate": _or_null({"type": "boolean"}),
-        "truncation_direction": {"enum": ["Right", "right"]}, "dimensions": _DIMENSIONS, "model": _MODEL,
-        "timeout_ms": _TIMEOUT}},
+        "normalize": {"type": "boolean"}, "truncate": or_null({"type": "boolean"}),
+        "truncation_direction": {"enum": ["Right", "right"]}, "dimensions": DIMENSIONS, "model": MODEL,
+        "timeout_ms": TIMEOUT}},
     "EmbeddingsResponse": {"type": "object", "required": ["object", "data", "model", "usage"], "properties": {
         "object": {"const": "list"}, "model": {"type": "string"}, "usage": {"type": "object"},
         "data": {"type": "array", "items": {"type": "object", "required": ["object", "index", "embedding"], "properties": {
@@ -333,8 +288,8 @@ SCHEMAS: dict[str, Any] = {
         "documents": {"type": "array", "minItems": 1, "items": {"oneOf": [
             {"type": "string", "minLength": 1},
             {"type": "object", "required": ["text"], "properties": {"text": {"type": "string", "minLength": 1}}}]}},
-        "top_n": _or_null({"type": "integer", "minimum": 1}), "return_documents": _or_null({"type": "boolean"}),
-        "model": _MODEL, "timeout_ms": _TIMEOUT}},
+        "top_n": or_null({"type": "integer", "minimum": 1}), "return_documents": or_null({"type": "boolean"}),
+        "model": MODEL, "timeout_ms": TIMEOUT}},
     "RerankResponse": {"type": "object", "required": ["id", "results", "model", "usage"], "properties": {
         "id": {"type": "string"}, "model": {"type": "string"}, "usage": {"type": "object"}, "meta": {"type": "object"},
         "results": {"type": "array", "items": {"type": "object", "required": ["index", "relevance_score"], "properties": {
@@ -343,8 +298,8 @@ SCHEMAS: dict[str, Any] = {
     "TeiRerankRequest": {"type": "object", "required": ["query", "texts"], "properties": {
         "query": {"type": "string", "minLength": 1},
         "texts": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
-        "raw_scores": _or_null({"type": "boolean"}), "return_text": _or_null({"type": "boolean"}),
-        "truncate": _or_null({"type": "boolean"}), "model": _MODEL, "timeout_ms": _TIMEOUT}},
+        "raw_scores": or_null({"type": "boolean"}), "return_text": or_null({"type": "boolean"}),
+        "truncate": or_null({"type": "boolean"}), "model": MODEL, "timeout_ms": TIMEOUT}},
     "OpenInferenceError": {"type": "object", "required": ["error"], "properties": {
         "error": {"type": "string"}, "code": {"type": "string"}, "request_id": {"type": "string"},
         "retry_after_ms": {"type": "integer", "minimum": 1}}},
