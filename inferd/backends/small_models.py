@@ -2,6 +2,7 @@
 tests load, and what a new user tries the README's examples on without a download.
 
     python -m inferd.backends.small_models reranker .models/tiny-reranker
+    python -m inferd.backends.small_models classifier .models/tiny-classifier
     python -m inferd.backends.small_models image .models/tiny-vit
     python -m inferd.backends.small_models llama .models/tiny-llama
 
@@ -33,6 +34,25 @@ def build_cross_encoder(folder: str | Path, seed: int = 1) -> Path:
     return folder
 
 
+def build_classifier(folder: str | Path, seed: int = 1) -> Path:
+    """A BERT sequence classifier with three labels (negative, neutral, positive; MiniLM's tokenizer), for
+    `task = "classification"`: `/v1/classify`, `/predict`, `/v1/inference`."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from .transformer import default_model_path
+
+    folder = Path(folder)
+    torch.manual_seed(seed)
+    labels = ("negative", "neutral", "positive")
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                        num_labels=3, id2label=dict(enumerate(labels)), label2id={name: i for i, name in enumerate(labels)},
+                        initializer_range=0.6)  # type: ignore[call-arg]  # (PretrainedConfig kwargs its stub omits)
+    BertForSequenceClassification(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(default_model_path()).save_pretrained(folder)
+    return folder
+
+
 def build_tiny_vit(folder: str | Path, seed: int = 0) -> Path:
     """A ViT of 32 px images (patch 8, 2 layers, width 32) and its image processor (an image embedder)."""
     import torch
@@ -50,10 +70,12 @@ def build_tiny_vit(folder: str | Path, seed: int = 0) -> Path:
 def main(argv: list[str] | None = None) -> int:
     from .tiny_llama import build_tiny_llama
 
-    builders = {"reranker": build_cross_encoder, "image": build_tiny_vit, "llama": build_tiny_llama}
+    builders = {"reranker": build_cross_encoder, "classifier": build_classifier, "image": build_tiny_vit,
+                "llama": build_tiny_llama}
     parser = argparse.ArgumentParser(prog="python -m inferd.backends.small_models", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("kind", choices=sorted(builders), help="reranker: a cross-encoder for /v1/rerank; image: a "
+    parser.add_argument("kind", choices=sorted(builders), help="reranker: a cross-encoder for /v1/rerank; classifier: a "
+                        "three-label text classifier for /v1/classify; image: a "
                         "ViT for image embeddings; llama: a tiny Llama for generation (vLLM)")
     parser.add_argument("folder", help="where to write it (made if missing)")
     parser.add_argument("--seed", type=int, default=0, help="the random weights' seed")

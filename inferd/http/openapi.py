@@ -107,6 +107,30 @@ PATHS: dict[str, Any] = {
         "responses": {"200": json_body(ref("CohereEmbedResponse"), "the vectors by type, in the texts' order"),
                       **error_responses("Error", COMPUTE_ERRORS)},
     }},
+    "/v1/classify": {"post": {
+        "summary": "vLLM's classify: each text batched like a request of its own, every label's probability",
+        "parameters": HEADERS,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "required": ["input"], "properties": {
+                "input": {"oneOf": [{"type": "string", "minLength": 1},
+                                    {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}}]},
+                "model": MODEL, "timeout_ms": TIMEOUT}}}}},
+        "responses": {"200": json_body({"type": "object", "required": ["id", "object", "model", "data", "usage"], "properties": {
+            "data": {"type": "array", "items": {"type": "object", "required": ["index", "label", "probs", "num_classes"]}}}},
+            "each text's label and probabilities, in order"), **error_responses("OpenAIError", COMPUTE_ERRORS)},
+    }},
+    "/predict": {"post": {
+        "summary": "Text Embeddings Inference's predict: the same computation, each text's labels best first",
+        "parameters": HEADERS,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "required": ["inputs"], "properties": {
+                "inputs": {"oneOf": [{"type": "string", "minLength": 1}, {"type": "array", "minItems": 1, "items": {
+                    "type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "string", "minLength": 1}}}]},
+                "raw_scores": {"const": False}, "truncate": or_null({"type": "boolean"}),
+                "truncation_direction": {"enum": ["Right", "right"]}}}}}},
+        "responses": {"200": json_body({"type": "array"}, "a text's [{score, label}], best first (a batch: one such list "
+                                       "per text)"), **error_responses("Error", COMPUTE_ERRORS)},
+    }},
     "/v1/completions": {"post": {"summary": "OpenAI's text completions (generation models)", "requestBody": {
         "required": True, "content": {"application/json": {"schema": {
             "type": "object", "required": ["model", "prompt"],
