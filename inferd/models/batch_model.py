@@ -275,12 +275,13 @@ class BatchModel:
             raise ServiceOverloaded(f"model {self.name} has {self.config.max_queue} requests waiting",
                                     retry_after_ms=self.retry_after_ms(request.tier), reason="queue_full") from None
         if shed is not None:
-            self._shed(shed)
+            self._shed(shed, request)
 
-    def _shed(self, request: PendingRequest) -> None:
+    def _shed(self, request: PendingRequest, newcomer: PendingRequest) -> None:
         """A queued request the batcher shed to make room for a higher tier's or a lighter tenant's: 503."""
-        message = f"model {self.name} is full: this request made room for a higher tier's or a lighter tenant's"
-        self.fail(request, ServiceOverloaded(message, retry_after_ms=self.retry_after_ms(request.tier), reason="queue_full"))
+        whom = "higher_tier" if newcomer.tier != request.tier else "lighter_tenant"
+        message = f"model {self.name} is full: this request made room for a {whom.replace('_', ' ')}'s"
+        self.fail(request, ServiceOverloaded(message, retry_after_ms=self.retry_after_ms(request.tier), reason=f"shed_for_{whom}"))
 
     def _on_prepared(self, requests: list[PendingRequest], results: Any) -> None:
         """Back from the preprocessing thread (on the loop): queue each request that is still waiting."""
@@ -332,7 +333,7 @@ class BatchModel:
         lead: PendingRequest = request.lead if request.state is RequestState.ATTACHED else request  # type: ignore[assignment]
         if not request.future.done():
             where = "computing" if lead.state is RequestState.TAKEN else "queued"
-            self.metrics.shed[(self.name, request.tier, f"deadline_{where}")] += 1
+            self.metrics.expired[(self.name, request.tier, where)] += 1
             request.future.set_exception(DeadlineExceeded(f"deadline passed while {where}"))
         self._withdraw_if_unwanted(lead, RequestState.EXPIRED)  # (unless a rider still waits for it)
 

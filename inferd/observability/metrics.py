@@ -30,7 +30,9 @@ class RequestMetrics:
 
     def __init__(self) -> None:
         self.requests: defaultdict[tuple[str, str, str, int, str], int] = defaultdict(int)  # model, version, tier, status, error
-        self.shed: defaultdict[tuple[str, str, str], int] = defaultdict(int)  # model, tier, reason
+        self.refused: defaultdict[tuple[str, str, str], int] = defaultdict(int)  # model, tier, reason: 429s and 503s
+        self.shed: defaultdict[tuple[str, str, str], int] = defaultdict(int)  # model, tier, for whom: queued ones evicted
+        self.expired: defaultdict[tuple[str, str, str], int] = defaultdict(int)  # model, tier, where: deadlines passed
         # admitted requests with a latency objective, by whether they met it: model, version, tier, met|missed
         self.objectives: defaultdict[tuple[str, str, str, str], int] = defaultdict(int)
         self.duration: defaultdict[str, Histogram] = defaultdict(Histogram)
@@ -55,11 +57,16 @@ class InferdCollector(Collector):
         for (model, version, tier, status, error), n in list(r.requests.items()):
             total.add_metric([model, version, tier, str(status), error], n)
         yield total
-        shed = CounterMetricFamily("inferd_shed", "Requests refused or dropped before computing, by reason.",
-                                   labels=["model", "tier", "reason"])
-        for (model, tier, reason), n in list(r.shed.items()):
-            shed.add_metric([model, tier, reason], n)
-        yield shed
+        for name, help_text, label, counts in (
+                ("inferd_refused", "Requests refused at once (429, 503), by reason.", "reason", r.refused),
+                ("inferd_shed", "Queued requests evicted to make room for a higher tier's or a lighter tenant's.",
+                 "reason", r.shed),
+                ("inferd_expired", "Requests whose deadline passed before their answer (504), by where they were.",
+                 "where", r.expired)):
+            family = CounterMetricFamily(name, help_text, labels=["model", "tier", label])
+            for (model, tier, reason), n in list(counts.items()):
+                family.add_metric([model, tier, reason], n)
+            yield family
         objectives = CounterMetricFamily(
             "inferd_objective_requests", "Admitted requests with a latency objective (slo_ms), by whether they met it.",
             labels=["model", "version", "tier", "result"])

@@ -51,8 +51,12 @@ class Outcomes:
         pending: PendingRequest | None = None, tenant: str = "-", trace: RequestTrace | None = None, version: str = "",
         slo_at: float | None = None,
     ) -> float:
-        """An error answer; refusals (429, 503) are also counted as shed, by reason. Returns the time it
-        was recorded."""
+        """An error answer; refusals (429, 503) are also counted by reason, a queued request evicted to make
+        room (reason `shed_for_...`) as shed. Returns the time it was recorded."""
         if error.status in (429, 503) and self.metrics is not None:
-            self.metrics.shed[(model, tier, error.reason)] += 1
+            reason = error.reason
+            if reason.startswith("shed_"):
+                self.metrics.shed[(model, tier, reason[5:])] += 1
+            else:
+                self.metrics.refused[(model, tier, reason)] += 1
         return self.record(request_id, model, tier, error.status, error.code, started, pending, tenant, trace, version, slo_at)

@@ -89,9 +89,10 @@ async def test_shed_and_expired_requests_are_counted(http):
         statuses = sorted(s for s, _, _ in results)
         f = await scrape(http, srv.url)
         overload_reasons = {"queue_full", "deadline_infeasible", "tier_predicted_wait"}
-        shed = sum(s.value for s in f["inferd_shed"] if s.labels.get("reason") in overload_reasons)
-        assert shed == statuses.count(503) > 0
-        expired = sum(s.value for s in f["inferd_shed"] if s.labels.get("reason") in ("deadline_queued", "deadline_computing"))
+        refused = sum(s.value for s in f["inferd_refused"] if s.labels.get("reason") in overload_reasons)
+        assert refused == statuses.count(503) > 0
+        assert not f.get("inferd_shed")  # (one tier, one tenant: nothing is evicted for anyone)
+        expired = sum(s.value for s in f["inferd_expired"] if s.labels.get("where") in ("queued", "computing"))
         assert expired == statuses.count(504)
 
 

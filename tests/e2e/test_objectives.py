@@ -37,7 +37,7 @@ async def test_a_burst_past_the_objective_is_refused_at_once_and_what_is_admitte
         assert figures["predicted"] + figures["margin"] > figures["budget"] > 0, figures
     assert 'inferd_admission_margin_ratio{model="m",version="1"}' in metrics
     assert all("predicted_queue" in timing(headers) for _, headers in served)
-    assert 'inferd_shed_total{model="m",reason="slo_infeasible",tier="default"}' in metrics
+    assert 'inferd_refused_total{model="m",reason="slo_infeasible",tier="default"}' in metrics
     assert f'inferd_objective_requests_total{{model="m",result="met",tier="default",version="1"}} {len(served)}.0' in metrics
     assert 'inferd_wait_prediction_error_seconds_bucket{le="+Inf",model="m",tier="default",version="1"}' in metrics
 

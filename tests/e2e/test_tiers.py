@@ -191,7 +191,7 @@ async def test_the_starvation_guard_promotes_old_free_requests(http):
     assert waited < 0.3 + 0.7, waited
 
 
-async def test_a_full_queue_sheds_a_free_request_for_an_enterprise_one_and_counts_each_refusal_once(http):
+async def test_a_full_queue_sheds_a_free_request_for_an_enterprise_one_and_counts_shed_and_refused_apart(http):
     kw, _ = server()
     async with running_server(sim_model(latency_ms=300, max_batch_size=1, max_wait_ms=0, max_queue=3), **kw) as srv:
         model = srv.models["m"]
@@ -205,12 +205,14 @@ async def test_a_full_queue_sheds_a_free_request_for_an_enterprise_one_and_count
         shed_status, shed_body, _ = await queued[2]  # the newest request of the heaviest free tenant
         late_status, late_body, _ = await infer(http, srv.url, {"input": "late"}, headers=bearer("cats"))
         results = await asyncio.gather(busy, enterprise, queued[0], queued[1])
-        shed = dict(model.metrics.shed)
+        shed, refused = dict(model.metrics.shed), dict(model.metrics.refused)
     assert (shed_status, shed_body["error"]) == (503, "SERVICE_OVERLOADED") and shed_body["retry_after_ms"] > 0
+    assert "higher tier" in shed_body["message"]
     # Full again (q0, q1 and enterprise's): nobody below free, and cats holds no more than dogs: refused.
     assert (late_status, late_body["error"]) == (503, "SERVICE_OVERLOADED")
     assert [status for status, _, _ in results] == [200] * 4
-    # one per 503 answered, not one more for the shed one; the late one may be refused before the queue's
-    # bound is even reached (an enterprise request a second at 300 ms a request: its wait passes its deadline)
-    assert sum(shed.values()) == 2 and shed[("m", "free", "queue_full")] >= 1, shed
-    assert set(shed) <= {("m", "free", "queue_full"), ("m", "free", "deadline_infeasible")}, shed
+    # The evicted one counted as shed (for a higher tier), the late one as refused, once each: the late one
+    # may be refused before the queue's bound is even reached (an enterprise request a second at 300 ms a
+    # request: its wait passes its deadline)
+    assert shed == {("m", "free", "for_higher_tier"): 1}, shed
+    assert sum(refused.values()) == 1 and set(refused) <= {("m", "free", "queue_full"), ("m", "free", "deadline_infeasible")}

@@ -117,7 +117,7 @@ async def test_the_last_one_leaving_withdraws_the_computation():
     with pytest.raises(DeadlineExceeded):
         await rider.future  # type: ignore[union-attr]
     assert lead.state is RequestState.EXPIRED and served.batcher.depth == 0 and len(served.shared) == 0
-    assert served.metrics.shed[("m", "default", "deadline_queued")] == 1
+    assert served.metrics.expired[("m", "default", "queued")] == 1
 
 
 async def test_a_computation_runs_and_is_shed_at_the_highest_tier_waiting_on_it():

@@ -23,12 +23,16 @@ def snapshot() -> BatchModelSnapshot:
 def test_snapshots_become_the_documented_series():
     requests = RequestMetrics()
     requests.requests[("m", "1", "free", 200, "")] += 5
-    requests.shed[("m", "free", "queue_full")] += 2
+    requests.refused[("m", "free", "queue_full")] += 2
+    requests.shed[("m", "free", "for_lighter_tenant")] += 1
+    requests.expired[("m", "free", "queued")] += 3
     collector = InferdCollector(requests, lambda: ([snapshot()], []), lambda: True)
     text = generate_latest(build_registry(collector)).decode()
     for line in (
         'inferd_requests_total{code="200",error="",model="m",tier="free",version="1"} 5.0',
-        'inferd_shed_total{model="m",reason="queue_full",tier="free"} 2.0',
+        'inferd_refused_total{model="m",reason="queue_full",tier="free"} 2.0',
+        'inferd_shed_total{model="m",reason="for_lighter_tenant",tier="free"} 1.0',
+        'inferd_expired_total{model="m",tier="free",where="queued"} 3.0',
         'inferd_queue_depth{model="m",tier="free",version="1"} 3.0',
         'inferd_queue_oldest_age_seconds{model="m",tier="free",version="1"} 0.2',
         'inferd_batches_in_flight{model="m",version="1"} 1.0',

@@ -1,5 +1,5 @@
 """What every handler does last: an answer counted (by model, version, tier, status, code), its
-objective met or missed, a refusal counted as shed by reason, and the access log asked."""
+objective met or missed, a refusal counted by reason (an evicted request as shed), and the access log asked."""
 
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ def test_outcomes_count_answers_and_refusals_by_reason():
     outcomes = Outcomes(metrics, AccessLog("off", 0.0))
     outcomes.record("r1", "m", "free", 200, "", started=0.0)
     outcomes.record_error("r2", "m", "free", ServiceOverloaded("full", retry_after_ms=5, reason="queue_full"), started=0.0)
-    assert metrics.requests == {("m", "", "free", 200, ""): 1, ("m", "", "free", 503, "SERVICE_OVERLOADED"): 1}
-    assert metrics.shed == {("m", "free", "queue_full"): 1}
-    assert metrics.duration["m"].count == 2
+    outcomes.record_error("r3", "m", "free", ServiceOverloaded("room", reason="shed_for_higher_tier"), started=0.0)
+    assert metrics.requests == {("m", "", "free", 200, ""): 1, ("m", "", "free", 503, "SERVICE_OVERLOADED"): 2}
+    assert metrics.refused == {("m", "free", "queue_full"): 1}
+    assert metrics.shed == {("m", "free", "for_higher_tier"): 1}  # (evicted from the queue: shed, not refused)
+    assert metrics.duration["m"].count == 3
 
 
 def test_an_admitted_requests_objective_is_met_or_missed_and_a_refused_one_is_neither(monkeypatch):
@@ -32,7 +34,7 @@ def test_an_admitted_requests_objective_is_met_or_missed_and_a_refused_one_is_ne
     outcomes.record_error("c", "m", "free", DeadlineExceeded("late"), 8.0, slo_at=9.0, version="1")
     outcomes.record_error("d", "m", "free", ServiceOverloaded("no", reason="slo_infeasible"), 9.9, slo_at=10.2, version="1")
     assert dict(metrics.objectives) == {("m", "1", "free", "met"): 1, ("m", "1", "free", "missed"): 2}
-    assert dict(metrics.shed) == {("m", "free", "slo_infeasible"): 1}  # (refused at once: counted as shed only)
+    assert dict(metrics.refused) == {("m", "free", "slo_infeasible"): 1} and not metrics.shed  # (refused at once)
 
 
 def test_without_metrics_an_answer_is_still_logged_when_the_log_wants_it(caplog):
