@@ -1,5 +1,9 @@
 """The records that travel down the data path: one per request, one per batch.
 
+Words (the glossary in docs/architecture.md): a *request* is one input waiting for one output; a *call*
+is one HTTP request of one input or several; a *batch* is what one backend call runs; a *worker* is one
+executor thread and the model copy it built; a *timeout* is a duration, a *deadline* the moment it ends.
+
 A queued request's `state` is only changed under its model queue's lock, which is what lets the event loop
 (cancel, deadline) and a worker thread (taking a batch) race for it safely: whoever moves it out of
 QUEUED first wins, and a request that left the queue as expired or cancelled is never computed.
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -107,3 +112,8 @@ class Batch:
         if not compute:
             compute = self.compute_timing = "compute;dur=%.3f" % (self.compute_s * 1000)
         return "queue;dur=%.3f, %s" % (self.queue_s(request) * 1000, compute)  # noqa: UP031 - the request path's, as measured
+
+
+# How a parked worker is handed its batch (None: stop), called from any thread: the batcher holds it
+# while the worker waits, the worker (`execution.worker`) gives it.
+Taker = Callable[[Batch | None], None]

@@ -71,7 +71,7 @@ class Admission:
             raise unavailable
         if who.rate_per_s is not None:  # (measuring capacity costs a little: only for limited callers)
             self.limiter.check(who, model.name, model.capacity_scale(), now, len(values))
-        return model.take(request_id, values, deadline_s(config, timeout_ms), who.tier, who.tenant, use_cache)
+        return model.take(request_id, values, timeout_s(config, timeout_ms), who.tier, who.tenant, use_cache)
 
     def admit_generation(self, model: GenerationModel, who: Identity, timeout_ms: int | None, chars: int) -> GenerationTicket:
         """Admit one generation before its prompt (`chars` long) is tokenised: the same length check,
@@ -81,13 +81,14 @@ class Admission:
         if who.rate_per_s is not None:
             self.limiter.check(who, model.name, model.capacity_scale(), time.monotonic())
         model.check_capacity()
-        return GenerationTicket(deadline_s(model.config, timeout_ms), self.engine_priority.get(who.tier, 0))
+        return GenerationTicket(timeout_s(model.config, timeout_ms), self.engine_priority.get(who.tier, 0))
 
     def _check_open(self) -> None:
         if self.lifecycle.draining:
             raise Draining("server is shutting down; retry on another instance", retry_after_ms=1000)
 
 
-def deadline_s(config: ModelConfig, timeout_ms: int | None) -> float:
-    """A request's deadline: the model's default, or the client's `timeout_ms` capped at the model's maximum."""
+def timeout_s(config: ModelConfig, timeout_ms: int | None) -> float:
+    """How long a request may take (seconds from its arrival): the model's default, or the client's `timeout_ms`
+    capped at the model's maximum."""
     return (config.timeout_ms if timeout_ms is None else min(timeout_ms, config.max_timeout_ms)) / 1000.0

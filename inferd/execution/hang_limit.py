@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections import deque
 
 
-class BatchLatencies:
-    """Recent backend call durations, for the hang watchdog's limit."""
+class HangLimit:
+    """The hang limit of one model's calls, from their recent durations (what the watchdog reads)."""
 
     def __init__(self, floor_s: float, multiple: float = 3.0, window: int = 256) -> None:
         self.floor_s = floor_s

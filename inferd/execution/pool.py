@@ -1,7 +1,7 @@
 """A model's executor threads: starting them, noticing when one hangs or dies, replacing it, and how
 busy each one is.
 
-A watchdog gives up on a worker whose call runs past the hang limit (`BatchLatencies`); a worker whose
+A watchdog gives up on a worker whose call runs past the hang limit (`HangLimit`); a worker whose
 thread died is given up on the same way. Its batch goes back to the model (`on_requeue`) and a
 replacement starts on the same device; a replacement that fails to start (a device out of memory a
 moment, a driver restarting) is tried again after 1 s, then 2, 4... up to 60 s, until one starts. What
@@ -20,8 +20,8 @@ from typing import Any
 from ..backends import BatchBackend, Capabilities
 from ..messages import Batch
 from ..observability.snapshots import WorkerSnapshot
-from .executor import NextBatch, Worker
-from .hang_limit import BatchLatencies
+from .hang_limit import HangLimit
+from .worker import NextBatch, Worker
 
 log = logging.getLogger("inferd.pool")
 
@@ -42,7 +42,7 @@ class WorkerPool:
         warmup_inputs: Sequence[Any],
         next_batch: NextBatch,
         loop: asyncio.AbstractEventLoop,
-        latencies: BatchLatencies,
+        hang_limit: HangLimit,
         on_batch_done: Callable[[Batch], None],
         on_requeue: Callable[[Batch], None],
         on_ready: Callable[[Worker], None],
@@ -52,7 +52,7 @@ class WorkerPool:
     ) -> None:
         self.name = name
         self.loop = loop
-        self.latencies = latencies
+        self.hang_limit = hang_limit
         self._build = build
         self._warmup_inputs = warmup_inputs
         self._next_batch = next_batch
@@ -156,9 +156,9 @@ class WorkerPool:
 
     async def _watch_for_hangs(self) -> None:
         while True:
-            await asyncio.sleep(min(0.05, self.latencies.limit_s / 4))
+            await asyncio.sleep(min(0.05, self.hang_limit.limit_s / 4))
             now = time.monotonic()
-            limit = self.latencies.limit_s
+            limit = self.hang_limit.limit_s
             for worker in list(self.workers):
                 started = worker.call_started_at
                 if worker.healthy and started and now - started > limit and worker.current is not None:

@@ -28,10 +28,10 @@ from ..backends.contract import Capabilities
 from ..config import ModelConfig, TierConfig
 from ..errors import DeadlineExceeded, InferdError, InvalidInput, ModelUnavailable, NotReady, ServiceOverloaded
 from ..execution.breaker import BreakerState, CircuitBreaker
-from ..execution.executor import Worker
-from ..execution.hang_limit import BatchLatencies
+from ..execution.hang_limit import HangLimit
 from ..execution.pool import WorkerPool
 from ..execution.thread_priority import lower_this_thread
+from ..execution.worker import Worker
 from ..messages import PendingRequest, RequestState
 from ..observability.dead_letters import DeadLetters
 from ..observability.metrics import RequestMetrics
@@ -86,7 +86,7 @@ class BatchModel:
         self.pool = WorkerPool(
             name=config.name, devices=config.worker_devices, build=partial(build_batch_function, config.backend, options=config.options, factory=config.factory),
             warmup_inputs=config.warmup_inputs, next_batch=self.batcher.next_batch, loop=loop,
-            latencies=BatchLatencies(config.batch_timeout_ms / 1000.0),
+            hang_limit=HangLimit(config.batch_timeout_ms / 1000.0),
             on_batch_done=lambda batch: self.delivery.batch_done(batch), on_requeue=lambda batch: self.delivery.requeue(batch),  # (built below)
             on_ready=self._on_worker_ready, max_isolation_calls=config.max_isolation_calls,
             max_batch_size=config.max_batch_size, worker_nice=worker_nice,
@@ -98,7 +98,7 @@ class BatchModel:
         self.shared = SharedWork(config)  # identical inputs computed once (collapsing, the result cache)
         self.delivery = Delivery(
             config, shared=self.shared, batcher=self.batcher, deadlines=self.deadlines, forecast=self.forecast,
-            timeliness=self.timeliness, latencies=self.pool.latencies, breaker=self.breaker, dead_letters=self.dead_letters,
+            timeliness=self.timeliness, hang_limit=self.pool.hang_limit, breaker=self.breaker, dead_letters=self.dead_letters,
             tracing=tracing, healthy_workers=lambda: self.pool.healthy, fail=self.fail,
         )
         self.prepare_one: Any = None  # the backend's `prepare(text) -> (input, bucket)`, run on the loop

@@ -17,7 +17,7 @@ from .. import errors
 from ..config import ModelConfig
 from ..errors import DeadlineExceeded, InferdError, InferenceFailed, ModelUnavailable
 from ..execution.breaker import CircuitBreaker
-from ..execution.hang_limit import BatchLatencies
+from ..execution.hang_limit import HangLimit
 from ..messages import Batch, PendingRequest
 from ..observability.batch_stats import BatchStats
 from ..observability.dead_letters import DeadLetters
@@ -36,7 +36,7 @@ class Delivery:
 
     def __init__(
         self, config: ModelConfig, *, shared: SharedWork, batcher: Batcher, deadlines: DeadlineWheel,
-        forecast: Forecast, timeliness: Timeliness, latencies: BatchLatencies, breaker: CircuitBreaker,
+        forecast: Forecast, timeliness: Timeliness, hang_limit: HangLimit, breaker: CircuitBreaker,
         dead_letters: DeadLetters, tracing: Tracing | None, healthy_workers: Callable[[], int],
         fail: Callable[[PendingRequest, InferdError], None],
     ) -> None:
@@ -47,7 +47,7 @@ class Delivery:
         self.deadlines = deadlines
         self.forecast = forecast
         self.timeliness = timeliness
-        self.latencies = latencies
+        self.hang_limit = hang_limit
         self.breaker = breaker
         self.dead_letters = dead_letters
         self.tracing = tracing
@@ -69,7 +69,7 @@ class Delivery:
         self.forecast.observe_batch(compute, batch.size if batch.error is None else 0, batch.bucket,
                                      batch.backlog, batch.gap_s, batch.finished_at)
         self.forecast.note_capacity(self.healthy_workers())
-        self.latencies.observe(compute)
+        self.hang_limit.observe(compute)
         self.stats.record(batch)
         observe_wait, started, discard = self.stats.queue_wait.observe, batch.started_at, self.deadlines.discard
         for request in batch.requests:

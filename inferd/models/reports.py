@@ -83,7 +83,7 @@ def describe(model: BatchModel) -> dict[str, Any]:
                       **(offers.compatibility if offers is not None else {})},
         "devices": list(c.worker_devices), "ready": model.ready, "ready_workers": pool.healthy,
         "breaker": model.breaker.state.value, "workers_replaced": pool.replacements,
-        "worker_build_failures": pool.build_failures, "batch_timeout_ms": round(pool.latencies.limit_s * 1000, 1),
+        "worker_build_failures": pool.build_failures, "batch_timeout_ms": round(pool.hang_limit.limit_s * 1000, 1),
         "output_kind": model.output_kind,
         "inputs": model.input_kind, "warmup": {w.name: w.warmup_report for w in pool.workers if w.ready},
         "cache": None if cache is None else {

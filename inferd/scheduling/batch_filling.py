@@ -11,14 +11,14 @@ from collections.abc import Sequence
 from ..messages import PendingRequest
 
 
-def cost(request: PendingRequest) -> int:
+def tokens_of(request: PendingRequest) -> int:
     """A request's share of a token budget: its tokens, or one when nothing counted them."""
     return request.tokens or 1
 
 
 class BatchFilling:
     """A batch being filled, and what stops it growing: its size limit, its token budget (the first
-    request always goes), and, when the cost of each size is known (`curve[n] x level` seconds for n
+    request always goes), and, when the time of each size is known (`curve[n] x level` seconds for n
     requests), its members' dues: a request joins only if the larger batch still ends by the due of
     every member that the smaller one serves in time with the estimate's margin to spare. (A member
     that would be late even so, or only just in time, does not hold the batch back: a curve flat but for
@@ -43,7 +43,7 @@ class BatchFilling:
     def fits(self, request: PendingRequest) -> bool:
         """Whether `request` may join; when it may not, the batch is closed."""
         n = len(self.taken)
-        if n and (cost(request) > self.tokens_left or (
+        if n and (tokens_of(request) > self.tokens_left or (
                 self.tightest < math.inf and self.now + self.curve[n + 1] * self.level > self.tightest)):  # type: ignore[index]
             self.stopped = True
             return False
@@ -51,7 +51,7 @@ class BatchFilling:
 
     def add(self, request: PendingRequest) -> None:
         self.taken.append(request)
-        self.tokens_left -= cost(request)
+        self.tokens_left -= tokens_of(request)
         due = request.due
         if due < self.horizon and due >= self.now + self.curve[len(self.taken)] * self.level * self.margin:  # type: ignore[index]
             self.tightest = min(self.tightest, due)

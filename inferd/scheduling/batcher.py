@@ -40,15 +40,14 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from functools import partial
 
-from ..messages import Batch, PendingRequest, RequestState
+from ..messages import Batch, PendingRequest, RequestState, Taker
 from .arrivals import Echo, Rate
 from .batch_costs import BatchCosts
-from .batch_filling import cost
+from .batch_filling import tokens_of
 from .policy import BucketView, Decision, Limits, decide, due_in
 from .request_queue import RequestQueue
 from .shedding import choose_victim
 
-Taker = Callable[[Batch | None], None]  # hands a parked worker its batch (None: stop); any thread
 
 class QueueFull(Exception):
     """The model already holds `max_queue` waiting requests."""
@@ -154,7 +153,7 @@ class Batcher:
             oldest_at, due = queue.oldest_and_due() if queue is not None and count else (now, request.due)
             rate, hold_until = self._arrivals.per_s(now), self._hold_until
         count += 1
-        view = BucketView(bucket, count, tokens + cost(request), min(oldest_at, now), min(due, request.due), 0.0, now,
+        view = BucketView(bucket, count, tokens + tokens_of(request), min(oldest_at, now), min(due, request.due), 0.0, now,
                           costs.size_limit(bucket), costs.safe_estimate(count, bucket), self._linger_s(bucket))
         return due_in(view, now, self._token_limits, arrival_rate=rate, hold_until=hold_until)
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import cast
 
 from ..messages import PendingRequest, RequestState
-from .batch_filling import BatchFilling, cost
+from .batch_filling import BatchFilling, tokens_of
 from .policy import BucketView
 from .tier_queue import CallInputs, TierQueue
 
@@ -46,7 +46,7 @@ class RequestQueue:
         self._by_name = {t.name: t for t in self._tiers}
         self._promoting = any(t.promote_after_s is not None for t in self._tiers)
         self.live = 0
-        self.tokens = 0  # the waiting requests' costs (see `cost`)
+        self.tokens = 0  # the waiting requests' tokens (see `batch_filling.tokens_of`)
 
     def live_by_tier(self) -> dict[str, int]:
         return {t.name: t.live for t in self._tiers}
@@ -259,7 +259,7 @@ class RequestQueue:
                 break
             items.popleft()
             left += 1
-            tokens += cost(request)
+            tokens += tokens_of(request)
             if request.deadline <= now:
                 request.state = RequestState.EXPIRED
             else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferd.admission.admission import Admission, deadline_s
+from inferd.admission.admission import Admission, timeout_s
 from inferd.admission.auth import Authenticator
 from inferd.admission.rate_limits import RateLimiter
 from inferd.config import ModelConfig, ServerConfig, TierConfig
@@ -56,7 +56,7 @@ def test_an_admitted_call_is_handed_to_the_model_with_its_deadline_and_tier(life
     assert admit.admit(model, "r1", ("hello",), who(admit), None) == ["r1.0"]  # type: ignore[arg-type]
     assert admit.admit(model, "r2", ("hi", "there"), who(admit), 300) == ["r2.0", "r2.1"]  # type: ignore[arg-type]
     assert model.taken == [("r1", ("hello",), 1.0, "paid"), ("r2", ("hi", "there"), 0.3, "paid")]
-    assert deadline_s(model.config, 10**9) == model.config.max_timeout_ms / 1000
+    assert timeout_s(model.config, 10**9) == model.config.max_timeout_ms / 1000
 
 
 @pytest.mark.parametrize("change, error, reason", [

@@ -7,13 +7,13 @@ from types import SimpleNamespace
 
 from pytest import approx
 
-from inferd.execution.hang_limit import BatchLatencies
+from inferd.execution.hang_limit import HangLimit
 from inferd.execution.pool import WorkerPool
 
 
 def pool_of(*workers: SimpleNamespace) -> WorkerPool:
     pool = WorkerPool(name="m", devices=[], build=lambda d: None, warmup_inputs=[], next_batch=lambda f, t: None,  # type: ignore[arg-type,return-value]
-                      loop=asyncio.new_event_loop(), latencies=BatchLatencies(1.0), on_batch_done=print,
+                      loop=asyncio.new_event_loop(), hang_limit=HangLimit(1.0), on_batch_done=print,
                       on_requeue=print, on_ready=print)
     pool.loop.close()
     pool.workers = list(workers)  # type: ignore[arg-type]

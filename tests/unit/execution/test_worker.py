@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferd.execution.executor import OutputMismatch, check_outputs, isolate
+from inferd.execution.worker import OutputMismatch, check_outputs, isolate
 
 
 class Poisoned(ValueError):

@@ -36,12 +36,11 @@ from typing import Any
 
 from ..backends import BatchBackend, Capabilities
 from ..errors import describe
-from ..messages import Batch
+from ..messages import Batch, Taker
 from .thread_priority import lower_this_thread
 
 log = logging.getLogger("inferd.executor")
 
-Taker = Callable[[Batch | None], None]
 NextBatch = Callable[[int, Taker | None], Batch | None]  # (requests just answered, taker) -> a due batch, or None: parked
 # (taker None: a full batch or nothing, never parked: a worker asking for one to launch behind its computing one)
 
