@@ -131,12 +131,6 @@ def step(url: str, *, rate: float | None = None, clients: int | None = None, dur
     return result
 
 
-# Under valgrind, numpy's OpenBLAS threads (numpy is imported with the server, and unused on its request
-# path) spin in their wait loop for as long as the run lasts: ~5,000 of ~215,000 instructions per request
-# in `inprocess_request.py`, varying from run to run. One BLAS thread has none to spin.
-QUIET_BLAS = {"OPENBLAS_NUM_THREADS": "1"}
-
-
 def free_port() -> int:
     """A loopback port free now (for a server the benchmark starts itself)."""
     with socket.socket() as s:
@@ -275,19 +269,6 @@ def _stat_cpu_s(stat: Path) -> float:
     """User + system CPU seconds from a /proc `stat` file (a process's or one thread's)."""
     fields = _stat_fields(stat)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def minor_page_faults(pid: int) -> int:
-    """Page faults a process has taken without reading a disk (each a page of memory touched for the
-    first time since it was mapped), all its threads together, from /proc."""
-    return int(_stat_fields(Path(f"/proc/{pid}/stat"))[7])
-
-
-def listening_pid(url: str) -> int:
-    """The pid of the process listening on `url`'s loopback port (`ss`)."""
-    port = url.rsplit(":", 1)[1].strip("/")
-    out = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout
-    return int(re.search(r"pid=(\d+)", out)[1])  # type: ignore[index]
 
 
 def _machine() -> str:

@@ -214,7 +214,7 @@ def whole_body(payload: StreamReader) -> bytes:
     """The body of a request aiohttp's parser has finished (`payload.is_eof()`). Why not `read_nowait`:
     it resumes the connection's reading after it reads, and resuming re-enters the connection's
     `data_received` with no data, a second pass through it and aiohttp's parser for every request
-    (6,000-9,000 of ~234,000 instructions per S2 request, `inprocess_request.py`). That resumption is
+    (6,000-9,000 of ~234,000 instructions per S2 request, benchmarks/results/inprocess_request.md). That resumption is
     needed only where the body paused the parser, past twice `_READ_LIMIT`: from `_READ_LIMIT` up (a
     margin), a body is read the usual way."""
     chunks = payload._buffer
