@@ -86,7 +86,7 @@ def build_lora_adapter(folder: str | Path, base: str | Path, seed: int = 1, rank
         for name, weight in model.named_parameters():
             if "lora_A" in name or "lora_B" in name:
                 weight.copy_(torch.randn(weight.shape, generator=generator) * 0.5)
-    model.save_pretrained(folder)
+    model.save_pretrained(str(folder))
     return folder
 
 
