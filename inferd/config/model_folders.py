@@ -1,8 +1,9 @@
 """`inferd serve --model PATH`: a config made from model folders, with no file to write first.
 
-Like `vllm serve MODEL` or TEI's `--model-id`, a folder is enough: its `config.json` says what the
-model does (a causal LM generates, a one-output sequence classifier reranks, a vision encoder embeds
-images, anything else embeds text) unless `--task` says otherwise. The config is made as TOML text and
+Like `vllm serve MODEL` or TEI's `--model-id`, a folder is enough, or a Hub id (`org/name`: its snapshot
+in the Hugging Face cache, downloaded there first where the host may reach the Hub): its `config.json`
+says what the model does (a causal LM generates, a one-output sequence classifier reranks, a vision
+encoder embeds images, anything else embeds text) unless `--task` says otherwise. The config is made as TOML text and
 read by the same parser as a file, so `--print-config` prints exactly what runs, ready to be saved and
 edited into a real config.
 """
@@ -62,13 +63,14 @@ def folder_config_toml(models: Sequence[FolderModel], host: str = "127.0.0.1", p
                   "", "[[tenants]]", 'name = "api-key"', 'tier = "default"', f"key_sha256 = {_toml(api_key_sha256)}"]
     names: set[str] = set()
     for model in models:
-        path = Path(model.path)
+        path = resolve_model_path(model.path)
         if not path.is_dir():
-            raise ConfigError(f"--model {model.path}: no such folder (a local model folder: config.json, tokenizer, weights)")
+            raise ConfigError(f"--model {model.path}: no such folder (a local model folder: config.json, tokenizer, "
+                              "weights; or a Hub id, org/name)")
         task = model.task or folder_task(path)
         if task not in TASKS:
             raise ConfigError(f"--task {task!r}: one of {', '.join(TASKS)}")
-        name = model.name or _name_of(path)
+        name = model.name or _name_of(Path(model.path))  # (a Hub id's name part, or the folder's)
         if not NAME.fullmatch(name):
             raise ConfigError(f"--name {name!r}: letters, digits and . _ : - (up to 128), starting with a letter or digit")
         if name in names:
@@ -76,6 +78,32 @@ def folder_config_toml(models: Sequence[FolderModel], host: str = "127.0.0.1", p
         names.add(name)
         lines += ["", "[[models]]", f"name = {_toml(name)}", *_model_lines(task, str(path.resolve()))]
     return "\n".join(lines) + "\n"
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def resolve_model_path(spec: str) -> Path:
+    """A `--model` as a local folder: the folder itself, or, for a Hub id (`org/name`) that is no local
+    folder, its snapshot in the Hugging Face cache, downloaded when the host may reach the Hub
+    (`HF_HUB_OFFLINE=1`: the cache only, as transformers and vLLM honour it)."""
+    path = Path(spec)
+    if path.is_dir() or not _HUB_ID.fullmatch(spec):
+        return path
+    try:
+        from huggingface_hub import constants, snapshot_download
+        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    except ImportError:
+        raise ConfigError(f"--model {spec}: no such folder, and a Hub id needs huggingface_hub (pip install "
+                          "'inferd[torch]')") from None
+    offline = bool(constants.HF_HUB_OFFLINE)
+    try:
+        return Path(snapshot_download(spec, local_files_only=offline))
+    except LocalEntryNotFoundError:
+        where = "not in the Hugging Face cache and HF_HUB_OFFLINE is set" if offline else "not reachable on the Hub"
+        raise ConfigError(f"--model {spec}: no such folder; as a Hub id it is {where} ({constants.HF_HUB_CACHE})") from None
+    except (HfHubHTTPError, OSError, ValueError) as exc:
+        raise ConfigError(f"--model {spec}: no such folder, and the Hub did not give it: {exc}") from None
 
 
 def folder_config(models: Sequence[FolderModel], host: str = "127.0.0.1", port: int = 8000,

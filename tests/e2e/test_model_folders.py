@@ -55,3 +55,36 @@ async def test_print_config_writes_the_toml_it_would_serve(tmp_path):
                                                  stdout=asyncio.subprocess.PIPE)
     said, _ = await check.communicate()
     assert check.returncode == 0 and b"inferd.backends.transformer:create" in said
+
+
+def hub_cache(root, repo: str, folder) -> str:  # type: ignore[no-untyped-def]
+    """A Hugging Face cache (HF_HUB_CACHE) holding `folder`'s files as `repo`'s snapshot at main, as
+    huggingface_hub lays one out after a download: models--ORG--NAME/{refs/main, snapshots/REV/...}."""
+    import shutil
+
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    entry = root / f"models--{repo.replace('/', '--')}"
+    shutil.copytree(folder, entry / "snapshots" / revision)
+    (entry / "refs").mkdir()
+    (entry / "refs" / "main").write_text(revision)
+    return str(root)
+
+
+async def test_a_hub_id_is_served_from_the_hugging_face_cache_offline(tmp_path):
+    """`--model org/name` with no such local folder: the snapshot in the cache (HF_HUB_OFFLINE=1: no
+    network asked), named after its name part; one the cache lacks is a one-line error naming the cache."""
+    import os
+
+    reranker = build_cross_encoder(tmp_path / "built")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": hub_cache(tmp_path / "hub", "acme/tiny-reranker", reranker)}
+    proc = await asyncio.create_subprocess_exec(PYTHON, "-m", "inferd", "serve", "--model", "acme/tiny-reranker",
+                                                "--print-config", stdout=asyncio.subprocess.PIPE, env=env, cwd=tmp_path)
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0, out
+    text = out.decode()
+    assert 'name = "tiny-reranker"' in text and 'task = "rerank"' in text and "models--acme--tiny-reranker" in text
+    missing = await asyncio.create_subprocess_exec(PYTHON, "-m", "inferd", "serve", "--model", "acme/not-cached",
+                                                   "--print-config", stdout=asyncio.subprocess.PIPE,
+                                                   stderr=asyncio.subprocess.PIPE, env=env, cwd=tmp_path)
+    _, err = await missing.communicate()
+    assert missing.returncode == 2 and b"HF_HUB_OFFLINE" in err and b"acme/not-cached" in err, err
