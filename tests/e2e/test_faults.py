@@ -125,7 +125,7 @@ async def test_breaker_opens_on_a_failing_model_and_closes_after_recovery(http):
         assert srv.models["m"].breaker.state.value == "closed"
         async with http.get(f"{srv.url}/readyz") as resp:
             assert resp.status == 200
-        refusals = {reason: n for (_, _, reason), n in srv.models["m"].metrics.shed.items()}
+        refusals = {reason: n for (_, _, reason), n in srv.models["m"].metrics.refused.items()}
         assert refusals == {"breaker_open": 2}  # one per 503 answered
 
 
