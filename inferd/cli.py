@@ -1,4 +1,4 @@
-"""`inferd serve`, `inferd check-config` and `inferd bench`."""
+"""`inferd serve`, `inferd check-config`, `inferd bench` and `inferd plan`."""
 
 from __future__ import annotations
 
@@ -63,6 +63,25 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--out", help="RESULT.json (a .md table and .png plots are written beside it)")
     bench.add_argument("--no-plots", action="store_true")
 
+    plan = sub.add_parser("plan", help="simulate a day of traffic on an autoscaled fleet: SLO, refusals and "
+                          "GPU-hours per scaling policy", description="A fleet of simulated replicas (inferd's own "
+                          "batcher, cost model and admission on a virtual clock) behind a least-connections balancer, "
+                          "scaled by Kubernetes' HPA algorithm on each policy's signal, against an oracle.")
+    plan.add_argument("--day-s", type=float, default=4 * 3600.0, help="the day's length in seconds (compressed: "
+                      "start delays and windows stay in real seconds)")
+    plan.add_argument("--trough-rps", type=float, default=40.0)
+    plan.add_argument("--peak-rps", type=float, default=320.0)
+    plan.add_argument("--spike-factor", type=float, default=4.0, help="three spikes multiply the rate by this")
+    plan.add_argument("--long-share", type=float, default=0.1, help="share of inputs in the long length bucket")
+    plan.add_argument("--latency-ms", type=float, default=100.0, help="a batch's fixed time on the device")
+    plan.add_argument("--per-item-ms", type=float, default=2.0, help="a batch's time per input")
+    plan.add_argument("--long-factor", type=float, default=2.0, help="a long-bucket batch costs this many times more")
+    plan.add_argument("--max-batch-size", type=int, default=16)
+    plan.add_argument("--slo-ms", type=float, default=1000.0, help="the latency objective (admission's too)")
+    plan.add_argument("--start-s", type=float, default=60.0, help="a new replica's start-up (weights, warm-up)")
+    plan.add_argument("--policies", help="comma list of utilisation, waiting, shipped, objective, ahead (default: all)")
+    plan.add_argument("--out", help="RESULT.json: every policy's figures, replicas and samples")
+
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(args, "log_level", "WARNING").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
@@ -71,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         return _bench(args)
     if args.command == "check-config":
         return _check_config(args.config)
+    if args.command == "plan":
+        return _plan(args)
     return 2
 
 
@@ -233,3 +254,20 @@ def _readable_models(path: str) -> list[tuple[str, str, str, str, Mapping[str, A
             found.append((str(t.get("name", "?")), str(t.get("version", "1")), str(t.get("kind", "batch")),
                           t["backend"], options if isinstance(options, dict) else {}))
     return found
+
+
+def _plan(args: argparse.Namespace) -> int:
+    import json
+
+    from .planning.plan import PlanSettings, plan, summary_table
+    from .planning.traces import DayTrace
+
+    settings = PlanSettings(latency_ms=args.latency_ms, per_item_ms=args.per_item_ms, long_factor=args.long_factor,
+                            max_batch_size=args.max_batch_size, slo_ms=args.slo_ms, start_s=args.start_s)
+    trace = DayTrace(day_s=args.day_s, trough_rps=args.trough_rps, peak_rps=args.peak_rps,
+                     spike_factor=args.spike_factor, long_share=args.long_share)
+    result = plan(settings, trace, args.policies.split(",") if args.policies else None)
+    print(summary_table(result))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result) + "\n")
+    return 0

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "inferd"
 LAYERS: list[set[str]] = [
     {"__main__"},
     {"cli"},
-    {"server"},
+    {"server", "planning"},
     {"http"},
     {"admission"},
     {"models"},

@@ -1,0 +1,235 @@
+"""A fleet of simulated inferd replicas behind a load balancer, scaled by an autoscaler, on a virtual
+clock (`inferd plan`).
+
+Each replica is `replica.Replica`: the server's own batcher, cost model and admission. A request goes
+to the ready replica with the fewest outstanding requests (HAProxy's `leastconn`); none ready: a 503.
+Every `sample_s` the fleet records what Prometheus would scrape (each replica's busy share since the
+last sample, the requests waiting, the predicted wait); the autoscaler (`hpa.Hpa`, Kubernetes' algorithm)
+syncs every `poll_s` on the samples of `lag_s` before. A replica added starts after `start_s` (weights,
+warm-up, graph capture), counted as a GPU from the moment it is asked for; one removed takes no new
+requests and leaves once it has answered what it holds. GPU-hours count every replica from its start
+to its removal.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from ..config import ModelConfig
+from ..messages import PendingRequest
+from .hpa import Hpa, HpaSettings
+from .replica import Device, Outcome, Replica, VirtualClock
+from .traces import Arrival
+
+# A policy's metrics, from the fleet's recent samples: name -> value (what its triggers read).
+Signals = Callable[["Fleet"], dict[str, float]]
+
+
+@dataclass
+class FleetSettings:
+    start_s: float = 60.0
+    sample_s: float = 5.0
+    initial_replicas: int = 1
+
+
+@dataclass
+class Sample:
+    at: float
+    ready: int
+    utilisation: float  # summed over ready replicas: each one's busy share of the last interval
+    waiting: int
+    predicted_wait_s: float  # the largest over ready replicas
+    arrival_rps: float
+
+
+@dataclass
+class FleetResult:
+    outcomes: list[Outcome]
+    replica_s: float  # GPU-seconds
+    samples: list[Sample]
+    replicas_over_time: list[tuple[float, int]]  # (when, replicas counted: starting and ready)
+    scale_events: int
+
+    def summary(self) -> dict[str, Any]:
+        n = len(self.outcomes) or 1
+        return {"requests": len(self.outcomes),
+                "within_slo": round(sum(1 for o in self.outcomes if o.in_slo) / n, 5),
+                "refused": round(sum(1 for o in self.outcomes if o.refused) / n, 5),
+                "gpu_hours": round(self.replica_s / 3600.0, 3),
+                "peak_replicas": max((r for _, r in self.replicas_over_time), default=0),
+                "scale_events": self.scale_events}
+
+
+class _SimReplica:
+    """A replica's life in the fleet: asked for (`started`), ready, removed."""
+
+    __slots__ = ("replica", "name", "started", "ready_at", "removed", "busy_at_sample")
+
+    def __init__(self, replica: Replica, started: float, ready_at: float) -> None:
+        self.replica, self.name, self.started, self.ready_at = replica, replica.name, started, ready_at
+        self.removed: float | None = None
+        self.busy_at_sample = 0.0
+
+
+class Fleet:
+    """The simulation (see the module docstring)."""
+
+    def __init__(self, config: ModelConfig, device: Device, hpa: HpaSettings | None, signals: Signals | None,
+                 settings: FleetSettings | None = None, buckets: int = 2) -> None:
+        self.config = config
+        self.device = device
+        self.settings = settings or FleetSettings()
+        self.clock = VirtualClock()
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self._buckets = buckets
+        self._replicas: list[_SimReplica] = []
+        self._names = itertools.count()
+        self.hpa = Hpa(hpa) if hpa is not None else None
+        self.hpa_settings = hpa
+        self.signals = signals
+        self.samples: deque[Sample] = deque(maxlen=4096)
+        self._all_samples: list[Sample] = []
+        self._arrived_since_sample = 0
+        self._replicas_over_time: list[tuple[float, int]] = []
+        self._scale_events = 0
+        self.fixed: Callable[[float], int] | None = None  # an oracle's replicas by time, instead of the autoscaler
+
+    def schedule(self, when: float, what: Callable[[], None]) -> None:
+        heapq.heappush(self._events, (when, next(self._seq), what))
+
+    # ---- replicas --------------------------------------------------------------------------------
+
+    @property
+    def replicas(self) -> list[_SimReplica]:
+        """Every replica the run asked for, removed ones included."""
+        return list(self._replicas)
+
+    @property
+    def counted(self) -> list[_SimReplica]:
+        """Replicas the Deployment holds: starting or ready, not removed."""
+        return [r for r in self._replicas if r.removed is None]
+
+    @property
+    def ready(self) -> list[_SimReplica]:
+        now = self.clock.now
+        return [r for r in self._replicas if r.removed is None and r.ready_at <= now]
+
+    def _add(self, start_s: float) -> None:
+        now = self.clock.now
+        replica = Replica(f"r{next(self._names)}", self.config, self.device, self.clock, self.schedule, buckets=self._buckets)
+        self._replicas.append(_SimReplica(replica, now, now + start_s))
+
+    def _remove(self) -> None:
+        """The newest replica goes first (starting ones before ready ones), as a ReplicaSet picks."""
+        victim = max(self.counted, key=lambda r: r.started)
+        victim.removed = self.clock.now
+
+    def _scale_to(self, desired: int) -> None:
+        current = len(self.counted)
+        if desired == current:
+            return
+        self._scale_events += 1
+        for _ in range(desired - current):
+            self._add(self.settings.start_s)
+        for _ in range(current - desired):
+            self._remove()
+        self._replicas_over_time.append((self.clock.now, len(self.counted)))
+
+    # ---- the run ---------------------------------------------------------------------------------
+
+    def run(self, arrivals: Iterable[Arrival], until_s: float, slo_s: float) -> FleetResult:
+        for _ in range(self.settings.initial_replicas):
+            self._add(0.0)
+        self._replicas_over_time.append((0.0, len(self.counted)))
+        self.schedule(self.settings.sample_s, self._sample)
+        if self.hpa_settings is not None:
+            self.schedule(self.hpa_settings.poll_s, self._sync)
+        if self.fixed is not None:
+            self.schedule(0.0, self._follow_fixed)
+        outcomes: list[Outcome] = []
+        timeout_s = self.config.timeout_ms / 1000.0
+        slo_due = self.config.slo_ms / 1000.0 if self.config.slo_ms else None
+        events = self._events
+        clock = self.clock
+        for number, arrival in enumerate(arrivals):
+            while events and events[0][0] <= arrival.at:
+                when, _, what = heapq.heappop(events)
+                clock.now = max(clock.now, when)
+                what()
+            clock.now = arrival.at
+            outcome = Outcome(arrival.at, slo_s, arrival.tier)
+            outcomes.append(outcome)
+            self._arrived_since_sample += 1
+            self._offer(number, arrival, outcome, timeout_s, slo_due)
+        horizon = max(until_s, clock.now + timeout_s + 1.0)  # (what was admitted last is answered or expires)
+        while events and events[0][0] <= horizon:
+            when, _, what = heapq.heappop(events)
+            clock.now = max(clock.now, when)
+            what()
+        # GPU time over the day itself, every replica from its ask to its removal (or the day's end)
+        replica_s = sum(min(until_s, r.removed if r.removed is not None else until_s) - r.started
+                        for r in self._replicas if r.started < until_s)
+        return FleetResult(outcomes, replica_s, self._all_samples, self._replicas_over_time, self._scale_events)
+
+    def _offer(self, number: int, arrival: Arrival, outcome: Outcome, timeout_s: float, slo_due: float | None) -> None:
+        ready = self.ready
+        if not ready:
+            outcome.refused = True
+            return
+        target = min(ready, key=lambda r: r.replica.outstanding).replica
+        now = self.clock.now
+        deadline = now + timeout_s
+        due = deadline if slo_due is None else min(deadline, now + slo_due)
+        request = PendingRequest(f"q{number}", None, now, deadline, cast(Any, None), due=due,
+                                 slo_at=None if slo_due is None else now + slo_due, tier=arrival.tier, bucket=arrival.bucket)
+        if target.offer(request, outcome):
+            self.schedule(deadline, lambda: target.expire(request))
+
+    def _sample(self) -> None:
+        now = self.clock.now
+        interval = self.settings.sample_s
+        ready = self.ready
+        utilisation = 0.0
+        for r in ready:
+            replica = r.replica
+            busy = replica.stats.busy_s
+            running = replica.worker.current
+            if running is not None:
+                busy += now - running.started_at
+            utilisation += min(1.0, max(0.0, busy - r.busy_at_sample) / interval)
+            r.busy_at_sample = busy
+        sample = Sample(now, len(ready), utilisation, sum(r.replica.depth for r in ready),
+                        max((r.replica.predicted_wait_s() for r in ready), default=0.0),
+                        self._arrived_since_sample / interval)
+        self._arrived_since_sample = 0
+        self.samples.append(sample)
+        self._all_samples.append(sample)
+        self.schedule(now + interval, self._sample)
+
+    def lagged(self) -> Sample | None:
+        """The newest sample Prometheus would have had `lag_s` ago."""
+        lag = self.hpa_settings.lag_s if self.hpa_settings is not None else 0.0
+        cutoff = self.clock.now - lag
+        for sample in reversed(self.samples):
+            if sample.at <= cutoff:
+                return sample
+        return None
+
+    def _sync(self) -> None:
+        assert self.hpa is not None and self.hpa_settings is not None and self.signals is not None
+        metrics = self.signals(self)
+        current = len(self.counted)
+        desired = self.hpa.desired(self.clock.now, current, metrics)
+        self._scale_to(desired)
+        self.schedule(self.clock.now + self.hpa_settings.poll_s, self._sync)
+
+    def _follow_fixed(self) -> None:
+        assert self.fixed is not None
+        self._scale_to(self.fixed(self.clock.now))
+        self.schedule(self.clock.now + 10.0, self._follow_fixed)

@@ -1,0 +1,91 @@
+"""`inferd plan`: how many replicas a day of traffic needs, and what each scaling policy would have
+cost and missed, from the server's own scheduling code on a virtual clock (see `fleet`)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..config import ModelConfig
+from .fleet import Fleet, FleetResult, FleetSettings
+from .policies import Policy, oracle_replicas, policies
+from .replica import SimDevice
+from .traces import DayTrace
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """The model (the simulated GPU's costs and its batch settings), its objective, the fleet's start-up."""
+
+    latency_ms: float = 100.0
+    per_item_ms: float = 2.0
+    long_factor: float = 2.0  # a long input's batch costs this many times a short one's
+    max_batch_size: int = 16
+    max_wait_ms: float = 10.0
+    slo_ms: float = 1000.0
+    timeout_ms: float = 2000.0
+    start_s: float = 60.0
+    target_attainment: float = 0.995
+
+    def config(self) -> ModelConfig:
+        return ModelConfig(name="m", backend="inferd.backends.sim:create", max_batch_size=self.max_batch_size,
+                           max_wait_ms=self.max_wait_ms, max_queue=100_000, timeout_ms=int(self.timeout_ms),
+                           slo_ms=self.slo_ms)
+
+    def device(self) -> SimDevice:
+        return SimDevice(self.latency_ms, self.per_item_ms, (1.0, self.long_factor))
+
+
+def capacity_at_objective(settings: PlanSettings, trace: DayTrace, seconds: float = 120.0) -> float:
+    """The highest steady rate (of the trace's mix) one replica serves with `target_attainment` of its
+    requests within the objective: found by bisection on simulated runs."""
+    low, high = 0.0, 2.0 * settings.max_batch_size / (settings.device()(settings.max_batch_size, 0) or 1e-3)
+    for _ in range(9):
+        rate = (low + high) / 2
+        steady = replace(trace, day_s=seconds, trough_rps=rate, peak_rps=rate, spikes=())
+        fleet = Fleet(settings.config(), settings.device(), None, None, FleetSettings(start_s=0.0))
+        result = fleet.run(steady.arrivals(), seconds, settings.slo_ms / 1000.0)
+        if result.summary()["within_slo"] >= settings.target_attainment:
+            low = rate
+        else:
+            high = rate
+    return low
+
+
+def run_policy(settings: PlanSettings, trace: DayTrace, policy: Policy | None, oracle: Any = None) -> tuple[FleetResult, float]:
+    fleet = Fleet(settings.config(), settings.device(), policy.hpa if policy else None, policy.signals if policy else None,
+                  FleetSettings(start_s=settings.start_s))
+    if oracle is not None:
+        fleet.fixed = oracle
+        fleet.settings.initial_replicas = oracle(0.0)
+    began = time.perf_counter()
+    result = fleet.run(trace.arrivals(), trace.day_s, settings.slo_ms / 1000.0)
+    return result, time.perf_counter() - began
+
+
+def plan(settings: PlanSettings, trace: DayTrace, names: list[str] | None = None) -> dict[str, Any]:
+    capacity = capacity_at_objective(settings, trace)
+    chosen = [p for p in policies(capacity, settings.start_s, settings.slo_ms / 1000.0) if names is None or p.name in names]
+    rows: dict[str, Any] = {}
+    oracle = oracle_replicas(trace.rate, capacity, trace.day_s, settings.start_s)
+    result, took = run_policy(settings, trace, None, oracle)
+    rows["oracle"] = {**result.summary(), "sim_s": round(took, 1), "replicas": result.replicas_over_time}
+    for policy in chosen:
+        result, took = run_policy(settings, trace, policy)
+        rows[policy.name] = {**result.summary(), "sim_s": round(took, 1), "replicas": result.replicas_over_time,
+                             "samples": [(s.at, s.ready, round(s.utilisation, 3), s.waiting, round(s.predicted_wait_s, 4),
+                                          round(s.arrival_rps, 1)) for s in result.samples]}
+    return {"capacity_rps": round(capacity, 1), "settings": settings.__dict__, "trace": trace.__dict__, "policies": rows}
+
+
+def summary_table(result: dict[str, Any]) -> str:
+    """The plan as a markdown table: each policy beside the oracle."""
+    oracle_hours = result["policies"]["oracle"]["gpu_hours"] or 1e-9
+    lines = [f"one replica's capacity within the objective: {result['capacity_rps']} req/s", "",
+             "| policy | within the objective | refused | GPU-hours | of the oracle's | peak replicas | scale events |",
+             "|---|---|---|---|---|---|---|"]
+    for name, row in result["policies"].items():
+        lines.append(f"| {name} | {row['within_slo']:.2%} | {row['refused']:.2%} | {row['gpu_hours']:.2f} | "
+                     f"{row['gpu_hours'] / oracle_hours:.2f} | {row['peak_replicas']} | {row['scale_events']} |")
+    return "\n".join(lines)

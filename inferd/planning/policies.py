@@ -1,0 +1,86 @@
+"""The scaling policies the simulator compares, each as an operator would configure it (KEDA triggers on
+Prometheus queries, the HPA's behaviour), and the oracle they are measured against.
+
+- `utilisation`: GPU utilisation, the HPA default people reach for (the busy share of each replica's
+  worker, 70% a replica), KEDA polling every 15 s;
+- `waiting`: requests waiting per replica (50);
+- `shipped`: deploy/k8s/keda-scaledobject.yaml as it ships: the largest predicted wait over 0.2 s
+  (a Value trigger) and 200 waiting requests per replica, polled every 5 s, 300 s down-stabilisation;
+- `objective`: the same with the predicted wait's threshold at half the latency objective (under an
+  objective a partial batch lingers for most of it, so a fixed 0.2 s reads "late" at any load);
+- `ahead`: `objective`'s triggers plus one that adds replicas ahead of need by the start delay: the
+  arrival rate extrapolated `start_s` ahead from its trend over the last two minutes, against 80% of a
+  replica's measured capacity.
+- the oracle: the fewest replicas that keep up with the trace's own rate at each minute (its highest
+  rate within the minute over a replica's capacity at the objective), each started in time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .fleet import Fleet, Signals
+from .hpa import HpaSettings, Trigger
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    hpa: HpaSettings
+    signals: Signals
+
+
+def _latest(fleet: Fleet) -> dict[str, float]:
+    sample = fleet.lagged()
+    if sample is None:
+        return {}
+    return {"utilisation": sample.utilisation, "waiting": float(sample.waiting), "predicted_wait": sample.predicted_wait_s}
+
+
+def _ahead(fleet: Fleet, start_s: float, window_s: float = 120.0) -> dict[str, float]:
+    """The shipped signals, and the arrival rate `start_s` ahead by its least-squares trend."""
+    metrics = _latest(fleet)
+    sample = fleet.lagged()
+    if sample is None:
+        return metrics
+    recent = [(s.at, s.arrival_rps) for s in fleet.samples if sample.at - window_s <= s.at <= sample.at]
+    if len(recent) >= 3:
+        n = len(recent)
+        mean_t = sum(t for t, _ in recent) / n
+        mean_r = sum(r for _, r in recent) / n
+        spread = sum((t - mean_t) ** 2 for t, _ in recent) or 1.0
+        slope = sum((t - mean_t) * (r - mean_r) for t, r in recent) / spread
+        metrics["rate_ahead"] = max(0.0, mean_r + slope * (fleet.clock.now - mean_t + start_s))
+    return metrics
+
+
+def policies(replica_capacity_rps: float, start_s: float, slo_s: float) -> list[Policy]:
+    shipped = (Trigger("predicted_wait", 0.2, average=False), Trigger("waiting", 200.0))
+    objective = (Trigger("predicted_wait", 0.5 * slo_s, average=False), Trigger("waiting", 200.0))
+    return [
+        Policy("utilisation", HpaSettings((Trigger("utilisation", 0.7),), poll_s=15.0), _latest),
+        Policy("waiting", HpaSettings((Trigger("waiting", 50.0),), poll_s=15.0), _latest),
+        Policy("shipped", HpaSettings(shipped, poll_s=5.0), _latest),
+        Policy("objective", HpaSettings(objective, poll_s=5.0), _latest),
+        Policy("ahead", HpaSettings((*objective, Trigger("rate_ahead", 0.8 * replica_capacity_rps)), poll_s=5.0),
+               lambda fleet: _ahead(fleet, start_s)),
+    ]
+
+
+def oracle_replicas(rate: Callable[[float], float], capacity_rps: float, day_s: float, start_s: float,
+                    step_s: float = 60.0) -> Callable[[float], int]:
+    """Replicas by time: each minute's need (its highest rate, sampled every second, over `capacity_rps`),
+    asked for `start_s` ahead so that they are ready when the minute begins."""
+    needs = []
+    for minute in range(int(math.ceil(day_s / step_s)) + 1):
+        top = max(rate(minute * step_s + k) for k in range(int(step_s)))
+        needs.append(max(1, math.ceil(top / capacity_rps)))
+
+    def replicas(t: float) -> int:
+        now_minute = int(t // step_s)
+        ahead_minute = int((t + start_s) // step_s)
+        return max(needs[min(m, len(needs) - 1)] for m in range(now_minute, ahead_minute + 1))
+
+    return replicas

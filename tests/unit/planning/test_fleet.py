@@ -1,0 +1,97 @@
+"""The fleet simulator on short traces: every request ends once (answered, refused or expired), a replica
+serves within its objective below its capacity and refuses (not queues to miss) above it, an autoscaler
+adds replicas that take traffic only once started, and GPU time counts from the ask."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from inferd.planning.fleet import Fleet, FleetSettings
+from inferd.planning.hpa import HpaSettings, Trigger
+from inferd.planning.plan import PlanSettings
+from inferd.planning.policies import oracle_replicas, policies
+from inferd.planning.replica import SimDevice
+from inferd.planning.traces import DayTrace
+
+SETTINGS = PlanSettings(latency_ms=50.0, per_item_ms=0.0, long_factor=1.0, max_batch_size=8, slo_ms=400.0)
+CAPACITY = 8 / 0.05  # 160 req/s: full batches of 8 every 50 ms
+
+
+def steady(rate: float, seconds: float = 30.0, long_share: float = 0.0) -> DayTrace:
+    return DayTrace(day_s=seconds, trough_rps=rate, peak_rps=rate, spikes=(), long_share=long_share)
+
+
+def run(trace: DayTrace, policy=None, start_s: float = 0.0, initial: int = 1):  # type: ignore[no-untyped-def]
+    fleet = Fleet(SETTINGS.config(), SETTINGS.device(), policy.hpa if policy else None, policy.signals if policy else None,
+                  FleetSettings(start_s=start_s, initial_replicas=initial))
+    return fleet.run(trace.arrivals(), trace.day_s, SETTINGS.slo_ms / 1000.0)
+
+
+def test_below_capacity_every_request_is_answered_within_the_objective():
+    result = run(steady(0.6 * CAPACITY))
+    summary = result.summary()
+    assert summary["requests"] > 2500 and summary["refused"] == 0 and summary["within_slo"] == 1.0
+    assert all(o.done is not None and o.done - o.arrived >= 0.05 - 1e-9 for o in result.outcomes)  # one batch at least
+
+
+def test_above_capacity_admission_refuses_rather_than_queues_to_miss():
+    result = run(steady(2.0 * CAPACITY))
+    answered = [o for o in result.outcomes if o.done is not None]
+    refused = [o for o in result.outcomes if o.refused]
+    assert not set(map(id, answered)) & set(map(id, refused))  # each request ends one way
+    assert 0.35 < len(refused) / len(result.outcomes) < 0.65  # about half of twice capacity
+    assert sum(o.in_slo for o in answered) / len(answered) > 0.98  # what it takes, it answers in time
+    assert len(answered) / 30.0 > 0.85 * CAPACITY  # and it keeps the device busy
+
+
+def test_an_autoscaler_adds_replicas_that_take_traffic_once_started():
+    trace = DayTrace(day_s=600.0, trough_rps=0.5 * CAPACITY, peak_rps=2.5 * CAPACITY, spikes=())
+    shipped = next(p for p in policies(CAPACITY, 60.0, 0.4) if p.name == "shipped")
+    fleet = Fleet(SETTINGS.config(), SETTINGS.device(), shipped.hpa, shipped.signals, FleetSettings(start_s=60.0))
+    result = fleet.run(trace.arrivals(), trace.day_s, SETTINGS.slo_ms / 1000.0)
+    assert result.summary()["peak_replicas"] >= 3
+    ready_at = {r.name: r.ready_at for r in fleet.replicas}
+    assert min(ready_at.values()) == 0.0 and max(ready_at.values()) >= 60.0
+    for outcome in result.outcomes:  # none was sent to a replica still starting
+        assert outcome.served_by is None or outcome.arrived >= ready_at[outcome.served_by]
+    asked = sum(min(r.removed if r.removed is not None else 600.0, 600.0) - r.started for r in fleet.replicas)
+    assert abs(result.replica_s - asked) < 1e-6  # GPU time counts from the ask, starting included
+    assert result.replica_s > sum(min(r.removed if r.removed is not None else 600.0, 600.0) - r.ready_at
+                                  for r in fleet.replicas if r.ready_at < 600.0)
+
+
+def test_hpa_on_no_load_scales_down_after_its_window():
+    trace = steady(1.0, seconds=900.0)
+    policy = next(p for p in policies(CAPACITY, 60.0, 0.4) if p.name == "waiting")
+    assert run(trace, policy, initial=4).replicas_over_time[-1][1] == 1
+
+
+def test_the_oracle_asks_for_each_minutes_need_a_start_ahead():
+    trace = DayTrace(day_s=600.0, trough_rps=100.0, peak_rps=100.0, spikes=(0.5,), spike_factor=4.0, spike_ramp_s=1.0,
+                     spike_s=60.0)
+    replicas = oracle_replicas(trace.rate, 100.0, trace.day_s, start_s=60.0)
+    assert replicas(0.0) == 1 and replicas(200.0) == 1
+    assert replicas(240.0) == 4  # the spike at 300-361 s, asked for 60 s ahead
+    assert replicas(380.0) == 4 and replicas(420.0) == 1  # its last second falls in the minute from 360 s
+
+
+def test_a_device_costs_by_bucket():
+    device = SimDevice(50.0, 2.0, (1.0, 3.0))
+    assert device(10, 0) == 0.07 and abs(device(10, 1) - 0.21) < 1e-12
+    assert replace(SETTINGS, long_factor=2.0).device()(8, 1) == 0.1
+    assert HpaSettings((Trigger("m", 1.0),)).down_window_s == 300.0
+
+
+def test_inferd_plan_prints_each_policy_beside_the_oracle(tmp_path, capsys):
+    import json
+
+    from inferd.cli import main
+
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--day-s", "300", "--trough-rps", "20", "--peak-rps", "60", "--policies", "waiting",
+                 "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| oracle |" in table and "| waiting |" in table and "| shipped |" not in table
+    result = json.loads(out.read_text())
+    assert set(result["policies"]) == {"oracle", "waiting"} and result["capacity_rps"] > 0
+    assert all(row["requests"] > 5000 for row in result["policies"].values())
