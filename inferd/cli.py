@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--max-batch-size", type=int, default=16)
     plan.add_argument("--slo-ms", type=float, default=1000.0, help="the latency objective (admission's too)")
     plan.add_argument("--start-s", type=float, default=60.0, help="a new replica's start-up (weights, warm-up)")
-    plan.add_argument("--policies", help="comma list of utilisation, waiting, shipped, objective, ahead (default: all)")
+    plan.add_argument("--policies", help="comma list of utilisation, waiting, shipped, objective, ahead, rate (default: all)")
     plan.add_argument("--out", help="RESULT.json: every policy's figures, replicas and samples")
 
     args = parser.parse_args(argv)

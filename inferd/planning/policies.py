@@ -10,7 +10,9 @@ Prometheus queries, the HPA's behaviour), and the oracle they are measured again
   objective a partial batch lingers for most of it, so a fixed 0.2 s reads "late" at any load);
 - `ahead`: `objective`'s triggers plus one that adds replicas ahead of need by the start delay: the
   arrival rate extrapolated `start_s` ahead from its trend over the last two minutes, against 80% of a
-  replica's measured capacity.
+  replica's measured capacity;
+- `rate`: only the arrival rate's trend a start-up ahead against 80% of a replica's capacity, with the
+  waiting requests per replica as a net (the signals that fall as replicas are added).
 - the oracle: the fewest replicas that keep up with the trace's own rate at each minute (its highest
   rate within the minute over a replica's capacity at the objective), each started in time.
 """
@@ -65,6 +67,8 @@ def policies(replica_capacity_rps: float, start_s: float, slo_s: float) -> list[
         Policy("shipped", HpaSettings(shipped, poll_s=5.0), _latest),
         Policy("objective", HpaSettings(objective, poll_s=5.0), _latest),
         Policy("ahead", HpaSettings((*objective, Trigger("rate_ahead", 0.8 * replica_capacity_rps)), poll_s=5.0),
+               lambda fleet: _ahead(fleet, start_s)),
+        Policy("rate", HpaSettings((Trigger("rate_ahead", 0.8 * replica_capacity_rps), Trigger("waiting", 200.0)), poll_s=5.0),
                lambda fleet: _ahead(fleet, start_s)),
     ]
 
