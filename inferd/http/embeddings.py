@@ -27,7 +27,7 @@ from typing import Any
 from ..errors import InvalidInput
 from .body_reader import json_object
 from .image_strings import json_object_with_images
-from .inference_body import image_item, timeout_ms
+from .inference_body import encoding_format, image_item, timeout_ms
 from .vector_types import VECTOR_TYPES, encoded
 
 Item = str | list[int] | dict[str, str]
@@ -69,10 +69,8 @@ def parse_embeddings_body(body: bytes) -> EmbeddingsCall:
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise InvalidInput("`model` must be a string")
-    fmt = data.get("encoding_format", "float")
-    if fmt not in VECTOR_TYPES:
-        raise InvalidInput(f"`encoding_format` must be one of {', '.join(VECTOR_TYPES)}")
-    return EmbeddingsCall(_items(data.get("input")), model, (fmt,), timeout_ms(data), _dimensions(data))
+    return EmbeddingsCall(_items(data.get("input")), model, (encoding_format(data, VECTOR_TYPES),), timeout_ms(data),
+                          _dimensions(data))
 
 
 def parse_tei_embed_body(body: bytes) -> EmbeddingsCall:

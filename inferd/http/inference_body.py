@@ -82,11 +82,12 @@ def timeout_ms(data: dict[str, Any]) -> int | None:
     return value
 
 
-def encoding_format(data: dict[str, Any]) -> str:
-    """The body's `encoding_format` ("float", the default, or "base64"), as OpenAI's embeddings take it."""
+def encoding_format(data: dict[str, Any], allowed: tuple[str, ...] = ("float", "base64")) -> str:
+    """The body's `encoding_format` ("float", the default, or another of `allowed`), as OpenAI's embeddings
+    take it (`/v1/embeddings` also takes the compact types: `vector_types`)."""
     value = data.get("encoding_format", "float")
-    if value not in ("float", "base64"):
-        raise InvalidInput('`encoding_format` must be "float" or "base64"')
+    if value not in allowed:
+        raise InvalidInput(f"`encoding_format` must be one of {', '.join(allowed)}")
     return value
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -93,8 +92,7 @@ class Fleet:
         self.hpa = Hpa(hpa) if hpa is not None else None
         self.hpa_settings = hpa
         self.signals = signals
-        self.samples: deque[Sample] = deque(maxlen=4096)
-        self._all_samples: list[Sample] = []
+        self.samples: list[Sample] = []  # what Prometheus scraped, oldest first
         self._arrived_since_sample = 0
         self._replicas_over_time: list[tuple[float, int]] = []
         self._scale_events = 0
@@ -175,7 +173,7 @@ class Fleet:
         # GPU time over the day itself, every replica from its ask to its removal (or the day's end)
         replica_s = sum(min(until_s, r.removed if r.removed is not None else until_s) - r.started
                         for r in self._replicas if r.started < until_s)
-        return FleetResult(outcomes, replica_s, self._all_samples, self._replicas_over_time, self._scale_events)
+        return FleetResult(outcomes, replica_s, self.samples, self._replicas_over_time, self._scale_events)
 
     def _offer(self, number: int, arrival: Arrival, outcome: Outcome, timeout_s: float, slo_due: float | None) -> None:
         ready = self.ready
@@ -209,7 +207,6 @@ class Fleet:
                         self._arrived_since_sample / interval)
         self._arrived_since_sample = 0
         self.samples.append(sample)
-        self._all_samples.append(sample)
         self.schedule(now + interval, self._sample)
 
     def lagged(self) -> Sample | None:

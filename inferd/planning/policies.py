@@ -47,7 +47,12 @@ def _ahead(fleet: Fleet, start_s: float, window_s: float = 120.0) -> dict[str, f
     sample = fleet.lagged()
     if sample is None:
         return metrics
-    recent = [(s.at, s.arrival_rps) for s in fleet.samples if sample.at - window_s <= s.at <= sample.at]
+    recent = []
+    for s in reversed(fleet.samples):  # (newest first: only the window's are read)
+        if s.at < sample.at - window_s:
+            break
+        if s.at <= sample.at:
+            recent.append((s.at, s.arrival_rps))
     if len(recent) >= 3:
         n = len(recent)
         mean_t = sum(t for t, _ in recent) / n

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
 
@@ -93,7 +93,6 @@ class ReplicaStats:
     batches: int = 0
     answered: int = 0
     refused: int = 0
-    sizes: list[int] = field(default_factory=list)
 
 
 class Replica:
@@ -184,7 +183,6 @@ class Replica:
         compute = batch.compute_s
         self.stats.busy_s += compute
         self.stats.batches += 1
-        self.stats.sizes.append(batch.size)
         self.forecast.observe_batch(compute, batch.size, batch.bucket, batch.backlog, None, now)
         self.forecast.note_capacity(1)
         for request in batch.requests:
