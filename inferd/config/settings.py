@@ -133,6 +133,7 @@ class ServerConfig:
     lame_duck_s: float = 0.0  # after SIGTERM, keep serving this long while health checks notice /readyz 503
     agent_port: int | None = None  # HAProxy agent-check port (weight from predicted wait); None: off
     agent_full_wait_ms: float = 1000.0  # predicted wait at which the agent's weight bottoms out at 1%
+    grpc_port: int | None = None  # the Open Inference Protocol over gRPC on this port (needs inferd[grpc]); None: off
     metrics: bool = True  # record metrics and serve GET /metrics
     access_log: str = "info"  # level of the JSON access log lines, or "off"
     access_log_sample_rate: float = 0.01  # share of requests logged; 500 and 504 answers are always logged

@@ -58,7 +58,7 @@ class OpenInferenceApi:
             return error_v2(MethodNotAllowed(f"{path} accepts {method} only"), request_id, allow=method)
         try:
             if not parts:
-                return _json({"name": "inferd", "version": __version__, "extensions": ["binary_tensor_data"]}, request_id)
+                return _json(server_metadata(), request_id)
             if parts[0] == "health" and len(parts) == 2 and parts[1] in ("live", "ready"):
                 ok = True if parts[1] == "live" else self.lifecycle.serving and self.models.ready
                 return _json({parts[1]: ok}, request_id, 200 if ok else 503)
@@ -66,7 +66,7 @@ class OpenInferenceApi:
                 if self.admission.auth.config.operations != "open":
                     self.admission.auth.require_operations(request.headers)
                 ready_only = (json_object(await self.body.read(request)) if request.can_read_body else {}).get("ready")
-                return WholeResponse(200, dumps(self._index(ready_only is True)), (("X-Request-ID", request_id),))
+                return WholeResponse(200, dumps(repository_index(self.models, ready_only is True)), (("X-Request-ID", request_id),))
             if parts[0] != "models" or len(parts) < 2:
                 raise NotFound(f"no route for {request.method} {path}")
             # The caller first: an unauthenticated one learns nothing of which models and versions exist.
@@ -76,11 +76,11 @@ class OpenInferenceApi:
                 self.admission.auth.require_operations(request.headers)  # (as GET /v1/models)
             model, rest = self._model(parts[1:])
             if not rest:
-                return _json(self._metadata(model), request_id)
+                return _json(model_metadata(self.models, model), request_id)
             if rest == ["ready"]:
                 return _json({"name": model.name, "ready": model.ready}, request_id, 200 if model.ready else 503)
             if rest == ["config"]:
-                return _json(_triton_config(model), request_id)
+                return _json(triton_config(model), request_id)
             if rest == ["infer"]:
                 self.lifecycle.enter()
                 try:
@@ -97,27 +97,7 @@ class OpenInferenceApi:
             if len(rest) < 2:
                 raise NotFound(f"no route for /v2/models/{name}/versions")
             version, rest = rest[1], rest[2:]
-        model = self.models.route(name, version) if "@" not in name else None
-        if model is None:
-            served = "a generation model, not served over this protocol" if name in self.models.generation else "no model"
-            raise ModelNotFound(f"{name!r}: {served}; see GET /v1/models")
-        return model, rest
-
-    def _metadata(self, model: BatchModel) -> dict[str, Any]:
-        embedding = model.output_kind == "embedding"
-        versions = list(self.models.served[model.name].versions) if model.name in self.models.served else [model.version]
-        return {"name": model.name, "versions": versions, "platform": "inferd",
-                "inputs": [{"name": _input_name(model), "datatype": "BYTES", "shape": [-1]}],
-                "outputs": [{"name": OUTPUT, "datatype": "FP32" if embedding else "BYTES",
-                             "shape": [-1, -1] if embedding else [-1]}]}
-
-    def _index(self, ready_only: bool) -> list[dict[str, str]]:
-        """Triton's repository index: every batch model version and its state (a generation model is
-        not served over this protocol)."""
-        rows = [{"name": name, "version": version, "state": "READY" if found.model.ready else "UNAVAILABLE",
-                 "reason": found.reason or ""}
-                for name, served in self.models.served.items() for version, found in served.versions.items()]
-        return [row for row in rows if row["state"] == "READY"] if ready_only else rows
+        return routed_model(self.models, name, version), rest
 
     async def infer(self, request: web.BaseRequest, model: BatchModel, request_id: str) -> web.StreamResponse:
         start = CallStart(time.monotonic(), request_id)
@@ -150,18 +130,51 @@ class OpenInferenceApi:
                              content_type=b"application/octet-stream")
 
 
-def _input_name(model: BatchModel) -> str:
+# What the protocol's metadata routes answer, over HTTP here and over gRPC (`inferd.grpc`) alike.
+
+def server_metadata() -> dict[str, Any]:
+    return {"name": "inferd", "version": __version__, "extensions": ["binary_tensor_data"]}
+
+
+def routed_model(models: Models, name: str, version: str | None) -> BatchModel:
+    """The batch model a protocol call names (its split when no version is named), else a 404."""
+    model = models.route(name, version) if "@" not in name else None
+    if model is None:
+        served = "a generation model, not served over this protocol" if name in models.generation else "no model"
+        raise ModelNotFound(f"{name!r}: {served}; see GET /v1/models")
+    return model
+
+
+def model_metadata(models: Models, model: BatchModel) -> dict[str, Any]:
+    embedding = model.output_kind == "embedding"
+    versions = list(models.served[model.name].versions) if model.name in models.served else [model.version]
+    return {"name": model.name, "versions": versions, "platform": "inferd",
+            "inputs": [{"name": input_name(model), "datatype": "BYTES", "shape": [-1]}],
+            "outputs": [{"name": OUTPUT, "datatype": "FP32" if embedding else "BYTES",
+                         "shape": [-1, -1] if embedding else [-1]}]}
+
+
+def repository_index(models: Models, ready_only: bool) -> list[dict[str, str]]:
+    """Triton's repository index: every batch model version and its state (a generation model is
+    not served over this protocol)."""
+    rows = [{"name": name, "version": version, "state": "READY" if found.model.ready else "UNAVAILABLE",
+             "reason": found.reason or ""}
+            for name, served in models.served.items() for version, found in served.versions.items()]
+    return [row for row in rows if row["state"] == "READY"] if ready_only else rows
+
+
+def input_name(model: BatchModel) -> str:
     return IMAGE_INPUT if model.input_kind == "image" else INPUT
 
 
-def _triton_config(model: BatchModel) -> dict[str, Any]:
+def triton_config(model: BatchModel) -> dict[str, Any]:
     """A model's settings in the shape of Triton's model configuration, as far as they mean the same."""
     config = model.config
     embedding = model.output_kind == "embedding"
     return {"name": model.name, "platform": "inferd", "backend": config.backend, "version_policy": {"specific": {
             "versions": [int(model.version)] if model.version.isdigit() else []}},
             "max_batch_size": config.max_batch_size,
-            "input": [{"name": _input_name(model), "data_type": "TYPE_STRING", "dims": [1]}],
+            "input": [{"name": input_name(model), "data_type": "TYPE_STRING", "dims": [1]}],
             "output": [{"name": OUTPUT, "data_type": "TYPE_FP32" if embedding else "TYPE_STRING", "dims": [-1 if embedding else 1]}],
             "dynamic_batching": {"max_queue_delay_microseconds": int(config.max_wait_ms * 1000),
                                  "default_queue_policy": {"default_timeout_microseconds": config.timeout_ms * 1000}},

@@ -52,14 +52,7 @@ def parse_infer(body: bytes, header_length: str | None, images: bool = False, ma
     inputs = data.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
         raise InvalidInput(f"`inputs` must hold exactly one tensor, `{IMAGE_INPUT if images else INPUT}`")
-    elements = _elements(inputs[0], blob, IMAGE_INPUT if images else INPUT, max_elements)
-    if images:
-        values: list[Any] = [e if isinstance(e, bytes) else {"image": e} for e in elements]
-    else:
-        try:
-            values = [e if isinstance(e, str) else e.decode() for e in elements]
-        except UnicodeDecodeError:
-            raise InvalidInput(f"`{INPUT}` holds bytes that are not UTF-8 text") from None
+    values = input_values(_elements(inputs[0], blob, IMAGE_INPUT if images else INPUT, max_elements), images)
     binary = _flag(parameters, "binary_data_output", False)
     outputs = data.get("outputs")
     if outputs is not None:
@@ -69,7 +62,18 @@ def parse_infer(body: bytes, header_length: str | None, images: bool = False, ma
             if asked.get("name") != OUTPUT:
                 raise InvalidInput(f"unknown output {asked.get('name')!r}: this model has one, `{OUTPUT}`")
             binary = _flag(_table(asked.get("parameters"), "outputs[].parameters"), "binary_data", binary)
-    return InferCall(call_id, values, _timeout_ms(parameters.get("timeout")), binary)
+    return InferCall(call_id, values, timeout_ms(parameters.get("timeout")), binary)
+
+
+def input_values(elements: list[str | bytes], images: bool) -> list[Any]:
+    """The input tensor's elements as the model's inputs: texts (bytes decoded as UTF-8), or for an
+    image model the images' bytes (a JSON string: base64)."""
+    if images:
+        return [e if isinstance(e, bytes) else {"image": e} for e in elements]
+    try:
+        return [e if isinstance(e, str) else e.decode() for e in elements]
+    except UnicodeDecodeError:
+        raise InvalidInput(f"`{INPUT}` holds bytes that are not UTF-8 text") from None
 
 
 def _flag(table: dict[str, Any], key: str, default: bool) -> bool:
@@ -100,11 +104,27 @@ def _table(value: Any, where: str) -> dict[str, Any]:
 
 
 def _elements(tensor: dict[str, Any], blob: bytes, name: str, max_elements: int | None) -> list[str | bytes]:
-    if tensor.get("name") != name:
-        raise InvalidInput(f"unknown input {tensor.get('name')!r}: this model takes one, `{name}`")
-    if tensor.get("datatype") != "BYTES":
-        raise InvalidInput(f"`{name}` must be of datatype BYTES")
-    shape = tensor.get("shape")
+    shape: Any = tensor.get("shape")
+    count = element_count(tensor.get("name"), tensor.get("datatype"), shape, name, max_elements)
+    size = _table(tensor.get("parameters"), "inputs[].parameters").get("binary_data_size")
+    if size is not None:
+        if type(size) is not int or not 0 <= size <= len(blob):
+            raise InvalidInput("`binary_data_size` must be the size of the tensor's bytes after the JSON header")
+        elements = unpack_bytes(blob[:size], count)
+    else:
+        elements = _flat(tensor.get("data"), shape)
+        if len(elements) != count:
+            raise InvalidInput(f"`{name}` has {len(elements)} elements; its shape {shape} says {count}")
+    return elements
+
+
+def element_count(name: Any, datatype: Any, shape: Any, expected: str, max_elements: int | None) -> int:
+    """How many elements the input tensor holds, once its name, datatype and shape are checked (a
+    400 before any element is read)."""
+    if name != expected:
+        raise InvalidInput(f"unknown input {name!r}: this model takes one, `{expected}`")
+    if datatype != "BYTES":
+        raise InvalidInput(f"`{expected}` must be of datatype BYTES")
     if not isinstance(shape, list) or not shape or not all(type(d) is int and d >= 0 for d in shape):
         raise InvalidInput("`shape` must be a list of non-negative integers")
     count = math.prod(shape)
@@ -112,16 +132,7 @@ def _elements(tensor: dict[str, Any], blob: bytes, name: str, max_elements: int 
         raise InvalidInput(f"`{INPUT}` holds no elements")
     if max_elements is not None and count > max_elements:
         raise InvalidInput(f"the input holds {count} elements; this model takes at most {max_elements}")
-    size = _table(tensor.get("parameters"), "inputs[].parameters").get("binary_data_size")
-    if size is not None:
-        if type(size) is not int or not 0 <= size <= len(blob):
-            raise InvalidInput("`binary_data_size` must be the size of the tensor's bytes after the JSON header")
-        elements = _unpack_bytes(blob[:size], count)
-    else:
-        elements = _flat(tensor.get("data"), shape)
-        if len(elements) != count:
-            raise InvalidInput(f"`{name}` has {len(elements)} elements; its shape {shape} says {count}")
-    return elements
+    return count
 
 
 def _flat(data: Any, shape: list[int]) -> list[str | bytes]:
@@ -153,7 +164,7 @@ def _element(value: Any) -> str:
     return value
 
 
-def _unpack_bytes(raw: bytes, count: int) -> list[str | bytes]:
+def unpack_bytes(raw: bytes, count: int) -> list[str | bytes]:
     elements: list[str | bytes] = []
     offset = 0
     for _ in range(count):
@@ -170,7 +181,7 @@ def _unpack_bytes(raw: bytes, count: int) -> list[str | bytes]:
     return elements
 
 
-def _timeout_ms(value: Any) -> int | None:
+def timeout_ms(value: Any) -> int | None:
     if value is None:
         return None
     if type(value) is not int or value <= 0:
@@ -178,21 +189,39 @@ def _timeout_ms(value: Any) -> int | None:
     return max(1, math.ceil(value / 1000))
 
 
-def infer_response(model: str, version: str, call_id: str | None, outputs: list[Any], binary: bool) -> tuple[bytes, int | None]:
-    """The answer's bytes, and the length of its JSON header when tensors follow it in binary."""
+@dataclass(slots=True)
+class OutputTensor:
+    """The answer's one tensor: FP32 [N, D] (the vectors as one float32 array) or BYTES [N] (texts)."""
+
+    datatype: str
+    shape: list[int]
+    values: Any  # FP32: the array; BYTES: the texts
+
+    def raw(self) -> bytes:
+        """Its bytes as the binary extension and gRPC's `raw_output_contents` carry them."""
+        if self.datatype == "FP32":
+            return self.values.tobytes()
+        return b"".join(struct.pack("<I", len(b)) + b for b in (t.encode() for t in self.values))
+
+
+def output_tensor(outputs: list[Any]) -> OutputTensor:
+    """The outputs in the call's order as the answer's tensor (a structured output as its JSON text)."""
     if outputs and all(isinstance(o, np.ndarray) for o in outputs):
         array = np.stack(outputs).astype("<f4", copy=False)
-        json_data: Any = array.ravel()
-        datatype, shape, raw = "FP32", list(array.shape), array.tobytes()
-    else:
-        texts = [o if isinstance(o, str) else orjson.dumps(o, option=orjson.OPT_SERIALIZE_NUMPY).decode() for o in outputs]
-        datatype, shape, json_data = "BYTES", [len(texts)], texts
-        raw = b"".join(struct.pack("<I", len(b)) + b for b in (t.encode() for t in texts)) if binary else b""
-    tensor: dict[str, Any] = {"name": OUTPUT, "datatype": datatype, "shape": shape}
+        return OutputTensor("FP32", list(array.shape), array)
+    texts = [o if isinstance(o, str) else orjson.dumps(o, option=orjson.OPT_SERIALIZE_NUMPY).decode() for o in outputs]
+    return OutputTensor("BYTES", [len(texts)], texts)
+
+
+def infer_response(model: str, version: str, call_id: str | None, outputs: list[Any], binary: bool) -> tuple[bytes, int | None]:
+    """The answer's bytes, and the length of its JSON header when tensors follow it in binary."""
+    out = output_tensor(outputs)
+    tensor: dict[str, Any] = {"name": OUTPUT, "datatype": out.datatype, "shape": out.shape}
+    raw = out.raw() if binary else b""
     if binary:
         tensor["parameters"] = {"binary_data_size": len(raw)}
     else:
-        tensor["data"] = json_data
+        tensor["data"] = out.values.ravel() if out.datatype == "FP32" else out.values
     head = dumps({"model_name": model, "model_version": version, **({"id": call_id} if call_id is not None else {}),
                   "outputs": [tensor]})
     return (head + raw, len(head)) if binary else (head, None)

@@ -14,6 +14,7 @@ LAYERS: list[set[str]] = [
     {"__main__"},
     {"cli"},
     {"server", "planning"},
+    {"grpc"},
     {"http"},
     {"admission"},
     {"models"},
