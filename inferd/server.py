@@ -239,7 +239,8 @@ async def serve(config: ServerConfig, reread: Callable[[], ServerConfig] | None 
     except OSError as exc:
         _fatal(f"cannot listen on {exc.filename or f'{config.host}:{config.port}'}: {exc.strerror or exc}")
         return 1
-    print(f"inferd listening on {server.url}", file=sys.stderr, flush=True)
+    grpc = f" (gRPC on {config.host}:{server.grpc_port})" if server.grpc_port is not None else ""
+    print(f"inferd listening on {server.url}{grpc}", file=sys.stderr, flush=True)
     startup = loop.create_task(server.wait_ready(timeout_s=24 * 3600))
     stopping = loop.create_task(stop.wait())
     await asyncio.wait((startup, stopping), return_when=asyncio.FIRST_COMPLETED)
