@@ -15,6 +15,7 @@ instead of being silently skipped.
 | `cost(batch_size, bucket) -> seconds or None` | the cost model's first figures instead of timing them (e.g. timed CUDA graphs) |
 | `check_call(items)` | runs it on the event loop for a call of several inputs before any is prepared: it raises (PayloadTooLarge: 413, ValueError: 400) to refuse the whole call; cheap checks only (the image backend adds up the images' sizes from their headers against `max_call_pixels`) |
 | `close()` | called when the worker lets go of the backend (a version unloaded), to free what it holds |
+| `tokens_of(texts, add_special_tokens) -> [[token]]` and `text_of(id_lists, skip_special_tokens) -> [str]` | a text model's tokeniser, shown: TEI's `POST /tokenize` (each token a dict: `id`, `text`, `special`, `start`, `stop`) and `POST /decode` (ValueError: a 400); called off the event loop, beside the preparing thread, so thread-safe |
 | `launch(inputs) -> handle` and `collect(handle) -> outputs` (both or neither) | a batch in two steps, so the device never waits for the host: `launch` does the host's part (padding, pinned copies) and queues the device's work without waiting for it; `collect` waits for it and returns one output per input. The worker launches the next batch while one computes (a full batch only), and collects them in order: one batch computes at a time, as the device runs its queue in order |
 | `prepare_threads` | how many threads run `prepare_batch` at once (default 1): more only where preparing costs per input and runs outside the GIL (an image decoder); a tokenizer that is parallel inside needs one |
 | `prepare_max_batch` | the most inputs one `prepare_batch` call takes (default 256): small where an input costs milliseconds (an image decoder: 8), so inputs whose client went away are dropped between calls and tenants take turns |
@@ -53,7 +54,8 @@ class BatchBackend(Protocol):
 
 
 INPUT_KINDS = ("text", "image", "pair")
-_HOOKS = ("prepare_batch", "prepare", "check_call", "warmup", "warmup_batches", "cost", "close", "launch", "collect")
+_HOOKS = ("prepare_batch", "prepare", "check_call", "warmup", "warmup_batches", "cost", "close", "launch", "collect",
+          "tokens_of", "text_of")
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ class Capabilities:
     close: Callable[[], None] | None = None
     launch: Callable[[list[Any]], Any] | None = None
     collect: Callable[[Any], Sequence[Any]] | None = None
+    tokens_of: Callable[[Sequence[str], bool], list[list[dict[str, Any]]]] | None = None
+    text_of: Callable[[Sequence[Sequence[int]], bool], list[str]] | None = None
     output_kind: str | None = None
     input_kind: str = "text"
     compatibility: Mapping[str, Any] = field(default_factory=dict)

@@ -104,6 +104,24 @@ class TextInputs:
             ids = ids[:room]
         return self._prepared([*prefix, *ids, *suffix])
 
+    def tokens_of(self, texts: Sequence[str], add_special_tokens: bool) -> list[list[dict[str, Any]]]:
+        """Each text's tokens as the model reads it (cut to `max_tokens`), in Text Embeddings Inference's
+        shape: id, text (a special token's own; else the text's characters `start` to `stop`), special."""
+        answer = []
+        for text, encoding in zip(texts, self.tokenizer.encode_batch(list(texts), add_special_tokens=add_special_tokens)):
+            answer.append([{"id": token_id, "text": token, "special": True, "start": None, "stop": None} if special
+                           else {"id": token_id, "text": text[start:stop], "special": False, "start": start, "stop": stop}
+                           for token_id, token, special, (start, stop) in zip(
+                               encoding.ids, encoding.tokens, encoding.special_tokens_mask, encoding.offsets)])
+        return answer
+
+    def text_of(self, id_lists: Sequence[Sequence[int]], skip_special_tokens: bool) -> list[str]:
+        """Token ids back to text, one string per list (ValueError for an id outside the vocabulary)."""
+        for ids in id_lists:
+            if any(not 0 <= t < self.vocab_size for t in ids):
+                raise ValueError(f"token ids must be between 0 and {self.vocab_size - 1}")
+        return list(self.tokenizer.decode_batch([list(ids) for ids in id_lists], skip_special_tokens=skip_special_tokens))
+
     def _prepared(self, ids: list[int]) -> Prepared:
         array = np.array(ids, dtype=np.int64)
         return Prepared(array, bisect_left(self.bucket_edges, len(array)), len(array))

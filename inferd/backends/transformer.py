@@ -150,12 +150,12 @@ class TextModel:
         self.compatibility = {"task": self.task, "dtype": options.get("dtype", "float32"), "device": str(self.device)}
 
         hf_tokenizer = AutoTokenizer.from_pretrained(path)
-        # The Rust tokenizer itself, without the padding and truncation a tokenizer.json may carry
-        # (`TextInputs` sets its own).
+        # The Rust tokenizer alone, without a tokenizer.json's padding and truncation (`TextInputs` sets its own).
         self.tokenizer = Tokenizer.from_str(hf_tokenizer.backend_tokenizer.to_str())
         self.pad_id = hf_tokenizer.pad_token_id or 0
         self.inputs = TextInputs(self.tokenizer, self.max_tokens, self.truncate, self.bucket_edges,
                                  pairs=self.task == "rerank")
+        self.tokens_of, self.text_of = self.inputs.tokens_of, self.inputs.text_of  # (TEI's /tokenize and /decode)
 
         if self.task == "embedding":
             model = AutoModel.from_pretrained(path, dtype=dtype)

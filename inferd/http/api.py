@@ -41,6 +41,7 @@ from .open_inference import OpenInferenceApi
 from .openapi import openapi_document
 from .request_ids import RequestIds
 from .responses import WholeResponse, dumps, error_response, json_response, openai_path
+from .tokens import TokensApi
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
@@ -92,6 +93,7 @@ class HttpApi:
                                              idempotency_max_bytes)
         keyed = self.idempotency.wrap
         about = AboutApi(models, self.ids, lifecycle, lambda: self.ready)
+        tokens = TokensApi(models=models, admission=admission, ids=self.ids, body=body)
         # path -> (method, handler, counted as in flight)
         self.routes: dict[str, tuple[str, Handler, bool]] = {
             "/v1/inference": ("POST", call_routes[0], True),
@@ -103,6 +105,7 @@ class HttpApi:
             "/v2/embed": ("POST", call_routes[5], True),
             "/v1/classify": ("POST", call_routes[6], True),
             "/predict": ("POST", call_routes[7], True),
+            "/tokenize": ("POST", tokens.tokenize, True), "/decode": ("POST", tokens.decode, True),
             "/healthz": ("GET", about.healthz, False),
             "/readyz": ("GET", about.readyz, False),
             "/health": ("GET", about.health, False), "/version": ("GET", about.version, False),

@@ -26,6 +26,7 @@ from .openapi_parts import (
     RESPONSE_FORMAT,
     SSE_EVENT,
     TIMEOUT,
+    TOKEN_PATHS,
     TOOL,
     error_responses,
     json_body,
@@ -219,6 +220,7 @@ for _suffix, _item in (("", _V2_METADATA), ("/ready", _V2_READY), ("/infer", _V2
     for _prefix, _parameters in (("/v2/models/{model}", [_V2_MODEL]), ("/v2/models/{model}/versions/{version}",
                                                                         [_V2_MODEL, _V2_VERSION])):
         PATHS[_prefix + _suffix] = {method: {**op, "parameters": _parameters} for method, op in _item.items()}
+PATHS.update(TOKEN_PATHS)
 _ADMIN_ERRORS = {**error_responses("Error", ("400", "401", "404")), "403": json_body(ref("Error"), "not the admin key"),
                  "409": json_body(ref("Error"), "the versions' states do not allow it")}
 _VERSION_STATE = {"type": "object", "required": ["name", "version", "state"]}

@@ -67,3 +67,30 @@ HEADERS = [
     {"name": "Cache-Control", "in": "header", "required": False, "schema": {"type": "string"},
      "description": "no-cache: compute afresh rather than answer from the model's result cache"},
 ]
+# Text Embeddings Inference's tokeniser routes (`tokens`): no batching, no key answered once.
+_TOKEN = {"type": "object", "required": ["id", "text", "special"], "properties": {
+    "id": {"type": "integer", "minimum": 0}, "text": {"type": "string"}, "special": {"type": "boolean"},
+    "start": or_null({"type": "integer", "minimum": 0}), "stop": or_null({"type": "integer", "minimum": 0})}}
+TOKEN_PATHS: dict[str, Any] = {
+    "/tokenize": {"post": {
+        "summary": "Text Embeddings Inference's tokenize: each text's tokens as the model reads it",
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "required": ["inputs"], "properties": {
+                "inputs": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}}]},
+                "add_special_tokens": {"type": "boolean"}, "prompt_name": {"type": "null"}, "model": MODEL}}}}},
+        "responses": {"200": json_body({"type": "array", "items": {"type": "array", "items": _TOKEN}},
+                                       "one list of tokens per text, in order"),
+                      **error_responses("Error", ("400", "401", "404", "408", "413", "503"))},
+    }},
+    "/decode": {"post": {
+        "summary": "Text Embeddings Inference's decode: token ids back to text",
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "required": ["ids"], "properties": {
+                "ids": {"oneOf": [{"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+                                  {"type": "array", "minItems": 1, "items": {
+                                      "type": "array", "items": {"type": "integer", "minimum": 0}}}]},
+                "skip_special_tokens": {"type": "boolean"}, "model": MODEL}}}}},
+        "responses": {"200": json_body({"type": "array", "items": {"type": "string"}}, "one text per list of ids"),
+                      **error_responses("Error", ("400", "401", "404", "408", "413", "503"))},
+    }},
+}

@@ -1,0 +1,114 @@
+"""Text Embeddings Inference's tokeniser routes: `POST /tokenize` (each text's tokens as the model reads
+it) and `POST /decode` (token ids back to text), in TEI's shapes, answered from the model's own
+tokeniser (the backend's `tokens_of` and `text_of`) on a thread, never on the event loop.
+
+TEI's body names no model: the default model answers when it has a tokeniser, else the first model
+that has one; inferd also reads a `model`. The caller is identified as on the compute routes; nothing
+is batched or queued (a tokeniser call is microseconds a text), and a call holds at most the model's
+`max_inputs_per_call` texts or id lists, each text at most `max_input_chars`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from ..admission.admission import Admission
+from ..errors import InferdError, InvalidInput, ModelNotFound, NotReady
+from ..models.batch_model import BatchModel
+from ..models.registry import Models
+from .body_reader import BodyReader, json_object
+from .request_ids import RequestIds
+from .responses import WholeResponse, dumps, error_response
+
+
+class TokensApi:
+    """`/tokenize` and `/decode` (see the module docstring)."""
+
+    def __init__(self, *, models: Models, admission: Admission, ids: RequestIds, body: BodyReader) -> None:
+        self.models = models
+        self.admission = admission
+        self.ids = ids
+        self.body = body
+
+    async def tokenize(self, request: web.BaseRequest) -> web.StreamResponse:
+        return await self._answer(request, _tokenize)
+
+    async def decode(self, request: web.BaseRequest) -> web.StreamResponse:
+        return await self._answer(request, _decode)
+
+    async def _answer(self, request: web.BaseRequest, run: Callable[[BatchModel, dict[str, Any]], Any]) -> web.StreamResponse:
+        request_id = self.ids.pick(request.headers.get("X-Request-ID"))
+        try:
+            self.admission.identify(request.headers)
+            data = json_object(await self.body.read(request))
+            model = self._model(data.get("model"))
+            answer = await asyncio.to_thread(run, model, data)
+        except InferdError as error:
+            return error_response(error, request_id)
+        return WholeResponse(200, dumps(answer), (("X-Request-ID", request_id),))
+
+    def _model(self, name: Any) -> BatchModel:
+        if name is not None and not isinstance(name, str):
+            raise InvalidInput("`model` must be a string")
+        if name is not None:
+            model = self.models.route(name)
+            if model is None:
+                raise ModelNotFound(f"no model named {name!r}; see GET /v1/models")
+        else:  # (TEI's body names none: the default model, else the first with a tokeniser)
+            candidates = [m for m in (self.models.route(self.models.default), *self.models.batch.values()) if m is not None]
+            model = next((m for m in candidates if m.offers.tokens_of is not None), candidates[0] if candidates else None)
+            if model is None:
+                raise ModelNotFound("this server serves no batch model; see GET /v1/models")
+        if not model.ready:
+            raise NotReady(f"model {model.name} is not ready yet", retry_after_ms=1000)
+        if model.offers.tokens_of is None or model.offers.text_of is None:
+            raise InvalidInput(f"model {model.name} has no tokeniser to show: /tokenize and /decode serve text models")
+        return model
+
+
+def _tokenize(model: BatchModel, data: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """TEI's body: `inputs` (a string or strings), `add_special_tokens` (default true); `prompt_name` is
+    refused (no prompts are configured). Always a list of token lists, one per text."""
+    inputs = data.get("inputs")
+    texts = [inputs] if isinstance(inputs, str) else inputs
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise InvalidInput("`inputs` must be a string or a non-empty list of strings")
+    _check_count(model, len(texts), "texts")
+    longest = max(len(t) for t in texts)
+    if longest > model.config.max_input_chars:
+        raise InvalidInput(f"input is {longest} characters; model {model.name} accepts at most {model.config.max_input_chars}")
+    if data.get("prompt_name") is not None:
+        raise InvalidInput("`prompt_name` is not served: no prompts are configured for this model")
+    return model.offers.tokens_of(texts, _flag(data, "add_special_tokens"))  # type: ignore[misc]  # (checked in _model)
+
+
+def _decode(model: BatchModel, data: dict[str, Any]) -> list[str]:
+    """TEI's body: `ids` (a list of token ids, or a list of such lists), `skip_special_tokens` (default
+    true). One string per list."""
+    ids = data.get("ids")
+    lists = [ids] if isinstance(ids, list) and ids and all(type(i) is int for i in ids) else ids
+    if not isinstance(lists, list) or not lists or not all(
+            isinstance(one, list) and all(type(i) is int for i in one) for one in lists):
+        raise InvalidInput("`ids` must be a list of token ids or a non-empty list of such lists")
+    _check_count(model, len(lists), "id lists")
+    try:
+        return model.offers.text_of(lists, _flag(data, "skip_special_tokens"))  # type: ignore[misc]  # (checked in _model)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def _flag(data: dict[str, Any], name: str) -> bool:
+    value = data.get(name, True)
+    if not isinstance(value, bool):
+        raise InvalidInput(f"`{name}` must be true or false")
+    return value
+
+
+def _check_count(model: BatchModel, count: int, what: str) -> None:
+    cap = model.config.max_inputs_per_call
+    if count > cap:
+        raise InvalidInput(f"the call holds {count} {what}; model {model.name} takes at most {cap} per call")
