@@ -38,7 +38,7 @@ from .models.rollout import Rollouts
 from .observability.access_log import AccessLog
 from .observability.dead_letters import DeadLetters
 from .observability.metrics import InferdCollector, RequestMetrics, build_registry
-from .observability.outcomes import Outcomes
+from .observability.outcomes import Call, Outcomes
 from .observability.tracing import Tracing
 from .process_settings import connection_budget, freeze_survivors, keep_freed_memory, raise_open_file_limit
 
@@ -115,7 +115,7 @@ class InferenceServer:
         self.connections = GuardedServer(
             self.api.handle, limits=limits, ids=self.api.ids, fast_path=self.api.fast_path, handler_cancellation=True,
             access_log=None, keepalive_timeout=config.keepalive_timeout_s,
-            on_error=lambda request_id, error: outcomes.record(request_id, "-", "-", error.status, error.code, time.monotonic()),
+            on_error=lambda request_id, error: outcomes.record(Call(time.monotonic(), request_id), error.status, error.code),
         )
         self._runner = web.ServerRunner(self.connections, shutdown_timeout=1.0)
         await self._runner.setup()

@@ -25,13 +25,13 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from ..admission.admission import Admission
 from ..errors import InferdError
-from ..http.batch_calls import BatchCalls, CallStart
+from ..http.batch_calls import BatchCalls
 from ..http.open_inference import model_metadata, repository_index, routed_model, server_metadata, triton_config
 from ..http.request_ids import RequestIds
 from ..lifecycle import Lifecycle
 from ..models.batch_model import BatchModel
 from ..models.registry import Models
-from ..observability.outcomes import Outcomes
+from ..observability.outcomes import Call, Outcomes
 from ..observability.tracing import Tracing
 from .wire import infer_response, parse_infer, status_of
 
@@ -98,45 +98,42 @@ class OpenInferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
         headers = _headers(context)
-        start = CallStart(time.monotonic(), self.ids.pick(headers.get("x-request-id") or request.id or None))
+        call = Call(time.monotonic(), self.ids.pick(headers.get("x-request-id") or request.id or None))
         tracing = self.tracing
         if tracing is not None:
-            start.trace = tracing.begin(headers, start.started, INFER_ROUTE)
+            call.trace = tracing.begin(headers, call.started, INFER_ROUTE)
         status = 499  # (what the span says when the client went first)
         self.lifecycle.enter()
         try:
-            answer = await self._infer(request, headers, start, context)
+            answer = await self._infer(request, headers, call, context)
             status = answer.status if isinstance(answer, InferdError) else 200
         finally:
             self.lifecycle.leave()
-            if tracing is not None and start.trace is not None:
-                tracing.end(start.trace, start.request_id, status)
+            if tracing is not None and call.trace is not None:
+                tracing.end(call.trace, call.request_id, status)
         if isinstance(answer, InferdError):
-            await _abort(context, answer, start.request_id)
-        context.set_trailing_metadata((("x-request-id", start.request_id),))
+            await _abort(context, answer, call.request_id)
+        context.set_trailing_metadata((("x-request-id", call.request_id),))
         return answer  # (abort raised otherwise)
 
-    async def _infer(self, request: pb.ModelInferRequest, headers: CIMultiDictProxy[str], start: CallStart,
+    async def _infer(self, request: pb.ModelInferRequest, headers: CIMultiDictProxy[str], call: Call,
                      context: Context) -> pb.ModelInferResponse | InferdError:
         """The call's answer, or the error it ends with (recorded either way)."""
-        started, request_id = start.started, start.request_id
-        model_name, tier, tenant, version, items = request.model_name or "-", "-", "-", "", []
+        call.model = request.model_name or "-"
         try:
             who = self.admission.identify(headers)  # (before the model: an unknown caller learns nothing of them)
-            tier, tenant = who.tier, who.tenant
+            call.tier, call.tenant = who.tier, who.tenant
             model = routed_model(self.models, request.model_name, request.model_version or None)
-            model_name, version = model.name, model.version
-            call = parse_infer(request, model.input_kind == "image", model.config.max_inputs_per_call,
-                               context.time_remaining())
-            items = self.calls.admit(model, start, call.inputs, who, call.timeout_ms, True)
-            outputs = await self.calls.answers(model, start, items, who)
+            call.model, call.version = model.name, model.version
+            parsed = parse_infer(request, model.input_kind == "image", model.config.max_inputs_per_call,
+                                 context.time_remaining())
+            self.calls.admit(model, call, parsed.inputs, who, parsed.timeout_ms, True)
+            outputs = await self.calls.answers(model, call)
         except InferdError as error:
-            self.outcomes.record_error(request_id, model_name, tier, error, started, None, tenant, start.trace, version,
-                                       items[0].slo_at if items else None)
+            self.outcomes.record_error(call, error)
             return error
-        self.outcomes.record(request_id, model_name, tier, 200, "", started, None, tenant, start.trace, version,
-                             items[0].slo_at)
-        return infer_response(model.name, model.version, call.id, outputs)
+        self.outcomes.record(call)
+        return infer_response(model.name, model.version, parsed.id, outputs)
 
 
 async def _abort(context: Context, error: InferdError, request_id: str) -> None:

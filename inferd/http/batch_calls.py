@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
@@ -22,29 +21,20 @@ from ..admission.admission import Admission
 from ..admission.rate_limits import Identity
 from ..messages import PendingRequest, RequestState
 from ..models.batch_model import BatchModel
-from ..observability.outcomes import Outcomes
-from ..observability.tracing import RequestTrace, Tracing
+from ..observability.outcomes import Call, Outcomes
+from ..observability.tracing import Tracing
 from .request_ids import RequestIds
 
 
-@dataclass(slots=True)
-class CallStart:
-    """Where a call started: the clock every stage is measured from, its request id, its trace if sampled."""
-
-    started: float
-    request_id: str
-    trace: RequestTrace | None = None
-
-
-def call_start(ids: RequestIds, headers: Mapping[str, str]) -> CallStart:
+def call_start(ids: RequestIds, headers: Mapping[str, str]) -> Call:
     """A call starting now, with the client's `X-Request-ID` (or `Idempotency-Key`) if sane, else a new id."""
-    return CallStart(time.monotonic(), ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key")))
+    return Call(time.monotonic(), ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key")))
 
 
 class CallHandler(Protocol):
     """A route that may be handed the call's start (when a trace or the fast path began it)."""
 
-    def __call__(self, request: web.BaseRequest, start: CallStart | None = None, /) -> Awaitable[web.StreamResponse]: ...
+    def __call__(self, request: web.BaseRequest, call: Call | None = None, /) -> Awaitable[web.StreamResponse]: ...
 
 
 def traced_route(tracing: Tracing, ids: RequestIds, handler: CallHandler) -> Callable[
@@ -52,35 +42,35 @@ def traced_route(tracing: Tracing, ids: RequestIds, handler: CallHandler) -> Cal
     """`handler` (a route's) with a trace: see `traced`. An unsampled call (99 in 100 at the default
     rate) goes straight to the handler: the draw, and no coroutine frame of tracing's own."""
     async def route(request: web.BaseRequest) -> web.StreamResponse:
-        start = call_start(ids, request.headers)
-        start.trace = tracing.begin(request.headers, start.started, request)
-        if start.trace is None:
-            return await handler(request, start)
-        return await _answer_traced(tracing, start, partial(handler, request))
+        call = call_start(ids, request.headers)
+        call.trace = tracing.begin(request.headers, call.started, request)
+        if call.trace is None:
+            return await handler(request, call)
+        return await _answer_traced(tracing, call, partial(handler, request))
 
     return route
 
 
-async def traced(tracing: Tracing, request: web.BaseRequest, start: CallStart,
-                 answer: Callable[[CallStart], Awaitable[web.StreamResponse]], route: str | None = None) -> web.StreamResponse:
-    """`answer(start)`, with the call's trace begun (sampled or not) as it starts, and its span written
+async def traced(tracing: Tracing, request: web.BaseRequest, call: Call,
+                 answer: Callable[[Call], Awaitable[web.StreamResponse]], route: str | None = None) -> web.StreamResponse:
+    """`answer(call)`, with the call's trace begun (sampled or not) as it starts, and its span written
     with the status it answered (499: the client left first). `route`: the span's route (default: the
     request's path)."""
-    start.trace = tracing.begin(request.headers, start.started, route or request)
-    if start.trace is None:
-        return await answer(start)
-    return await _answer_traced(tracing, start, answer)
+    call.trace = tracing.begin(request.headers, call.started, route or request)
+    if call.trace is None:
+        return await answer(call)
+    return await _answer_traced(tracing, call, answer)
 
 
-async def _answer_traced(tracing: Tracing, start: CallStart,
-                         answer: Callable[[CallStart], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+async def _answer_traced(tracing: Tracing, call: Call,
+                         answer: Callable[[Call], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
     status = 499
     try:
-        response = await answer(start)
+        response = await answer(call)
         status = response.status
         return response
     finally:
-        tracing.end(start.trace, start.request_id, status)  # type: ignore[arg-type]
+        tracing.end(call.trace, call.request_id, status)  # type: ignore[arg-type]
 
 
 class BatchCalls:
@@ -90,28 +80,28 @@ class BatchCalls:
         self.admission = admission
         self.outcomes = outcomes
 
-    def admit(self, model: BatchModel, start: CallStart, values: Sequence[Any], who: Identity, timeout_ms: int | None,
-              use_cache: bool) -> list[PendingRequest]:
-        """The call's inputs taken by the model, all or none (admission's refusal raised otherwise)."""
-        items = self.admission.admit(model, start.request_id, values, who, timeout_ms, use_cache)
-        if start.trace is not None:
-            start.trace.admitted(items, model.name, model.version, who.tier, who.tenant)
-        return items
+    def admit(self, model: BatchModel, call: Call, values: Sequence[Any], who: Identity, timeout_ms: int | None,
+              use_cache: bool) -> None:
+        """The call's inputs taken by the model (`call.requests`), all or none (admission's refusal raised
+        otherwise)."""
+        call.requests = requests = self.admission.admit(model, call.request_id, values, who, timeout_ms, use_cache)
+        if call.trace is not None:
+            call.trace.admitted(requests, model.name, model.version, who.tier, who.tenant)
 
-    async def answers(self, model: BatchModel, start: CallStart, items: list[PendingRequest], who: Identity) -> list[Any]:
-        """The outputs of the call's inputs, in order. Raises the first error one of them ended with;
+    async def answers(self, model: BatchModel, call: Call) -> list[Any]:
+        """The outputs of the call's requests, in order. Raises the first error one of them ended with;
         whatever did not finish is withdrawn (never computed if still queued), and a client that left
         is counted before the cancellation goes on."""
+        requests = call.requests
         try:
-            if len(items) == 1:  # (one input, the usual case: its own future, no gathering)
-                return [await items[0].future]
-            return list(await asyncio.gather(*(item.future for item in items)))
+            if len(requests) == 1:  # (one input, the usual case: its own future, no gathering)
+                return [await requests[0].future]
+            return list(await asyncio.gather(*(request.future for request in requests)))
         except asyncio.CancelledError:
-            self.outcomes.record(start.request_id, model.name, who.tier, 499, "CLIENT_DISCONNECTED", start.started,
-                                 items[0] if len(items) == 1 else None, who.tenant, start.trace, model.version)
+            self.outcomes.record(call, 499, "CLIENT_DISCONNECTED")
             raise
         finally:
-            withdraw_unanswered(model, items)
+            withdraw_unanswered(model, requests)
 
 
 def call_timing(items: Sequence[PendingRequest], held_s: float) -> str:

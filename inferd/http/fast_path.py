@@ -134,7 +134,7 @@ class FastPath:
             self._finish(flight, *self._refusal(flight, error))
             return None
         except Exception as exc:  # noqa: BLE001 - a bug: this request's 500, as aiohttp answers a handler's
-            log.error("request %s failed: %s", one.start.request_id, describe(exc), exc_info=exc)
+            log.error("request %s failed: %s", one.call.request_id, describe(exc), exc_info=exc)
             if not drawn:
                 self._trace(one, headers, message.path)
             self._finish(flight, *self._refusal(flight, InternalError("internal error (logged with this request id)")))
@@ -143,14 +143,14 @@ class FastPath:
             connection.fast_flight = None
             self.lifecycle.leave()
             raise
-        one.items[0].future.add_done_callback(flight)
+        one.call.requests[0].future.add_done_callback(flight)
         return None
 
     def _trace(self, one: OneInput, headers: Any, path: str) -> bool:
         """Draw the call's trace (`Tracing.begin`), from its start, once it is known to be a batch model's
         call or refused: a generation model's handler draws its own, and a second draw would take a
         client's sampled `traceparent` twice from `max_client_traced_per_s`. Returns True: drawn."""
-        one.start.trace = self.tracing.begin(headers, one.start.started, path)  # type: ignore[union-attr]
+        one.call.trace = self.tracing.begin(headers, one.call.started, path)  # type: ignore[union-attr]
         return True
 
     def resolved(self, flight: InFlight, future: asyncio.Future) -> None:
@@ -172,7 +172,7 @@ class FastPath:
             self._finish(flight, 200, data, flight.keep_alive)
             return
         if not isinstance(error, InferdError):
-            log.error("request %s failed: %s", one.start.request_id, describe(error), exc_info=error)
+            log.error("request %s failed: %s", one.call.request_id, describe(error), exc_info=error)
             error = InternalError("internal error (logged with this request id)")
         self._finish(flight, *self._refusal(flight, error))
 
@@ -185,8 +185,8 @@ class FastPath:
         one = flight.one
         self.taken += 1
         try:
-            if one.start.trace is not None:
-                self.tracing.end(one.start.trace, one.start.request_id, status)  # type: ignore[union-attr]
+            if one.call.trace is not None:
+                self.tracing.end(one.call.trace, one.call.request_id, status)  # type: ignore[union-attr]
             flight.connection.fast_answered(data, keep_alive)
         finally:
             self.lifecycle.leave()
@@ -194,14 +194,13 @@ class FastPath:
     def client_gone(self, flight: InFlight) -> None:
         """Its connection was lost before the answer: counted as a cancelled handler's (499), its input
         withdrawn."""
-        one, model = flight.one, flight.one.model
+        one = flight.one
         self.taken += 1
         try:
-            self.inference.outcomes.record(one.start.request_id, model.name, one.tier, 499, "CLIENT_DISCONNECTED",  # type: ignore[union-attr]
-                                           one.start.started, one.items[0], one.tenant, one.start.trace, model.version)  # type: ignore[union-attr]
-            withdraw_unanswered(model, one.items)
-            if one.start.trace is not None:
-                self.tracing.end(one.start.trace, one.start.request_id, 499)  # type: ignore[union-attr]
+            self.inference.outcomes.record(one.call, 499, "CLIENT_DISCONNECTED")
+            withdraw_unanswered(one.model, one.call.requests)
+            if one.call.trace is not None:
+                self.tracing.end(one.call.trace, one.call.request_id, 499)  # type: ignore[union-attr]
         finally:
             self.lifecycle.leave()
 

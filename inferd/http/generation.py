@@ -24,9 +24,9 @@ from ..admission.admission import Admission
 from ..admission.rate_limits import Identity
 from ..errors import DeadlineExceeded, InferdError, InferenceFailed, InvalidInput, ModelNotFound, describe
 from ..lifecycle import Lifecycle
-from ..observability.outcomes import Outcomes
+from ..observability.outcomes import Call, Outcomes
 from ..observability.tracing import Generated
-from .batch_calls import CallStart, call_start
+from .batch_calls import call_start
 from .body_reader import BodyReader, json_object
 from .inference_body import InferenceCall, timeout_ms
 from .openai_text import Choice, TextAnswer, parse_text_call
@@ -59,12 +59,12 @@ class GenerationApi:
 
     # ---- the three request shapes ----------------------------------------------------------------
 
-    async def inference(self, request: web.BaseRequest, model: GenerationModel, call: InferenceCall, who: Identity,
-                        start: CallStart, adapter: Adapter | None = None) -> web.StreamResponse:
+    async def inference(self, request: web.BaseRequest, model: GenerationModel, parsed: InferenceCall, who: Identity,
+                        call: Call, adapter: Adapter | None = None) -> web.StreamResponse:
         """inferd's own shape: {"input": text} -> {"output": text}, or SSE with {"stream": true}. The
         body was read and the caller identified by the `/v1/inference` handler."""
-        request_id, started = start.request_id, start.started
-        body, prompt = call.body, call.input
+        request_id, started = call.request_id, call.started
+        body, prompt = parsed.body, parsed.input
         assert isinstance(prompt, str)  # (an image was refused when the request was routed here)
         def whole(choices: list[Choice], last: Any) -> dict[str, Any]:
             return {"output": choices[0].text, "request_id": request_id, "model": model.name,
@@ -77,23 +77,21 @@ class GenerationApi:
                 event.update(done=True, finish_reason=last.finish_reason, usage=_usage(last))
             return [event]
 
-        return await self._serve(request, model, body, who, start, len(prompt),
+        return await self._serve(request, model, body, who, call, len(prompt),
                                  partial(model.prompt_ids, prompt), whole, chunk, openai=False, adapter=adapter)
 
-    async def completions(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
-        return await self._openai(request, chat=False, start=start)
+    async def completions(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
+        return await self._openai(request, chat=False, call=call)
 
-    async def chat_completions(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
-        return await self._openai(request, chat=True, start=start)
+    async def chat_completions(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
+        return await self._openai(request, chat=True, call=call)
 
-    async def _openai(self, request: web.BaseRequest, chat: bool, start: CallStart | None) -> web.StreamResponse:
-        if start is None:
-            start = call_start(self.ids, request.headers)
-        started, request_id = start.started, start.request_id
-        tier, tenant = "-", "-"
+    async def _openai(self, request: web.BaseRequest, chat: bool, call: Call | None) -> web.StreamResponse:
+        if call is None:
+            call = call_start(self.ids, request.headers)
         try:
             who = self.admission.identify(request.headers)
-            tier, tenant = who.tier, who.tenant
+            call.tier, call.tenant = who.tier, who.tenant
             body = json_object(await self.body.read(request))
             name = body.get("model")
             if not isinstance(name, str):
@@ -102,30 +100,30 @@ class GenerationApi:
             if routed is None:
                 raise ModelNotFound(f"no generation model named {name!r}; see GET /v1/models")
             model, adapter = routed
-            call = parse_text_call(body, chat)
+            parsed = parse_text_call(body, chat)
             tools = model.tool_plan(body) if chat else None
-            if tools is not None and tools.forced and call.structured is not None:
+            if tools is not None and tools.forced and parsed.structured is not None:
                 raise InvalidInput("`response_format` (or `structured_outputs`) and a forced `tool_choice` cannot both hold the output")
         except InferdError as error:
-            self.outcomes.record_error(request_id, "-", tier, error, started, tenant=tenant)
-            return error_response(error, request_id, close=self.lifecycle.draining, openai=True)
-        answer = TextAnswer(call, name, int(time.time()), tools)  # (the model as named: an adapter's name too)
+            self.outcomes.record_error(call, error)
+            return error_response(error, call.request_id, close=self.lifecycle.draining, openai=True)
+        answer = TextAnswer(parsed, name, int(time.time()), tools)  # (the model as named: an adapter's name too)
         # (the engine's: alternatives per token, and the structured output asked, a forced tool choice's
         # among them; None: none)
-        structured = {"json": tools.schema} if tools is not None and tools.forced else call.structured
-        body = {**body, "logprobs": call.logprobs, "structured_outputs": structured}
+        structured = {"json": tools.schema} if tools is not None and tools.forced else parsed.structured
+        body = {**body, "logprobs": parsed.logprobs, "structured_outputs": structured}
         if tools is not None and tools.keep_special_tokens:  # (the tool parser reads tags the tokenizer calls special)
             body["skip_special_tokens"] = False
-        prompt_ids = (partial(model.prompt_ids, messages=call.messages, tools=tools.tools if tools is not None else None)
-                      if call.chat else partial(model.prompt_ids, call.prompt))
-        return await self._serve(request, model, body, who, start, call.chars, prompt_ids,
+        prompt_ids = (partial(model.prompt_ids, messages=parsed.messages, tools=tools.tools if tools is not None else None)
+                      if parsed.chat else partial(model.prompt_ids, parsed.prompt))
+        return await self._serve(request, model, body, who, call, parsed.chars, prompt_ids,
                                  lambda choices, last: answer.whole(choices, _usage(last)),
                                  lambda text, last: answer.chunks(text, last, _usage(last)), openai=True, adapter=adapter)
 
     # ---- one generation, whole or streamed -------------------------------------------------------
 
     async def _serve(self, request: web.BaseRequest, model: GenerationModel, body: dict[str, Any], who: Identity,
-                     start: CallStart, chars: int, prompt_ids: Callable[[], Awaitable[list[int]]],
+                     call: Call, chars: int, prompt_ids: Callable[[], Awaitable[list[int]]],
                      whole: Callable[[list[Choice], Any], dict], chunk: Callable[[str, Any], list[dict]], *,
                      openai: bool, adapter: Adapter | None = None) -> web.StreamResponse:
         """`openai`: errors in OpenAI's shape, a stream ends with `data: [DONE]`, and `n` choices may be
@@ -134,19 +132,20 @@ class GenerationApi:
         if adapter is not None:
             adapter.enter()
         try:
-            return await self._generate(request, model, body, who, start, chars, prompt_ids, whole, chunk, openai, adapter)
+            return await self._generate(request, model, body, who, call, chars, prompt_ids, whole, chunk, openai, adapter)
         finally:
             if adapter is not None:
                 adapter.leave()
 
     async def _generate(self, request: web.BaseRequest, model: GenerationModel, body: dict[str, Any], who: Identity,
-                        start: CallStart, chars: int, prompt_ids: Callable[[], Awaitable[list[int]]],
+                        call: Call, chars: int, prompt_ids: Callable[[], Awaitable[list[int]]],
                         whole: Callable[[list[Choice], Any], dict], chunk: Callable[[str, Any], list[dict]],
                         openai: bool, adapter: Adapter | None) -> web.StreamResponse:
         """One generation, whole or streamed (see `_serve`). A traced request's stages are noted on its
         trace as they end (`Generated`), for its span."""
-        tier, tenant, request_id, started, trace = who.tier, who.tenant, start.request_id, start.started, start.trace
+        tier, tenant, request_id, trace = who.tier, who.tenant, call.request_id, call.trace
         served = adapter.name if adapter is not None else model.config.version  # (which answers: an adapter, a split's pick)
+        call.tier, call.tenant, call.model, call.version = tier, tenant, model.name, served
         stages: Generated | None = None
         try:
             overrides = sampling_fields(body)
@@ -159,7 +158,7 @@ class GenerationApi:
             ids = await prompt_ids()  # gives back the place admission reserved; no await from here to the engine
             sampling = model.sampling(overrides)
         except InferdError as error:
-            self.outcomes.record_error(request_id, model.name, tier, error, started, tenant=tenant, trace=trace, version=served)
+            self.outcomes.record_error(call, error)
             return error_response(error, request_id, close=self.lifecycle.draining, openai=openai)
         timeout_s = ticket.timeout_s
         if stages is not None:
@@ -197,8 +196,7 @@ class GenerationApi:
                 f"deadline of {timeout_s * 1000:.0f} ms passed during generation; aborted")
         except (asyncio.CancelledError, ConnectionResetError):
             model.record_abort("client_disconnect")
-            self.outcomes.record(request_id, model.name, tier, 499, "CLIENT_DISCONNECTED", started, tenant=tenant,
-                                 trace=trace, version=served)
+            self.outcomes.record(call, 499, "CLIENT_DISCONNECTED")
             raise
         except Exception as exc:  # noqa: BLE001 - the engine refused or failed this request: answered, counted
             model.record_abort("engine_error")
@@ -211,8 +209,7 @@ class GenerationApi:
         finally:
             await deltas.aclose()  # aborts the request in the engine if it is still there
         if failure is not None:
-            self.outcomes.record_error(request_id, model.name, tier, failure, started, tenant=tenant, trace=trace,
-                                       version=served)
+            self.outcomes.record_error(call, failure)
             if response is None:
                 return error_response(failure, request_id, openai=openai)
             # Mid-stream: a last event says why, and the stream ends.
@@ -220,7 +217,7 @@ class GenerationApi:
                                                                     "request_id": request_id}) + b"\n\n")
             await response.write_eof()
             return response
-        self.outcomes.record(request_id, model.name, tier, 200, "", started, tenant=tenant, trace=trace, version=served)
+        self.outcomes.record(call)
         if not streaming:
             for index, choice in made.items():
                 choice.text = "".join(pieces[index])

@@ -11,7 +11,7 @@ away cancels the handler: its inputs still waiting are withdrawn and never compu
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -20,11 +20,11 @@ from ..admission.admission import Admission
 from ..admission.rate_limits import Identity
 from ..errors import InferdError, InvalidInput, ModelNotFound
 from ..lifecycle import Lifecycle
-from ..messages import PendingRequest, RequestState
+from ..messages import RequestState
 from ..models.batch_model import BatchModel
 from ..models.registry import Models
-from ..observability.outcomes import Outcomes
-from .batch_calls import BatchCalls, CallStart, cache_allowed, call_start, call_timing
+from ..observability.outcomes import Call, Outcomes
+from .batch_calls import BatchCalls, cache_allowed, call_start, call_timing
 from .body_reader import BodyReader
 from .classify_body import (
     ClassifyCall,
@@ -60,15 +60,12 @@ _ATTACHED, _CACHED = RequestState.ATTACHED, RequestState.CACHED
 
 @dataclass(slots=True)
 class OneInput:
-    """A `/v1/inference` call as far as it got: what its answer or its refusal is recorded with."""
+    """A `/v1/inference` call as far as it got: its record (`call`), and what routing it found."""
 
-    start: CallStart
+    call: Call
     who: Identity | None = None
-    tier: str = "-"
-    tenant: str = "-"
-    call: InferenceCall | None = None
+    parsed: InferenceCall | None = None  # the body
     model: BatchModel | None = None
-    items: list[PendingRequest] = field(default_factory=list)
 
 
 class InferenceApi:
@@ -87,18 +84,18 @@ class InferenceApi:
         self.generation = generation
         self.calls = BatchCalls(admission, outcomes)
 
-    async def inference(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
+    async def inference(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         headers = request.headers
-        one = OneInput(call_start(self.ids, headers) if start is None else start)
+        one = OneInput(call_start(self.ids, headers) if call is None else call)
         try:
             self.identify(one, headers)
             generation = self.route(one, await self.body.read(request), headers, request.query)
             if generation is not None:
-                call, who = one.call, one.who
-                assert call is not None and who is not None and self.generation is not None  # (set on the way here)
-                return await self.generation.inference(request, generation[0], call, who, one.start, generation[1])
+                parsed, who = one.parsed, one.who
+                assert parsed is not None and who is not None and self.generation is not None  # (set on the way here)
+                return await self.generation.inference(request, generation[0], parsed, who, one.call, generation[1])
             self.admit(one, headers)
-            output = (await self.calls.answers(one.model, one.start, one.items, one.who))[0]  # type: ignore[arg-type]
+            output = (await self.calls.answers(one.model, one.call))[0]  # type: ignore[arg-type]
         except InferdError as error:
             return self.refused(one, error)
         return WholeResponse(200, *self.answered(one, output))
@@ -107,50 +104,48 @@ class InferenceApi:
 
     def identify(self, one: OneInput, headers: Mapping[str, str]) -> None:
         one.who = who = self.admission.identify(headers)
-        one.tier, one.tenant = who.tier, who.tenant
+        one.call.tier, one.call.tenant = who.tier, who.tenant
 
     def route(self, one: OneInput, body: bytes, headers: Mapping[str, str], query: Mapping[str, str]) -> Any:
         """Read the call from the body and find its batch model (`one.model`); a generation model's
         (model, version) is returned instead, for the generation API to answer."""
         if headers.get("Content-Type", "")[:6] == "image/":  # (an image as the whole body)
-            one.call = call = parse_image_body(body, query)
+            one.parsed = parsed = parse_image_body(body, query)
         else:
-            one.call = call = parse_inference_body(body)
-        name = call.model or self.models.default
-        model = self.models.route(name, call.version)
+            one.parsed = parsed = parse_inference_body(body)
+        name = parsed.model or self.models.default
+        model = self.models.route(name, parsed.version)
         if model is None:
-            routed = self.models.route_generation(name, call.version) if self.generation is not None else None
+            routed = self.models.route_generation(name, parsed.version) if self.generation is not None else None
             if routed is not None:
-                if type(call.input) is not str:
+                if type(parsed.input) is not str:
                     raise InvalidInput(f"model {name} generates from a text prompt, not an image")
                 return routed
             raise ModelNotFound(f"no model named {name!r}; see GET /v1/models")
         one.model = model
-        if (type(call.input) is not str or model.input_kind != "text") and model.ready and \
-                input_kind(call.input) != model.input_kind:  # (a text to a text model: two tests, no call)
-            raise InvalidInput(f"model {name} takes {model.input_kind} inputs, not {input_kind(call.input)}")
+        one.call.model, one.call.version = model.name, model.version
+        if (type(parsed.input) is not str or model.input_kind != "text") and model.ready and \
+                input_kind(parsed.input) != model.input_kind:  # (a text to a text model: two tests, no call)
+            raise InvalidInput(f"model {name} takes {model.input_kind} inputs, not {input_kind(parsed.input)}")
         return None
 
     def admit(self, one: OneInput, headers: Mapping[str, str]) -> None:
-        one.items = self.calls.admit(one.model, one.start, (one.call.input,), one.who, one.call.timeout_ms,  # type: ignore[arg-type, union-attr]
-                                     cache_allowed(headers))
+        self.calls.admit(one.model, one.call, (one.parsed.input,), one.who, one.parsed.timeout_ms,  # type: ignore[arg-type, union-attr]
+                         cache_allowed(headers))
 
     def refused(self, one: OneInput, error: InferdError) -> WholeResponse:
         """The call's error answer, recorded."""
-        start, model = one.start, one.model
-        now = self.outcomes.record_error(start.request_id, model.name if model else "-", one.tier, error, start.started,
-                                         one.items[0] if one.items else None, one.tenant, start.trace,
-                                         model.version if model else "")
-        return error_response(error, start.request_id, close=self.lifecycle.draining, held_s=now - start.started)
+        call = one.call
+        now = self.outcomes.record_error(call, error)
+        return error_response(error, call.request_id, close=self.lifecycle.draining, held_s=now - call.started)
 
     def answered(self, one: OneInput, output: Any) -> tuple[bytes, tuple[tuple[str, str], ...]]:
         """The call's answer (its body and headers), recorded."""
-        start, model, pending = one.start, one.model, one.items[0]
-        request_id, model_name = start.request_id, model.name  # type: ignore[union-attr]
-        now = self.outcomes.record(request_id, model_name, one.tier, 200, "", start.started, pending, one.tenant,
-                                   start.trace, model.version)  # type: ignore[union-attr]
+        call = one.call
+        pending, request_id, version = call.requests[0], call.request_id, call.version
+        now = self.outcomes.record(call)
         batch = pending.batch
-        extra: tuple[tuple[str, str], ...] = (("X-Request-ID", request_id), ("X-Model-Version", model.version))  # type: ignore[union-attr]
+        extra: tuple[tuple[str, str], ...] = (("X-Request-ID", request_id), ("X-Model-Version", version))
         if batch is not None:
             timing = batch.timing(pending)
             if pending.predicted_wait is not None:  # (what admission expected the queue to take)
@@ -158,81 +153,79 @@ class InferenceApi:
             extra += (("Server-Timing", timing + ', shared;desc="collapsed"' if pending.state is _ATTACHED else timing),)
         elif pending.state is _CACHED:
             extra += (("Server-Timing", 'cache;desc="hit"'),)
-        if one.call.base64:  # type: ignore[union-attr]
+        if one.parsed.base64:  # type: ignore[union-attr]
             output = encode_vector(output, base64=True)
-        payload = {"output": output, "request_id": request_id, "model": model_name, "model_version": model.version,  # type: ignore[union-attr]
-                   "latency_ms": round((now - start.started) * 1e6) / 1000}  # (to the µs: no decimal rounding, half the cost)
+        payload = {"output": output, "request_id": request_id, "model": call.model, "model_version": version,
+                   "latency_ms": round((now - call.started) * 1e6) / 1000}  # (to the µs: no decimal rounding, half the cost)
         return dumps(payload), extra
 
-    async def embeddings(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
+    async def embeddings(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         """OpenAI's `POST /v1/embeddings`: each item batched like a request of its own, answered in order."""
-        return await self._call_of_many(request, start, parse_embeddings_body, "embedding", _embeddings_answer,
+        return await self._call_of_many(request, call, parse_embeddings_body, "embedding", _embeddings_answer,
                                         openai=True)
 
-    async def tei_embed(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
+    async def tei_embed(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         """Text Embeddings Inference's `POST /embed`: the same computation, TEI's body and an array of vectors."""
-        return await self._call_of_many(request, start, parse_tei_embed_body, "embedding", _tei_embed_answer)
+        return await self._call_of_many(request, call, parse_tei_embed_body, "embedding", _tei_embed_answer)
 
-    async def cohere_embed(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
+    async def cohere_embed(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         """Cohere's `POST /v2/embed`: the same computation, each vector in the types asked."""
-        return await self._call_of_many(request, start, parse_cohere_embed_body, "embedding", _cohere_embed_answer)
+        return await self._call_of_many(request, call, parse_cohere_embed_body, "embedding", _cohere_embed_answer)
 
-    async def classify(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
+    async def classify(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         """vLLM's `POST /v1/classify`: each text classified like a request of its own, every label's probability."""
-        return await self._call_of_many(request, start, parse_classify_body, "classification", classify_payload,
+        return await self._call_of_many(request, call, parse_classify_body, "classification", classify_payload,
                                         openai=True)
 
-    async def tei_predict(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
+    async def tei_predict(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         """Text Embeddings Inference's `POST /predict`: the same computation, TEI's body and answer."""
-        return await self._call_of_many(request, start, parse_tei_predict_body, "classification", tei_predict_payload)
+        return await self._call_of_many(request, call, parse_tei_predict_body, "classification", tei_predict_payload)
 
-    async def rerank(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
+    async def rerank(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         """Cohere's `POST /v1/rerank` (Jina's clients send the same): relevance scores, best first."""
-        return await self._call_of_many(request, start, parse_rerank_body, "rerank", _rerank_answer)
+        return await self._call_of_many(request, call, parse_rerank_body, "rerank", _rerank_answer)
 
-    async def tei_rerank(self, request: web.BaseRequest, start: CallStart | None = None) -> web.StreamResponse:
+    async def tei_rerank(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         """Text Embeddings Inference's `POST /rerank`: the same computation, TEI's body and answer."""
-        return await self._call_of_many(request, start, parse_tei_rerank_body, "rerank", _tei_rerank_answer)
+        return await self._call_of_many(request, call, parse_tei_rerank_body, "rerank", _tei_rerank_answer)
 
-    async def _call_of_many(self, request: web.BaseRequest, start: CallStart | None, parse: Callable[[bytes], Any],
+    async def _call_of_many(self, request: web.BaseRequest, call: Call | None, parse: Callable[[bytes], Any],
                             kind: str, answer: Answer, *, openai: bool = False) -> web.StreamResponse:
         """A call holding several inputs, each batched like a request of its own: `parse` reads the body
         (its `inputs`, `model`, `timeout_ms`), the model must give outputs of `kind`, and `answer` writes
         the payload from the outputs in the call's order."""
         headers = request.headers
-        if start is None:
-            start = call_start(self.ids, headers)
-        started, request_id = start.started, start.request_id
-        model_name, version, tier, tenant, items = "-", "", "-", "-", []
+        if call is None:
+            call = call_start(self.ids, headers)
         try:
             who = self.admission.identify(headers)
-            tier, tenant = who.tier, who.tenant
-            call = parse(await self.body.read(request))
-            name = call.model or self.models.default_for(kind)
+            call.tier, call.tenant = who.tier, who.tenant
+            parsed = parse(await self.body.read(request))
+            name = parsed.model or self.models.default_for(kind)
             model = self.models.route(name)
             if model is None:
                 raise ModelNotFound(f"no {kind} model named {name!r}; see GET /v1/models")
-            model_name, version = model.name, model.version
+            call.model, call.version = model.name, model.version
             if model.ready and model.output_kind != kind:
                 raise InvalidInput(f"model {name} {_NOT_OF_KIND[kind]}")
             cap = model.config.max_inputs_per_call
-            if call.count > cap:  # (before each input is read: their number alone can be a 400)
-                raise InvalidInput(f"the call holds {call.count} inputs; model {name} takes at most {cap} per call")
-            inputs = call.inputs
-            _refuse_what_the_model_cannot_honour(call, model, inputs)
-            items = self.calls.admit(model, start, inputs, who, call.timeout_ms, cache_allowed(headers))
-            outputs = await self.calls.answers(model, start, items, who)
+            if parsed.count > cap:  # (before each input is read: their number alone can be a 400)
+                raise InvalidInput(f"the call holds {parsed.count} inputs; model {name} takes at most {cap} per call")
+            inputs = parsed.inputs
+            _refuse_what_the_model_cannot_honour(parsed, model, inputs)
+            self.calls.admit(model, call, inputs, who, parsed.timeout_ms, cache_allowed(headers))
+            outputs = await self.calls.answers(model, call)
         except InferdError as error:
-            now = self.outcomes.record_error(request_id, model_name, tier, error, started, None, tenant, start.trace, version,
-                                             items[0].slo_at if items else None)
-            return error_response(error, request_id, close=self.lifecycle.draining, openai=openai, held_s=now - started)
-        now = self.outcomes.record(request_id, model_name, tier, 200, "", started, None, tenant, start.trace, version,
-                                   items[0].slo_at)
-        if isinstance(call, EmbeddingsCall):  # (cut to `dimensions`, normalised as asked)
-            outputs = shaped(outputs, call, model.offers.normalized)
-        payload = answer(call, outputs, model_name, request_id, sum(item.tokens for item in items))
-        return WholeResponse(200, dumps(payload), (("X-Request-ID", request_id), ("X-Model-Version", model.version),
-                                                   ("Server-Timing", call_timing(items, now - started))))
+            now = self.outcomes.record_error(call, error)
+            return error_response(error, call.request_id, close=self.lifecycle.draining, openai=openai,
+                                  held_s=now - call.started)
+        now = self.outcomes.record(call)
+        if isinstance(parsed, EmbeddingsCall):  # (cut to `dimensions`, normalised as asked)
+            outputs = shaped(outputs, parsed, model.offers.normalized)
+        requests = call.requests
+        payload = answer(parsed, outputs, call.model, call.request_id, sum(r.tokens for r in requests))
+        return WholeResponse(200, dumps(payload), (("X-Request-ID", call.request_id), ("X-Model-Version", call.version),
+                                                   ("Server-Timing", call_timing(requests, now - call.started))))
 
 
 # A call of several inputs answered: (the parsed call, its outputs in order, the model, the request id, tokens).

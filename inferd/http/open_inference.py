@@ -25,9 +25,9 @@ from ..errors import InferdError, MethodNotAllowed, ModelNotFound, NotFound
 from ..lifecycle import Lifecycle
 from ..models.batch_model import BatchModel
 from ..models.registry import Models
-from ..observability.outcomes import Outcomes
+from ..observability.outcomes import Call, Outcomes
 from ..observability.tracing import Tracing
-from .batch_calls import BatchCalls, CallStart, cache_allowed, call_timing, traced
+from .batch_calls import BatchCalls, cache_allowed, call_timing, traced
 from .body_reader import BodyReader, json_object
 from .open_inference_wire import HEADER_LENGTH, IMAGE_INPUT, INPUT, OUTPUT, infer_response, parse_infer
 from .request_ids import RequestIds
@@ -100,30 +100,27 @@ class OpenInferenceApi:
         return routed_model(self.models, name, version), rest
 
     async def infer(self, request: web.BaseRequest, model: BatchModel, request_id: str) -> web.StreamResponse:
-        start = CallStart(time.monotonic(), request_id)
+        call = Call(time.monotonic(), request_id, model=model.name, version=model.version)
         if self.tracing is None:
-            return await self._infer(request, model, start)
-        return await traced(self.tracing, request, start, partial(self._infer, request, model), "/v2/models/{model}/infer")
+            return await self._infer(request, model, call)
+        return await traced(self.tracing, request, call, partial(self._infer, request, model), "/v2/models/{model}/infer")
 
-    async def _infer(self, request: web.BaseRequest, model: BatchModel, start: CallStart) -> web.StreamResponse:
+    async def _infer(self, request: web.BaseRequest, model: BatchModel, call: Call) -> web.StreamResponse:
         headers = request.headers
-        started, request_id = start.started, start.request_id
-        tier, tenant, items, version = "-", "-", [], model.version
         try:
             who = self.admission.identify(headers)
-            tier, tenant = who.tier, who.tenant
+            call.tier, call.tenant = who.tier, who.tenant
             cap = model.config.max_inputs_per_call
-            call = parse_infer(await self.body.read(request), headers.get(HEADER_LENGTH), model.input_kind == "image", cap)
-            items = self.calls.admit(model, start, call.inputs, who, call.timeout_ms, cache_allowed(headers))
-            outputs = await self.calls.answers(model, start, items, who)
+            parsed = parse_infer(await self.body.read(request), headers.get(HEADER_LENGTH), model.input_kind == "image", cap)
+            self.calls.admit(model, call, parsed.inputs, who, parsed.timeout_ms, cache_allowed(headers))
+            outputs = await self.calls.answers(model, call)
         except InferdError as error:
-            now = self.outcomes.record_error(request_id, model.name, tier, error, started, None, tenant, start.trace, version,
-                                             items[0].slo_at if items else None)
-            return error_response(error, request_id, close=self.lifecycle.draining, open_inference=True, held_s=now - started)
-        now = self.outcomes.record(request_id, model.name, tier, 200, "", started, None, tenant, start.trace, version,
-                                   items[0].slo_at)
-        body, header_length = infer_response(model.name, model.version, call.id, outputs, call.binary_output)
-        answer_headers = (("X-Request-ID", request_id), ("Server-Timing", call_timing(items, now - started)))
+            now = self.outcomes.record_error(call, error)
+            return error_response(error, call.request_id, close=self.lifecycle.draining, open_inference=True,
+                                  held_s=now - call.started)
+        now = self.outcomes.record(call)
+        body, header_length = infer_response(model.name, model.version, parsed.id, outputs, parsed.binary_output)
+        answer_headers = (("X-Request-ID", call.request_id), ("Server-Timing", call_timing(call.requests, now - call.started)))
         if header_length is None:
             return WholeResponse(200, body, answer_headers)
         return WholeResponse(200, body, (*answer_headers, (HEADER_LENGTH, str(header_length))),

@@ -198,7 +198,7 @@ async def test_a_bug_writing_the_answer_is_a_500_for_that_request_alone():
         inference, answered = srv.api.fast_path.inference, srv.api.fast_path.inference.answered
 
         def broken(one, output):
-            if one.call.input == "breaks":
+            if one.parsed.input == "breaks":
                 raise TypeError("an output JSON cannot hold")
             return answered(one, output)
 
