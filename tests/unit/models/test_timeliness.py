@@ -316,7 +316,7 @@ async def test_under_an_objective_a_minority_bucket_is_refused_no_more_than_the_
     points of each other, and every admitted request still meets the objective."""
     clock = FakeClock()
     served = model(clock, slo_ms=300, timeout_ms=2000)
-    served.prepare_one = lambda text: (text, int(len(text) > 50))  # (as S10's two_buckets backend)
+    served.intake.prepare_one = lambda text: (text, int(len(text) > 50))  # (as S10's two_buckets backend)
     device = FakeDevice(served, clock, SimulatedGPU(latency_ms=50, max_batch_size=32, jitter=0.02, seed=5))
     rng = random.Random(17)
     sent, refused, admitted = {0: 0, 1: 0}, {0: 0, 1: 0}, []
