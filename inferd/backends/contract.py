@@ -43,14 +43,19 @@ from __future__ import annotations
 import importlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+In = TypeVar("In")
+Out = TypeVar("Out", covariant=True)
 
 
 @runtime_checkable
-class BatchBackend(Protocol):
-    """The one thing a backend must be: a batch function, one output per input, in order."""
+class BatchBackend(Protocol[In, Out]):
+    """The one thing a backend must be: a batch function, one output per input, in order (`In`: what
+    one prepared input is, e.g. token ids; `Out`: one output, e.g. a vector). Bare, it is
+    `BatchBackend[Any, Any]`. The optional hooks below, as protocols a backend class may list: `hooks`."""
 
-    def __call__(self, inputs: list[Any], /) -> Sequence[Any]: ...
+    def __call__(self, inputs: list[In], /) -> Sequence[Out]: ...
 
 
 INPUT_KINDS = ("text", "image", "pair")

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import backend_factory
+from .hooks import Pipelined, PreparesOne
 
 
 class SimulatedDeviceError(RuntimeError):
@@ -110,7 +111,7 @@ class SimulatedGPU:
         return [tag + expected_output(text) for text in inputs] if tag else [expected_output(text) for text in inputs]
 
 
-class PipelinedGPU(SimulatedGPU):
+class PipelinedGPU(SimulatedGPU, Pipelined):
     """The simulated GPU in two steps: `launch` does `prepare_ms` of host-side work (slept: padding and
     pinned copies mostly run outside the GIL) and queues the batch on the device, where it computes once
     the batch before it is done; `collect` waits for it. With `pipelined`, the worker sees the two steps
@@ -150,7 +151,7 @@ class PipelinedGPU(SimulatedGPU):
         return PipelinedGPU.collect(self, PipelinedGPU.launch(self, inputs))
 
 
-class BucketedGPU(SimulatedGPU):
+class BucketedGPU(SimulatedGPU, PreparesOne):
     """The simulated GPU with inputs in length buckets (`prepare`, run on the way in)."""
 
     def __init__(self, bucket_chars: list[int], **sim: Any) -> None:

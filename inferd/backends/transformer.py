@@ -51,12 +51,12 @@ import numpy as np
 import torch
 
 from . import Prepared, backend_factory
+from .hooks import PreparesBatches, WarmsUp, WarmsUpByBucket
 from .path_choice import PathChoice
 from .static_shapes import DEFAULT_BATCH_SIZES, ShapedForward, ShapeGrid, collate
 from .text_inputs import InputTooLong, TextInputs
 
-__all__ = ["DTYPES", "InputTooLong", "TextModel", "check_choices", "create", "default_model_path", "resolve_device",
-           "weights_need"]
+__all__ = ["DTYPES", "InputTooLong", "TextModel", "check_choices", "create", "default_model_path", "resolve_device", "weights_need"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TASKS = ("embedding", "classification", "rerank")
@@ -120,7 +120,7 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-class TextModel:
+class TextModel(PreparesBatches, WarmsUp, WarmsUpByBucket):
     """One worker's model: `prepare_batch` on the way in, then the batch function (token ids in, one
     output per input)."""
 

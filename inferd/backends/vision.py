@@ -59,14 +59,14 @@ import torch
 
 from ..errors import PayloadTooLarge
 from . import Prepared, backend_factory
+from .hooks import ChecksCalls, PreparesBatches, WarmsUp, WarmsUpByBucket
 from .image_graphs import DEFAULT_BATCH_SIZES, ImageGraphs
 from .image_headers import b64decode, header_pixels
 from .transformer import DTYPES, check_choices, resolve_device, weights_need
 
 _TASKS = ("embedding", "classification")
 _OPTIONS = {"model_path", "task", "dtype", "image_sizes", "max_image_bytes", "max_pixels", "max_call_pixels", "formats",
-            "torch_threads",
-            "cuda_graphs", "graph_batch_sizes", "prepare_threads", "prepare_nice", "execute_nice"}
+            "torch_threads", "cuda_graphs", "graph_batch_sizes", "prepare_threads", "prepare_nice", "execute_nice"}
 _FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
 
 
@@ -97,7 +97,7 @@ def memory_bytes(options: Mapping[str, Any]) -> int:
     return weights_need(Path(options["model_path"]), options.get("dtype"))
 
 
-class ImageModel:
+class ImageModel(PreparesBatches, ChecksCalls, WarmsUp, WarmsUpByBucket):
     """One worker's image model: `prepare_batch` on the way in (decode, check, resize, normalise), then
     the batch function (pixel arrays of one size in, one output per image)."""
 
