@@ -60,6 +60,7 @@ class IdempotentReplies:
     window_s: float
     max_keys: int
     max_bytes: int = 64 << 20
+    clock: Callable[[], float] = time.monotonic  # (a fake one in tests: the window is time)
     replays: int = 0
     keys: int = 0
     held_bytes: int = 0
@@ -98,7 +99,7 @@ class IdempotentReplies:
         openai: bool,
     ) -> web.StreamResponse:
         while True:
-            entry = self._current(scoped, time.monotonic())
+            entry = self._current(scoped, self.clock())
             if entry is None:
                 return await self._first(request, handler, scoped, fingerprint)
             if entry.fingerprint != fingerprint:
@@ -134,7 +135,7 @@ class IdempotentReplies:
             held = self._tenants.get(tenant)
             mine = held is not None and held.get(key) is entry  # (not when it was evicted for room meanwhile)
             if kept is not None and mine:
-                entry.kept_until = time.monotonic() + self.window_s
+                entry.kept_until = self.clock() + self.window_s
                 self._tenants[tenant].move_to_end(key)  # (in order of expiry, for `_current`)
                 self._resize(tenant, entry, ENTRY_BYTES + kept.size)
                 self._make_room()

@@ -42,9 +42,8 @@ async def test_a_repeat_in_flight_joins_and_a_later_one_is_replayed_and_computed
         assert table["keys"] == 2 and table["replays"] == 2 and 0 < table["bytes"] < 2 * 4096  # (acme's k1 and bolt's)
 
 
-async def test_only_definite_answers_are_kept_and_the_window_ends(http):
-    async with running_server(sim_model(latency_ms=300), idempotency_window_s=0.5, **AUTH) as srv:
-        gpu = backend_of(srv)
+async def test_only_definite_answers_are_kept(http):
+    async with running_server(sim_model(latency_ms=300), **AUTH) as srv:
         status, bad, _ = await infer(http, srv.url, {"input": 5}, headers=keyed("acme", "bad"))
         status2, bad2, headers = await infer(http, srv.url, {"input": 5}, headers=keyed("acme", "bad"))
         assert (status, status2, bad2, headers["Idempotent-Replayed"]) == (400, 400, bad, "true")  # a definite refusal
@@ -54,10 +53,6 @@ async def test_only_definite_answers_are_kept_and_the_window_ends(http):
         await until(lambda: srv.lifecycle.in_flight == 0)
         status, body, headers = await infer(http, srv.url, {"input": "gone"}, headers=keyed("acme", "k2"))
         assert status == 200 and body["output"] == expected_output("gone") and "Idempotent-Replayed" not in headers
-        await asyncio.sleep(0.6)  # past the window: the key is free again
-        status, body, headers = await infer(http, srv.url, {"input": "new"}, headers=keyed("acme", "k2"))
-        assert status == 200 and body["output"] == expected_output("new") and "Idempotent-Replayed" not in headers
-        assert gpu.computed["new"] == 1
 
 
 async def test_a_key_over_255_characters_is_refused(http):

@@ -162,9 +162,8 @@ async def test_grace_drain_answers_admitted_requests_before_stopping(http):
 async def test_a_request_deadline_flushes_before_the_linger_would_miss_it(http):
     async with running_server(sim_model(latency_ms=50, max_wait_ms=400)) as srv:
         await asyncio.gather(*(infer(http, srv.url, {"input": f"busy{i}"}) for i in range(64)))  # arrivals are frequent
-        started = time.monotonic()
         status, _, _ = await infer(http, srv.url, {"input": "hurry", "timeout_ms": 200})
-        assert status == 200 and time.monotonic() - started < 0.3
+        assert status == 200  # (within its 200 ms, where the 400 ms linger would have missed it: else a 504)
         assert srv.models["m"].batcher.flushes["deadline"] == 1
 
 

@@ -12,6 +12,8 @@ import orjson
 from inferd.http.idempotency import ENTRY_BYTES, IdempotentReplies, _Entry
 from inferd.http.responses import KeptAnswer, WholeResponse
 
+from ...helpers import FakeClock
+
 
 async def test_an_entry_evicted_while_its_request_runs_does_not_break_the_answer():
     replies = IdempotentReplies(auth=None, body=None, ids=None, window_s=60.0, max_keys=1)  # type: ignore[arg-type]
@@ -28,6 +30,20 @@ async def test_an_entry_evicted_while_its_request_runs_does_not_break_the_answer
     gate.set()
     assert (await first).status == 200 and (await second).status == 200
     assert list(replies._tenants["t"]) == ["b"] and replies.keys == 1
+
+
+async def test_an_answer_is_kept_for_its_window_and_then_its_key_is_free_again():
+    clock = FakeClock()
+    replies = IdempotentReplies(auth=None, body=None, ids=None, window_s=0.5, max_keys=10, clock=clock)  # type: ignore[arg-type]
+
+    async def handler(request):  # type: ignore[no-untyped-def]
+        return WholeResponse(200, b'{"n": 1}')
+
+    await replies._first(SimpleNamespace(), handler, ("t", "k"), b"x")  # type: ignore[arg-type]
+    clock.advance(0.49)
+    assert replies._current(("t", "k"), clock()) is not None and replies.keys == 1
+    clock.advance(0.02)  # past the window: a repeat runs afresh
+    assert replies._current(("t", "k"), clock()) is None and replies.keys == 0
 
 
 def kept(replies: IdempotentReplies, tenant: str, key: str, body: bytes) -> None:
