@@ -29,7 +29,8 @@ from .errors import Draining, InferdError, describe
 from .http.agent_check import start_agent_check
 from .http.api import HttpApi
 from .http.body_reader import BodyReader
-from .http.connections import ConnectionLimits, GuardedServer
+from .http.connection_reserve import ConnectionLimits
+from .http.connections import GuardedServer
 from .lifecycle import Lifecycle, Phase
 from .models.batch_model import BatchModel
 from .models.config_reload import ConfigReload

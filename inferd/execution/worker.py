@@ -17,10 +17,11 @@ take its 99 neighbours down with it. An exception that is not an `Exception` (Sy
 kills the worker: the loop is told, re-queues its batch and starts a replacement. A worker the watchdog
 gave up on (`abandoned`) exits as soon as its call returns and delivers nothing.
 
-Why one module: everything a worker's thread does with a batch, from taking it to handing it back (the
-plain loop, the pipelined one, isolating the inputs of a failed call), and the state the pool reads
-from another thread (`current`, `behind`, `abandoned`), kept together where "one call at a time per
-device" can be read.
+Everything a worker's thread does with a batch, from taking it to handing it back (the plain loop, the
+pipelined one), and the state the pool reads from another thread (`current`, `behind`, `abandoned`),
+is here, where "one call at a time per device" can be read; what it asks of a backend call beside
+the call itself (its outputs checked, warm-up batches timed, a failed call bisected) is
+`backend_calls`.
 """
 
 from __future__ import annotations
@@ -37,24 +38,13 @@ from typing import Any
 from ..backends import BatchBackend, Capabilities
 from ..errors import describe
 from ..messages import Batch, Taker
+from .backend_calls import check_outputs, isolate, measure_costs
 from .thread_priority import lower_this_thread
 
 log = logging.getLogger("inferd.executor")
 
 NextBatch = Callable[[int, Taker | None], Batch | None]  # (requests just answered, taker) -> a due batch, or None: parked
 # (taker None: a full batch or nothing, never parked: a worker asking for one to launch behind its computing one)
-
-
-class OutputMismatch(RuntimeError):
-    """The backend returned something other than one output per input."""
-
-
-def check_outputs(outputs: Any, expected: int) -> list[Any]:
-    if not isinstance(outputs, (list, tuple)):
-        raise OutputMismatch(f"backend returned {type(outputs).__name__}, expected a list of {expected} outputs")
-    if len(outputs) != expected:
-        raise OutputMismatch(f"backend returned {len(outputs)} outputs for {expected} inputs")
-    return list(outputs)
 
 
 class Worker:
@@ -300,61 +290,3 @@ class _LaunchFailed:
 
     def __init__(self, error: Exception) -> None:
         self.error = error
-
-
-PROBE_CALL_LIMIT_S = 0.1  # a bucket's warm-up measurement stops doubling its batch once a call takes half this
-
-
-def measure_costs(fn: BatchBackend, own: Callable[[int, int], float | None] | None, batches: Sequence[Sequence[Any]],
-                  max_batch_size: int) -> list[tuple[int, int, float]]:
-    """What batches cost, for the cost model to start from: the backend's own figures (`own`, its
-    `cost(size, bucket)`, e.g. timed CUDA graphs) when it has them, else each length bucket's warm-up
-    batch (one per bucket, in bucket order) timed at 1, 2, 4... inputs up to `max_batch_size`, until a
-    call takes half of `PROBE_CALL_LIMIT_S` (an expensive bucket is measured small, learned as it runs)."""
-    if own is not None:
-        known = ((b, n, own(n, b)) for b in range(len(batches)) for n in range(1, max_batch_size + 1))
-        return [(b, n, float(s)) for b, n, s in known if s]
-    measured = []
-    for bucket, batch in enumerate(batches):
-        size = 1
-        while True:
-            inputs = [batch[0]] * size
-            started = time.monotonic()
-            check_outputs(fn(inputs), size)
-            seconds = time.monotonic() - started
-            measured.append((bucket, size, seconds))
-            if size >= max_batch_size or 2 * seconds > PROBE_CALL_LIMIT_S:
-                break
-            size = min(max_batch_size, 2 * size)
-    return measured
-
-
-def isolate(
-    call: Callable[[list[Any]], list[Any]],
-    inputs: list[Any],
-    error: BaseException,
-    outputs: list[Any],
-    budget: int,
-    give_up: Callable[[], bool] = lambda: False,
-) -> dict[int, BaseException]:
-    """Bisect a failed call, breadth first, within `budget` extra calls: both halves of a failed range
-    are tried before either is split further, so a spent budget leaves whole clean halves answered
-    rather than one deep probe. Fills `outputs` for the inputs that ran; returns the failures by index."""
-    failures: dict[int, BaseException] = {}
-    failed = deque([(0, len(inputs), error)])
-    while failed:
-        lo, hi, error = failed.popleft()
-        if hi - lo == 1:
-            failures[lo] = error
-            continue
-        mid = (lo + hi) // 2
-        for a, b in ((lo, mid), (mid, hi)):
-            if budget <= 0 or give_up():
-                failures.update((i, error) for i in range(a, b))  # out of extra calls: fail the rest
-                continue
-            budget -= 1
-            try:
-                outputs[a:b] = call(inputs[a:b])
-            except Exception as exc:  # noqa: BLE001
-                failed.append((a, b, exc))
-    return failures

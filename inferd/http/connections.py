@@ -1,17 +1,15 @@
 """Connections: how many may be open, and how long a client may take over a request's headers.
 
-aiohttp closes a connection that idles between requests (`keepalive_timeout_s`), but not one that is
-part-way through its headers, and it takes as many connections as the process has file descriptors.
-A few thousand silent or trickling clients then hold every descriptor, and every new client is
-refused, health checks included. Here each connection gets `header_timeout_s` from its first byte (or
-from its opening, for a client that sends nothing) to the end of its headers, else a 408 and the
-connection closes. Past `max_connections - connection_reserve` open connections, a new one may only
-ask `/healthz` or `/readyz` (anything else: 503 and close), so a load balancer still sees how the host
-is doing; past `max_connections` a new connection is closed at once.
-(A body that trickles is the handlers' business: `body_timeout_s`, see `body_reader.BodyReader`.)
-
-A parsed request is offered to the fast path (`fast_path.py`) when nothing else is in hand; what it
-leaves goes to aiohttp's request loop, in order.
+aiohttp closes a connection that idles between requests (`keepalive_timeout_s`), but not one part-way
+through its headers, and takes as many connections as the process has file descriptors: a few
+thousand silent or trickling clients then hold every descriptor, and every new client is refused,
+health checks included. Here each connection gets `header_timeout_s` from its first byte (or its
+opening, for a client that sends nothing) to the end of its headers, else a 408 and it closes. Past
+`max_connections - connection_reserve` open connections a new one may only ask `/healthz` or
+`/readyz` (anything else: 503 and close), so a load balancer still sees how the host is doing; past
+`max_connections` it is closed at once. (A trickling body is the handlers' business: `body_timeout_s`,
+`body_reader`.) A parsed request is offered to the fast path (`fast_path`) when nothing else is in
+hand; what it leaves goes to aiohttp's request loop, in order.
 
 Why one module: everything that reads or sets the state of aiohttp's connection (its request loop's
 waiter and queue, its keep-alive timer, its parser) is here, where the hand-offs between aiohttp's loop,
@@ -24,28 +22,20 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError, _ErrInfo
 
-from ..errors import InferdError, InternalError, MalformedRequest, PayloadTooLarge, ServiceOverloaded, describe
+from ..errors import InferdError, InternalError, MalformedRequest, PayloadTooLarge, describe
+from .connection_reserve import ConnectionLimits, health_only
 from .fast_path import BODY_GRACE_S, FastPath, InFlight
 from .request_ids import RequestIds
 from .responses import dumps, error_response, openai_path
 
-HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
 _parse = RequestHandler.data_received  # (called directly: super() in a method called per request costs)
 log = logging.getLogger("inferd.http")
-
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    max_connections: int
-    connection_reserve: int  # of those, kept for health checks
-    header_timeout_s: float
-    answer_half_closed: bool = False  # a client's end of input is not its going away (see eof_received)
 
 
 class GuardedServer(web.Server):
@@ -119,7 +109,7 @@ class GuardedConnection(RequestHandler):
             self.force_close()
             return
         if server.open > limits.max_connections - limits.connection_reserve:
-            self._request_handler = self._health_only  # this connection holds a reserved descriptor
+            self._request_handler = partial(health_only, server)  # this connection holds a reserved descriptor
             self._fast = None  # (nor does the fast path answer it)
         self._start_header_clock()
 
@@ -312,15 +302,3 @@ class GuardedConnection(RequestHandler):
         transport.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\n"
                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         self.force_close()
-
-    async def _health_only(self, request: web.BaseRequest) -> web.StreamResponse:
-        server = self._server
-        if request.path in HEALTH_PATHS:
-            response = await server.request_handler(request)
-            response.force_close()  # one answer, then the reserved descriptor is free again
-            return response
-        server.reserved += 1
-        error = ServiceOverloaded(f"{server.open} connections are open; the last {server.limits.connection_reserve} "
-                                  "are kept for health checks", retry_after_ms=1000, reason="connections")
-        return error_response(error, server.ids.pick(request.headers.get("X-Request-ID")), close=True,
-                              openai=openai_path(request.raw_path))

@@ -24,16 +24,16 @@ When the queue is full, room is made before anyone is refused by shedding a wait
 tier or of a clearly heavier tenant (`shedding`): a light tenant is not refused because a heavy one
 filled the queue.
 
-Why one module: everything here reads or changes the queues under one lock shared by the loop and the
-worker threads; what the lock guards stays in one place (the rule, the filling and the shedding it
-applies are modules of their own).
+Why one module: everything here changes the queues under one lock shared by the loop and the worker
+threads; what the lock guards stays in one place (the rule, the filling and the shedding it applies
+are modules of their own, and so are the readings admission and the forecast take of the queues,
+`queue_readings`, which change nothing).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import math
 import threading
 import time
 from collections import Counter, deque
@@ -43,8 +43,8 @@ from functools import partial
 from ..messages import Batch, PendingRequest, RequestState, Taker
 from .arrivals import Echo, Rate
 from .batch_costs import BatchCosts
-from .batch_filling import tokens_of
-from .policy import BucketView, Decision, Limits, decide, due_in
+from .policy import BucketView, Decision, Limits, decide
+from .queue_readings import QueueReadings
 from .request_queue import RequestQueue
 from .shedding import choose_victim
 
@@ -53,7 +53,7 @@ class QueueFull(Exception):
     """The model already holds `max_queue` waiting requests."""
 
 
-class Batcher:
+class Batcher(QueueReadings):
     """One model's queues (one per length bucket) and the rule that turns them into batches.
 
     `costs` tells what a batch of each bucket and size costs (deadline flushes, where a batch stops
@@ -111,72 +111,6 @@ class Batcher:
     def depth(self) -> int:
         """Requests waiting for a batch (kept as a count: read per request by admission)."""
         return self._depth
-
-    def depth_by_tier(self) -> dict[str, int]:
-        totals: Counter[str] = Counter()
-        for q in self._queues.values():
-            totals.update(q.live_by_tier())
-        return dict(totals)
-
-    def ahead_by_bucket(self, tier: str | None, tenant: str | None = None, call: str | None = None) -> dict[int, int]:
-        """Requests a new request of `tier` (from `tenant`; an input of `call`, if one of a multi-input
-        call's) would wait behind, per length bucket (see `RequestQueue.live_ahead_of`; `tier` None:
-        everything waiting). One tier and one tenant without multi-input calls: all of it, in order."""
-        if tier is None:
-            return {key: q.live for key, q in self._queues.items()}
-        if self._single_tier and (tenant is None or self._one_tenant is not None):
-            return {key: q.live if tenant is None or not q.has_calls() else q.live_ahead_of(tier, tenant, call)
-                    for key, q in self._queues.items()}
-        return {key: q.live_ahead_of(tier, tenant, call) for key, q in self._queues.items()}
-
-    def next_start(self, bucket: int) -> float | None:
-        """When the next batch of `bucket` was predicted to start: its oldest waiting request's predicted
-        start (None: none waits, or nothing was predicted for it)."""
-        with self._lock:
-            queue = self._queues.get(bucket)
-            head = queue.oldest() if queue is not None and queue.live else None
-        return None if head is None or head.predicted_wait is None else head.enqueued_at + head.predicted_wait
-
-    def busy_buckets(self, now: float, within_s: float) -> list[int]:
-        """The buckets with requests waiting or a batch taken within `within_s`: those whose requests
-        come now (admission judges them alike under an objective: `timeliness`)."""
-        return [key for key, queue in self._queues.items()
-                if queue.live or now - self._last_batch.get(key, -math.inf) <= within_s]
-
-    def linger_left(self, request: PendingRequest, now: float) -> float:
-        """How long `request`, queued now into its bucket with a worker free, would wait for its batch to
-        be due: the rest of the bucket's linger, cut short as the rule cuts it (full, sparse, deadline)."""
-        bucket, costs = request.bucket, self.costs
-        with self._lock:  # (asked per request while a worker is free: only what the rule reads of the queue)
-            queue = self._queues.get(bucket)
-            count, tokens = (queue.live, queue.tokens) if queue is not None else (0, 0)
-            oldest_at, due = queue.oldest_and_due() if queue is not None and count else (now, request.due)
-            rate, hold_until = self._arrivals.per_s(now), self._hold_until
-        count += 1
-        view = BucketView(bucket, count, tokens + tokens_of(request), min(oldest_at, now), min(due, request.due), 0.0, now,
-                          costs.size_limit(bucket), costs.safe_estimate(count, bucket), self._linger_s(bucket))
-        return due_in(view, now, self._token_limits, arrival_rate=rate, hold_until=hold_until)
-
-    def arrival_rate(self, now: float) -> float:
-        """Requests per second arriving lately (all tiers)."""
-        return self._arrivals.per_s(now)
-
-    def arrival_rate_above(self, tier: str, now: float) -> float:
-        """Requests per second arriving lately of the tiers above `tier` (0.0 with one tier)."""
-        rank = self.tier_rank(tier)
-        return sum(r.per_s(now) for k, r in (self._arrivals_by_rank or {}).items() if k > rank)
-
-    def tier_rank(self, tier: str) -> int:
-        """A tier's place: higher goes first."""
-        return self._tier_rank.get(tier, 0)
-
-    def oldest_age_by_tier(self, now: float) -> dict[str, float]:
-        ages: dict[str, float] = {}
-        with self._lock:
-            for q in self._queues.values():
-                for tier, age in q.oldest_age_by_tier(now).items():
-                    ages[tier] = max(age, ages.get(tier, 0.0))
-        return ages
 
     def submit(self, request: PendingRequest) -> PendingRequest | None:
         """Queue a request. When `max_queue` requests already wait, a request of a lower tier or of a

@@ -1,10 +1,10 @@
-"""The executor's pure parts: the output-length check and the bisection that isolates poison inputs."""
+"""What a worker asks of a backend call: the output-length check and the bisection that isolates poison inputs."""
 
 from __future__ import annotations
 
 import pytest
 
-from inferd.execution.worker import OutputMismatch, check_outputs, isolate
+from inferd.execution.backend_calls import OutputMismatch, check_outputs, isolate
 
 
 class Poisoned(ValueError):

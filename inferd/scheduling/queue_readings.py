@@ -1,0 +1,102 @@
+"""What admission, the forecast and the reports read of a batcher's queues: how many wait, and behind
+whom a new request would wait, per bucket and tier; when a bucket's next batch should start; how long
+a request queued now would linger; how fast requests arrive. A part of `Batcher` (its base class):
+readings only, taken under the batcher's lock where they read more than one number, changing nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter
+from collections.abc import Callable
+
+from ..messages import PendingRequest
+from .arrivals import Rate
+from .batch_costs import BatchCosts
+from .batch_filling import tokens_of
+from .policy import BucketView, Limits, due_in
+from .request_queue import RequestQueue
+
+
+class QueueReadings:
+    """The batcher's readings (see the module docstring); the state they read is the batcher's."""
+
+    costs: BatchCosts
+    _lock: threading.Lock
+    _queues: dict[int, RequestQueue]
+    _single_tier: bool
+    _one_tenant: str | None
+    _last_batch: dict[int, float]
+    _arrivals: Rate
+    _arrivals_by_rank: dict[int, Rate] | None
+    _tier_rank: dict[str, int]
+    _token_limits: Limits
+    _linger_s: Callable[[int], float]
+    _hold_until: float
+
+    def depth_by_tier(self) -> dict[str, int]:
+        totals: Counter[str] = Counter()
+        for q in self._queues.values():
+            totals.update(q.live_by_tier())
+        return dict(totals)
+
+    def ahead_by_bucket(self, tier: str | None, tenant: str | None = None, call: str | None = None) -> dict[int, int]:
+        """Requests a new request of `tier` (from `tenant`; an input of `call`, if one of a multi-input
+        call's) would wait behind, per length bucket (see `RequestQueue.live_ahead_of`; `tier` None:
+        everything waiting). One tier and one tenant without multi-input calls: all of it, in order."""
+        if tier is None:
+            return {key: q.live for key, q in self._queues.items()}
+        if self._single_tier and (tenant is None or self._one_tenant is not None):
+            return {key: q.live if tenant is None or not q.has_calls() else q.live_ahead_of(tier, tenant, call)
+                    for key, q in self._queues.items()}
+        return {key: q.live_ahead_of(tier, tenant, call) for key, q in self._queues.items()}
+
+    def next_start(self, bucket: int) -> float | None:
+        """When the next batch of `bucket` was predicted to start: its oldest waiting request's predicted
+        start (None: none waits, or nothing was predicted for it)."""
+        with self._lock:
+            queue = self._queues.get(bucket)
+            head = queue.oldest() if queue is not None and queue.live else None
+        return None if head is None or head.predicted_wait is None else head.enqueued_at + head.predicted_wait
+
+    def busy_buckets(self, now: float, within_s: float) -> list[int]:
+        """The buckets with requests waiting or a batch taken within `within_s`: those whose requests
+        come now (admission judges them alike under an objective: `timeliness`)."""
+        return [key for key, queue in self._queues.items()
+                if queue.live or now - self._last_batch.get(key, -math.inf) <= within_s]
+
+    def linger_left(self, request: PendingRequest, now: float) -> float:
+        """How long `request`, queued now into its bucket with a worker free, would wait for its batch to
+        be due: the rest of the bucket's linger, cut short as the rule cuts it (full, sparse, deadline)."""
+        bucket, costs = request.bucket, self.costs
+        with self._lock:  # (asked per request while a worker is free: only what the rule reads of the queue)
+            queue = self._queues.get(bucket)
+            count, tokens = (queue.live, queue.tokens) if queue is not None else (0, 0)
+            oldest_at, due = queue.oldest_and_due() if queue is not None and count else (now, request.due)
+            rate, hold_until = self._arrivals.per_s(now), self._hold_until
+        count += 1
+        view = BucketView(bucket, count, tokens + tokens_of(request), min(oldest_at, now), min(due, request.due), 0.0, now,
+                          costs.size_limit(bucket), costs.safe_estimate(count, bucket), self._linger_s(bucket))
+        return due_in(view, now, self._token_limits, arrival_rate=rate, hold_until=hold_until)
+
+    def arrival_rate(self, now: float) -> float:
+        """Requests per second arriving lately (all tiers)."""
+        return self._arrivals.per_s(now)
+
+    def arrival_rate_above(self, tier: str, now: float) -> float:
+        """Requests per second arriving lately of the tiers above `tier` (0.0 with one tier)."""
+        rank = self.tier_rank(tier)
+        return sum(r.per_s(now) for k, r in (self._arrivals_by_rank or {}).items() if k > rank)
+
+    def tier_rank(self, tier: str) -> int:
+        """A tier's place: higher goes first."""
+        return self._tier_rank.get(tier, 0)
+
+    def oldest_age_by_tier(self, now: float) -> dict[str, float]:
+        ages: dict[str, float] = {}
+        with self._lock:
+            for q in self._queues.values():
+                for tier, age in q.oldest_age_by_tier(now).items():
+                    ages[tier] = max(age, ages.get(tier, 0.0))
+        return ages
