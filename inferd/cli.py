@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--print-config", action="store_true", help="print the config --model makes (TOML) and exit")
     serve.add_argument("--api-key", help="requests must present this key (Authorization: Bearer KEY), as with "
                        "`vllm serve --api-key`; the environment's INFERD_API_KEY is read when this is not given")
+    serve.add_argument("--admin-key", help="the admin API's key (/v1/admin/...: versions, traffic splits, adapters); "
+                       "the environment's INFERD_ADMIN_KEY is read when this is not given")
     serve.add_argument("--host", help="override [server] host")
     serve.add_argument("--port", type=int, help="override [server] port (0: any free port)")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
@@ -128,9 +130,10 @@ def _serve(args: argparse.Namespace) -> int:
     from .server import run
 
     api_key = args.api_key or os.environ.get("INFERD_API_KEY") or None
+    admin_key = args.admin_key or os.environ.get("INFERD_ADMIN_KEY") or None
     try:
         if args.model:
-            config = _folders_config(args, api_key)
+            config = _folders_config(args, api_key, admin_key)
             if config is None:
                 return 0
         else:
@@ -142,29 +145,33 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"inferd: {problem}", file=sys.stderr)
         return 2
     overrides: dict[str, Any] = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    key = None if api_key is None or args.model else api_key
-    reread = (lambda: with_api_key(dataclasses.replace(load_config(args.config), **overrides), key)) if args.config else None
+    keys = (None, None) if args.model else (api_key, admin_key)  # (--model's config has them already)
+    reread = (lambda: with_keys(dataclasses.replace(load_config(args.config), **overrides), *keys)) if args.config else None
     configure_access_logger()
-    return run(with_api_key(dataclasses.replace(config, **overrides), key), reread)
+    return run(with_keys(dataclasses.replace(config, **overrides), *keys), reread)
 
 
-def _folders_config(args: argparse.Namespace, api_key: str | None) -> ServerConfig | None:
+def _folders_config(args: argparse.Namespace, api_key: str | None, admin_key: str | None) -> ServerConfig | None:
     """The config of `--model` folders (None: it was printed, as `--print-config` asks)."""
     tasks, names = args.task or [], args.name or []
     if len(tasks) > len(args.model) or len(names) > len(args.model):
         raise ConfigError("more --task or --name than --model: each applies to the --model of its place")
     models = [FolderModel(path, tasks[i] if i < len(tasks) else None, names[i] if i < len(names) else None)
               for i, path in enumerate(args.model)]
-    digest = None if api_key is None else key_digest(api_key)
-    config, text = folder_config(models, args.host or "127.0.0.1", 8000 if args.port is None else args.port, digest)
+    digest, admin_digest = (None if key is None else key_digest(key) for key in (api_key, admin_key))
+    config, text = folder_config(models, args.host or "127.0.0.1", 8000 if args.port is None else args.port, digest,
+                                 admin_digest)
     if args.print_config:
         print(text, end="")
         return None
     return config
 
 
-def with_api_key(config: ServerConfig, api_key: str | None) -> ServerConfig:
-    """`--api-key` over a config file: one more tenant (in the highest tier), and auth on if it was off."""
+def with_keys(config: ServerConfig, api_key: str | None, admin_key: str | None = None) -> ServerConfig:
+    """`--api-key` over a config file: one more tenant (in the highest tier), and auth on if it was off;
+    `--admin-key`: the admin API's key, in place of the file's."""
+    if admin_key is not None:
+        config = dataclasses.replace(config, auth=dataclasses.replace(config.auth, admin_key_sha256=key_digest(admin_key)))
     if api_key is None:
         return config
     tenant = TenantConfig(name="api-key", tier=config.tiers[0].name, key_sha256=key_digest(api_key))

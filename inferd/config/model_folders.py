@@ -53,14 +53,19 @@ def folder_task(path: Path) -> str:
 
 
 def folder_config_toml(models: Sequence[FolderModel], host: str = "127.0.0.1", port: int = 8000,
-                       api_key_sha256: str | None = None) -> str:
+                       api_key_sha256: str | None = None, admin_key_sha256: str | None = None) -> str:
     """The TOML of a server for these folders: the first one the default, each named after its folder
     unless named, every setting but the model's own left at inferd's defaults."""
     lines = ["# made by `inferd serve --model ...`; save it and serve it with --config", "",
              "[server]", f"host = {_toml(host)}", f"port = {port}"]
-    if api_key_sha256 is not None:
-        lines += ["", "[auth]                 # --api-key: requests need it (Authorization: Bearer KEY)",
-                  "", "[[tenants]]", 'name = "api-key"', 'tier = "default"', f"key_sha256 = {_toml(api_key_sha256)}"]
+    if api_key_sha256 is not None or admin_key_sha256 is not None:
+        lines += ["", "[auth]"]
+        if api_key_sha256 is None:
+            lines.append('anonymous_tier = "default"  # (no --api-key: requests need no key)')
+        if admin_key_sha256 is not None:
+            lines.append(f"admin_key_sha256 = {_toml(admin_key_sha256)}  # --admin-key: the admin API's")
+    if api_key_sha256 is not None:  # --api-key: requests need it (Authorization: Bearer KEY)
+        lines += ["", "[[tenants]]", 'name = "api-key"', 'tier = "default"', f"key_sha256 = {_toml(api_key_sha256)}"]
     names: set[str] = set()
     for model in models:
         path = resolve_model_path(model.path)
@@ -107,9 +112,9 @@ def resolve_model_path(spec: str) -> Path:
 
 
 def folder_config(models: Sequence[FolderModel], host: str = "127.0.0.1", port: int = 8000,
-                  api_key_sha256: str | None = None) -> tuple[ServerConfig, str]:
+                  api_key_sha256: str | None = None, admin_key_sha256: str | None = None) -> tuple[ServerConfig, str]:
     """The config `folder_config_toml` writes, read as a file would be, with that text."""
-    text = folder_config_toml(models, host, port, api_key_sha256)
+    text = folder_config_toml(models, host, port, api_key_sha256, admin_key_sha256)
     return parse_config(tomllib.loads(text)), text
 
 

@@ -193,3 +193,47 @@ async def test_the_readme_generation_walkthrough_runs_as_written(http, tmp_path)
     engine_line = [line for line in server.lines if "Initializing a V1 LLM engine" in line]
     assert engine_line and "characters more at VLLM_LOGGING_LEVEL=DEBUG" in engine_line[0], engine_line
     assert max(len(line) for line in server.lines) < 1000, max(server.lines, key=len)
+
+
+def _readme_block(marker: str) -> str:
+    readme = (REPO / "README.md").read_text()
+    block = readme.split(f"<!-- {marker} -->")[1].split(f"<!-- /{marker} -->")[0]
+    return block.strip().removeprefix("```").removesuffix("```").strip()
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is missing")
+async def test_the_readme_models_walkthrough_runs_as_written(http, tmp_path):
+    """The README's reranker, image and second-version lines, as written but for where they run: the
+    models made in a temporary folder (not the checkout's .models), the server on a free port."""
+    def here(text: str) -> str:
+        return text.replace(".venv/bin/", f"{REPO}/.venv/bin/").replace(".models/", f"{tmp_path}/")
+
+    *making, serving = here(_readme_block("models-walkthrough")).splitlines()
+    made = await asyncio.create_subprocess_exec("bash", "-euo", "pipefail", "-c", "\n".join(making), cwd=tmp_path)
+    assert await asyncio.wait_for(made.wait(), 300) == 0
+    server = ServerProcess([*serving.split(), "--port", "0"], cwd=tmp_path)
+    try:
+        url = await asyncio.to_thread(server.wait_listening, 120)
+        await _wait_ready(http, url, timeout_s=300)
+        port = url.rsplit(":", 1)[1]
+        calls = here(_readme_block("models-calls")).replace("8000", port)
+        before, _, put = calls.rpartition("\n")  # (the traffic split waits for version 2 to be ready, as it says)
+
+        async def run(script: str) -> str:
+            proc = await asyncio.create_subprocess_exec("bash", "-euo", "pipefail", "-c", script, cwd=tmp_path,
+                                                        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            output, _ = await asyncio.wait_for(proc.communicate(), 120)
+            assert proc.returncode == 0, output.decode()
+            return output.decode()
+
+        text = await run(before)
+        await _wait_for(http, f"{url}/v1/models/reranker", lambda body: body["other_versions"].get("2", {}).get("state")
+                        == "ready", timeout_s=120)
+        split = await run("A='Authorization: Bearer s3cret'\n" + put)
+        async with http.get(f"{url}/v1/models/reranker") as resp:
+            traffic = (await resp.json())["traffic"]
+    finally:
+        server.stop()
+    assert re.search(r'\[\{"index":\d,"score":', text) and text.count('"index"') == 2, text  # TEI's: both texts, best first
+    assert re.search(r'"output":\[-?\d', text) and '"model":"vit"' in text, text  # the image's vector
+    assert '"state":"loading"' in text and '"2"' in split and traffic == {"1": 0.9, "2": 0.1}, (text, split, traffic)

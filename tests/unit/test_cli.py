@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import hashlib
 
-from inferd.cli import main, with_api_key
+from inferd.cli import main, with_keys
 from inferd.config import AuthConfig, ServerConfig, TenantConfig, TierConfig
 
 
 def test_an_api_key_over_a_config_adds_a_tenant_in_the_highest_tier_and_turns_auth_on():
     digest = hashlib.sha256(b"s3cret").hexdigest()
-    config = with_api_key(ServerConfig(), "s3cret")
+    config = with_keys(ServerConfig(), "s3cret")
     assert config.auth.enabled and config.auth.anonymous_tier is None
     assert config.tenants == (TenantConfig("api-key", "default", digest),)
     tiered = ServerConfig(auth=AuthConfig(enabled=True, anonymous_tier="free"),
                           tiers=(TierConfig("paid", priority=1), TierConfig("free")),
                           tenants=(TenantConfig("acme", "free", "ab" * 32),))
-    keyed = with_api_key(tiered, "s3cret")
+    keyed = with_keys(tiered, "s3cret")
     assert keyed.auth == tiered.auth and [(t.name, t.tier) for t in keyed.tenants] == [("acme", "free"), ("api-key", "paid")]
-    assert with_api_key(tiered, None) is tiered
+    assert with_keys(tiered, None) is tiered
 
 
 def test_folder_only_arguments_without_a_folder_are_refused(capsys):
@@ -27,3 +27,20 @@ def test_folder_only_arguments_without_a_folder_are_refused(capsys):
     assert "go with --model" in capsys.readouterr().err
     assert main(["serve", "--model", "/no/such/folder", "--print-config"]) == 2
     assert "no such folder" in capsys.readouterr().err
+
+
+def test_an_admin_key_over_a_config_replaces_the_files_and_leaves_the_rest():
+    digest = hashlib.sha256(b"root").hexdigest()
+    config = with_keys(ServerConfig(auth=AuthConfig(admin_key_sha256="ab" * 32)), None, "root")
+    assert config.auth.admin_key_sha256 == digest and not config.auth.enabled and not config.tenants
+
+
+def test_folders_with_an_admin_key_serve_keyless_requests_and_open_the_admin_api_to_that_key(capsys, tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text('{"architectures": ["BertModel"]}')
+    assert main(["serve", "--model", str(tmp_path / "m"), "--admin-key", "root", "--print-config"]) == 0
+    text = capsys.readouterr().out
+    assert 'anonymous_tier = "default"' in text and hashlib.sha256(b"root").hexdigest() in text
+    assert main(["serve", "--model", str(tmp_path / "m"), "--admin-key", "root", "--api-key", "k", "--print-config"]) == 0
+    both = capsys.readouterr().out
+    assert "anonymous_tier" not in both and 'name = "api-key"' in both and hashlib.sha256(b"root").hexdigest() in both
