@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
+import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -75,6 +77,9 @@ class _SimReplica:
         self.busy_at_sample = 0.0
 
 
+_outstanding = operator.attrgetter("replica.outstanding")  # (leastconn's key, in C: asked over every ready replica)
+
+
 class Fleet:
     """The simulation (see the module docstring)."""
 
@@ -88,6 +93,10 @@ class Fleet:
         self._seq = itertools.count()
         self._buckets = buckets
         self._replicas: list[_SimReplica] = []
+        # The ready replicas, kept between the moments that change them (a replica added, ready, removed):
+        # asked per request, and a day's fleet asks for tens of replicas ever.
+        self._ready: list[_SimReplica] = []
+        self._ready_until = math.inf  # when the next starting replica becomes ready
         self._names = itertools.count()
         self.hpa = Hpa(hpa) if hpa is not None else None
         self.hpa_settings = hpa
@@ -115,18 +124,27 @@ class Fleet:
 
     @property
     def ready(self) -> list[_SimReplica]:
+        if self.clock.now >= self._ready_until:
+            self._refresh_ready()
+        return self._ready
+
+    def _refresh_ready(self) -> None:
         now = self.clock.now
-        return [r for r in self._replicas if r.removed is None and r.ready_at <= now]
+        counted = self.counted
+        self._ready = [r for r in counted if r.ready_at <= now]
+        self._ready_until = min((r.ready_at for r in counted if r.ready_at > now), default=math.inf)
 
     def _add(self, start_s: float) -> None:
         now = self.clock.now
         replica = Replica(f"r{next(self._names)}", self.config, self.device, self.clock, self.schedule, buckets=self._buckets)
         self._replicas.append(_SimReplica(replica, now, now + start_s))
+        self._refresh_ready()
 
     def _remove(self) -> None:
         """The newest replica goes first (starting ones before ready ones), as a ReplicaSet picks."""
         victim = max(self.counted, key=lambda r: r.started)
         victim.removed = self.clock.now
+        self._refresh_ready()
 
     def _scale_to(self, desired: int) -> None:
         current = len(self.counted)
@@ -180,7 +198,7 @@ class Fleet:
         if not ready:
             outcome.refused = True
             return
-        target = min(ready, key=lambda r: r.replica.outstanding).replica
+        target = min(ready, key=_outstanding).replica
         now = self.clock.now
         deadline = now + timeout_s
         due = deadline if slo_due is None else min(deadline, now + slo_due)
