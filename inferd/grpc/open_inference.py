@@ -14,6 +14,7 @@ status its HTTP status maps to, inferd's stable code in the trailing metadata (`
 from __future__ import annotations
 
 import errno
+import logging
 import time
 
 import grpc
@@ -24,7 +25,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from ..admission.admission import Admission
-from ..errors import InferdError
+from ..errors import InferdError, InternalError, describe
 from ..http.batch_calls import BatchCalls
 from ..http.open_inference import model_metadata, repository_index, routed_model, server_metadata, triton_config
 from ..http.request_ids import RequestIds
@@ -36,6 +37,7 @@ from ..observability.tracing import Tracing
 from .wire import infer_response, parse_infer, status_of
 
 INFER_ROUTE = "/inference.GRPCInferenceService/ModelInfer"  # (the span's route)
+log = logging.getLogger("inferd.grpc")
 Context = grpc.aio.ServicerContext
 
 
@@ -128,12 +130,17 @@ class OpenInferenceService(pb_grpc.GRPCInferenceServiceServicer):
             parsed = parse_infer(request, model.input_kind == "image", model.config.max_inputs_per_call,
                                  context.time_remaining())
             self.calls.admit(model, call, parsed.inputs, who, parsed.timeout_ms, True)
-            outputs = await self.calls.answers(model, call)
+            response = infer_response(model.name, model.version, parsed.id, await self.calls.answers(model, call))
         except InferdError as error:
             self.outcomes.record_error(call, error)
             return error
+        except Exception as exc:  # noqa: BLE001 - a bug: this call's INTERNAL, logged, as HTTP answers a handler's 500
+            log.error("request %s failed: %s", call.request_id, describe(exc), exc_info=exc)
+            failure = InternalError("internal error (logged with this request id)")
+            self.outcomes.record_error(call, failure)
+            return failure
         self.outcomes.record(call)
-        return infer_response(model.name, model.version, parsed.id, outputs)
+        return response
 
 
 async def _abort(context: Context, error: InferdError, request_id: str) -> None:

@@ -150,3 +150,27 @@ async def test_a_grpc_port_in_use_stops_the_start_with_the_port_named():
             async with running_server(sim_model(latency_ms=5), grpc_port=port):
                 pass
     assert refused.value.filename == f"127.0.0.1:{port}"
+
+
+async def test_a_bug_answering_a_call_is_internal_with_inferds_code_and_the_next_call_is_served(monkeypatch):
+    from inferd.grpc import open_inference
+
+    real = open_inference.infer_response
+
+    def breaks(model, version, call_id, outputs):  # type: ignore[no-untyped-def]
+        if call_id == "breaks":
+            raise TypeError("a bug")
+        return real(model, version, call_id, outputs)
+
+    monkeypatch.setattr(open_inference, "infer_response", breaks)
+    async with running_server(sim_model(latency_ms=5), grpc_port=0) as srv:
+        async with grpc.aio.insecure_channel(address(srv)) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            request = pb.ModelInferRequest(model_name="m", id="breaks")
+            request.inputs.add(name="text", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"x")
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await stub.ModelInfer(request)
+            assert failed.value.code() == grpc.StatusCode.INTERNAL
+            assert dict(failed.value.trailing_metadata())["inferd-code"] == "INTERNAL_ERROR"
+            request.id = "fine"
+            assert (await stub.ModelInfer(request)).id == "fine"
