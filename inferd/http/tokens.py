@@ -58,9 +58,10 @@ class TokensApi:
             model = self.models.route(name)
             if model is None:
                 raise ModelNotFound(f"no model named {name!r}; see GET /v1/models")
-        else:  # (TEI's body names none: the default model, else the first with a tokeniser)
+        else:  # (TEI's body names none: the default model, else the first with a tokeniser, else one still loading)
             candidates = [m for m in (self.models.route(self.models.default), *self.models.batch.values()) if m is not None]
-            model = next((m for m in candidates if m.offers.tokens_of is not None), candidates[0] if candidates else None)
+            model = next((m for m in candidates if m.offers.tokens_of is not None), None) or \
+                next((m for m in candidates if not m.ready), candidates[0] if candidates else None)
             if model is None:
                 raise ModelNotFound("this server serves no batch model; see GET /v1/models")
         if not model.ready:

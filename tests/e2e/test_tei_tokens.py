@@ -10,7 +10,7 @@ transformers = pytest.importorskip("transformers")
 from inferd.backends.transformer import default_model_path  # noqa: E402
 from inferd.config import ModelConfig  # noqa: E402
 
-from ..helpers import running_server, sim_model  # noqa: E402
+from ..helpers import running_server, sim_model, until  # noqa: E402
 
 TEXTS = ["Hello, World!", "the batch was served in time"]
 
@@ -74,3 +74,12 @@ async def test_what_the_tokeniser_routes_cannot_take_is_a_400_naming_it(http):
             assert resp.status == 400 and answer["error"] == "INVALID_INPUT" and says in answer["message"], (body, answer)
         async with http.post(f"{srv.url}/decode", json={"ids": [1], "model": "nope"}) as resp:
             assert resp.status == 404 and (await resp.json())["error"] == "MODEL_NOT_FOUND"
+
+
+async def test_without_a_model_named_a_model_still_loading_answers_503_not_the_defaults_400(http):
+    loading = sim_model("later", backend="tests.fakes:switchable", options={"startup_delay_ms": 3000})
+    async with running_server(sim_model("seed"), loading, wait_ready=False) as srv:
+        await until(lambda: srv.models["seed"].ready)
+        async with http.post(f"{srv.url}/tokenize", json={"inputs": "a"}) as resp:
+            answer = await resp.json()
+        assert resp.status == 503 and answer["error"] == "NOT_READY" and "later" in answer["message"], answer
