@@ -111,6 +111,7 @@ class HttpApi:
             "/v2/embed": ("POST", call_routes[5], True),
             "/v1/classify": ("POST", call_routes[6], True),
             "/predict": ("POST", call_routes[7], True),
+            "/": ("POST", self._tei_root(call_routes[4], call_routes[7], call_routes[3]), True),
             "/tokenize": ("POST", tokens.tokenize, True), "/decode": ("POST", tokens.decode, True),
             "/healthz": ("GET", about.healthz, False),
             "/readyz": ("GET", about.readyz, False),
@@ -188,6 +189,17 @@ class HttpApi:
                 error = ModelNotFound(f"this server serves no generation model: {path} has nothing to answer; see GET /v1/models")
             return error_response(error, self.ids.pick(request.headers.get("X-Request-ID")), openai=openai_path(path))
         return self._wrong_method(request, path, route.method)
+
+    def _tei_root(self, embed: Handler, predict: Handler, rerank: Handler) -> Handler:
+        """Text Embeddings Inference's `POST /`, where Hugging Face's `InferenceClient` (and LangChain's
+        and LlamaIndex's TEI embeddings through it) post: what the default model does, `/embed`'s body
+        and answer unless it classifies (`/predict`) or reranks (`/rerank`)."""
+        by_kind = {"classification": predict, "rerank": rerank}
+
+        async def tei_root(request: web.BaseRequest) -> web.StreamResponse:
+            model = self.models.route(self.models.default)
+            return await by_kind.get(model.output_kind if model is not None else None, embed)(request)  # type: ignore[arg-type]
+        return tei_root
 
     def _wrong_method(self, request: web.BaseRequest, path: str, method: str) -> web.StreamResponse:
         return error_response(MethodNotAllowed(f"{path} accepts {method} only"), self.ids.pick(request.headers.get("X-Request-ID")),

@@ -100,6 +100,14 @@ PATHS: dict[str, Any] = {
         "responses": {"200": json_body({"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
                                    "one vector per input, in order"), **error_responses("Error", COMPUTE_ERRORS)},
     }},
+    "/": {"post": {
+        "summary": "Text Embeddings Inference's root, where Hugging Face's InferenceClient posts: /embed's body and "
+                   "answer, or /predict's or /rerank's when the default model classifies or reranks",
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "oneOf": [ref("TeiEmbedRequest"), ref("TeiRerankRequest")]}}}},
+        "responses": {"200": json_body({"type": "array"}, "as /embed, /predict or /rerank answers"),
+                      **error_responses("Error", COMPUTE_ERRORS)},
+    }},
     "/v2/embed": {"post": {
         "summary": "Cohere's embed: the same computation as /v1/embeddings, each vector in the types asked",
         "parameters": HEADERS,

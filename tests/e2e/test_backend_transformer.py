@@ -223,7 +223,7 @@ backend = "inferd.backends.transformer:create"
         assert server.stop() == 0
 
 
-async def test_dimensions_cut_and_renormalise_and_teis_embed_gives_the_same_vectors(http, reference):
+async def test_dimensions_cut_and_renormalise_and_teis_embed_and_client_give_the_same_vectors(http, reference):
     """MiniLM's vectors (384 wide) cut to `dimensions` on /v1/embeddings and TEI's /embed, normalised
     again, against the model called directly; what the model cannot give is a 400 naming the field."""
     inputs = texts()[:5]
@@ -237,6 +237,9 @@ async def test_dimensions_cut_and_renormalise_and_teis_embed_gives_the_same_vect
             tei_cut = await resp.json()
         async with http.post(f"{srv.url}/embed", json={"inputs": inputs[0], "truncate": True}) as resp:
             tei_whole = await resp.json()
+        from huggingface_hub import InferenceClient  # (TEI's Python client: it posts to the server's root)
+
+        hub = await asyncio.to_thread(InferenceClient(srv.url).feature_extraction, inputs)
         refused = {}
         for path, body in [("/v1/embeddings", {"input": "a", "dimensions": 385}),
                            ("/embed", {"inputs": "a", "dimensions": 385}),
@@ -251,6 +254,7 @@ async def test_dimensions_cut_and_renormalise_and_teis_embed_gives_the_same_vect
         assert np.max(np.abs(np.array(got["embedding"]) - expected)) < 1e-4
         assert np.max(np.abs(np.array(tei) - expected)) < 1e-4
     assert len(tei_whole) == 1 and np.max(np.abs(np.array(tei_whole[0]) - want[0])) < 1e-4  # (TEI: an array even for one)
+    assert hub.shape == (5, 384) and np.max(np.abs(hub - np.array(want))) < 1e-4  # (POST /: TEI's /embed)
     for (path, field), (status, answer) in refused.items():
         message = answer["error"]["message"] if path == "/v1/embeddings" else answer["message"]
         assert status == 400 and f"`{field}" in message, (path, field, answer)
