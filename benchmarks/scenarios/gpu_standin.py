@@ -6,7 +6,7 @@ CUDA forward waiting on the device mostly does) and returns correctly shaped, no
 `create_image` does the same for the image backend (decoding, checks, resizing, the batch's pixels
 stacked and handed to the forward as on a GPU host).
 
-Options: the backend's, plus `gpu_ms` (a fixed time per call) or `gpu_curve` (pairs of
+Options: the backend's (any `task`: a reranker's stand-in answers one score per pair), plus `gpu_ms` (a fixed time per call) or `gpu_curve` (pairs of
 [batch size, ms], interpolated: e.g. the H200's direct MiniLM curve; text only).
 """
 
@@ -48,7 +48,7 @@ class StandInModel(TextModel):
         curve = options.pop("gpu_curve", None) or H200_MINILM_CURVE
         super().__init__(device, options)
         self.gpu_s = (lambda n: float(fixed_ms) / 1000.0) if fixed_ms is not None else (lambda n: curve_ms(curve, n) / 1000.0)
-        self.width = int(self.model.config.hidden_size)
+        self.width = self.shaped.width  # (the backend's own output width: 1 for a reranker's score)
 
     def _compute(self, input_ids: torch.Tensor, mask: torch.Tensor, attention: torch.Tensor | None = None) -> torch.Tensor:
         started = time.monotonic()

@@ -12,7 +12,10 @@ Rounds alternate served and direct (this machine is noisy); the figures are medi
 `S15_rerank_vs_baseline.{md,json}`. With `--max-batch-tokens N` each round serves this checkout twice, as
 configured above and with `max_batch_tokens = N` (a batch's token budget: on a CPU, where a batch's time
 grows with its pairs, it bounds how long a small call waits for the batch running), to
-`S15_rerank_token_budget.{md,json}`.
+`S15_rerank_token_budget.{md,json}`. With `--gpu-ms N` the forward is a stand-in for a GPU's (`gpu_standin`:
+the real tokenizer and batching, the forward a sleep of N ms a batch, whatever its size, as a GPU's roughly
+fixed time a call): the tail of a small call measured where a batch's time does not grow with its pairs,
+to the same files with `_standin` in their names.
 (The issue named this S14; S13 and S14 were taken by the real-model tail and the prediction scenarios.)
 """
 
@@ -39,7 +42,7 @@ access_log = "off"
 
 [[models]]
 name = "rr"
-backend = "inferd.backends.transformer:create"
+backend = "{{backend}}"
 max_batch_size = {MAX_BATCH}
 max_wait_ms = 5
 max_queue = 20000
@@ -50,7 +53,7 @@ model_path = "{{path}}"
 task = "rerank"
 max_tokens = {MAX_TOKENS}
 bucket_edges = [{", ".join(map(str, EDGES))}]
-"""
+{{gpu}}"""
 
 
 def make_cross_encoder(folder: Path) -> str:
@@ -132,10 +135,13 @@ def stats(url: str) -> dict:
         return json.loads(resp.read())["stats"]
 
 
-def served(path: str, quick: bool, tree: Path | str = REPO, max_batch_tokens: int | None = None) -> dict:
+def served(path: str, quick: bool, tree: Path | str = REPO, max_batch_tokens: int | None = None,
+           gpu_ms: float | None = None) -> dict:
     seconds = 5 if quick else 20
     budget = f"max_batch_tokens = {max_batch_tokens}" if max_batch_tokens else ""
-    with inferd_server(CONFIG.format(path=path, budget=budget), tree=tree) as url:
+    backend = "gpu_standin:create" if gpu_ms else "inferd.backends.transformer:create"
+    config = CONFIG.format(path=path, budget=budget, backend=backend, gpu=f"gpu_ms = {gpu_ms}\n" if gpu_ms else "")
+    with inferd_server(config, tree=tree) as url:
         asyncio.run(closed_loop(url, 2, [("warm", None)] * 4))
         before = stats(url)
         throughput = asyncio.run(closed_loop(url, seconds, [("mixed", None)] * 8))
@@ -149,12 +155,15 @@ def served(path: str, quick: bool, tree: Path | str = REPO, max_batch_tokens: in
             "ten_alone": alone.get("ten"), "ten_beside_hundreds": beside.get("ten"), "hundreds": beside.get("hundred")}
 
 
-def direct(path: str, batch: int, quick: bool) -> dict:
+def direct(path: str, batch: int, quick: bool, gpu_ms: float | None = None) -> dict:
     """The backend called directly: pairs drawn as the clients draw them, prepared (tokenised) and run
     in batches of `batch` within each length bucket, as the server batches them."""
+    from gpu_standin import StandInModel
+
     from inferd.backends.transformer import TextModel
 
-    model = TextModel("cpu", {"model_path": path, "task": "rerank", "max_tokens": MAX_TOKENS, "bucket_edges": list(EDGES)})
+    options = {"model_path": path, "task": "rerank", "max_tokens": MAX_TOKENS, "bucket_edges": list(EDGES)}
+    model = StandInModel("cpu", {**options, "gpu_ms": gpu_ms}) if gpu_ms else TextModel("cpu", options)
     texts = Texts(99)
     pairs = []
     while len(pairs) < (400 if quick else 1200):
@@ -176,7 +185,7 @@ def direct(path: str, batch: int, quick: bool) -> dict:
     return {"pairs_per_s": round(len(pairs) / seconds, 1), "pairs": len(pairs), "batch": batch}
 
 
-def write_versus(rounds: list[dict], out: Path, quick: bool, budget: int | None = None) -> None:
+def write_versus(rounds: list[dict], out: Path, quick: bool, budget: int | None = None, suffix: str = "") -> None:
     """This checkout and the baseline tree (or this checkout with a token budget), round by round."""
     title = (f"### S15 with and without `max_batch_tokens = {budget}`: the same load on each, alternated" if budget
              else "### S15 against a baseline tree: the same load on each checkout, alternated")
@@ -192,27 +201,29 @@ def write_versus(rounds: list[dict], out: Path, quick: bool, budget: int | None 
                          f"{s['hundreds']['p50_ms']} / {s['hundreds']['p99_ms']} |")
     print("\n".join(lines))
     if not quick:
-        name = "S15_rerank_token_budget" if budget else "S15_rerank_vs_baseline"
+        name = ("S15_rerank_token_budget" if budget else "S15_rerank_vs_baseline") + suffix
         (out / f"{name}.json").write_text(json.dumps({"rounds": rounds}, indent=1) + "\n")
         (out / f"{name}.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
     budget = int(own_option("--max-batch-tokens") or 0) or None
+    gpu_ms = float(own_option("--gpu-ms") or 0) or None
+    suffix = "_standin" if gpu_ms else ""
     args = parse_args(__doc__, baseline=True)
     with tempfile.TemporaryDirectory() as folder:
         path = make_cross_encoder(Path(folder))
         rounds = []
         for _ in range(1 if args.quick else 2):
-            s = served(path, args.quick)
-            d = direct(path, max(1, round(s["mean_batch"] or 1)), args.quick)
+            s = served(path, args.quick, gpu_ms=gpu_ms)
+            d = direct(path, max(1, round(s["mean_batch"] or 1)), args.quick, gpu_ms)
             rounds.append({"served": s, "direct": d, "ratio": round(s["pairs_per_s"] / d["pairs_per_s"], 3)})
             if args.baseline_tree or budget:
-                b = served(path, args.quick, args.baseline_tree or REPO, budget)
+                b = served(path, args.quick, args.baseline_tree or REPO, budget, gpu_ms)
                 rounds[-1]["baseline"] = {**b, "ratio": round(b["pairs_per_s"] / d["pairs_per_s"], 3)}
             print(json.dumps(rounds[-1]), flush=True)
     if args.baseline_tree or budget:
-        write_versus(rounds, Path(args.out_dir), args.quick, budget)
+        write_versus(rounds, Path(args.out_dir), args.quick, budget, suffix)
         sys.exit(0)
     median = statistics.median
     summary = {
@@ -224,7 +235,8 @@ if __name__ == "__main__":
         "ten_beside_hundreds_p99_ms": median(r["served"]["ten_beside_hundreds"]["p99_ms"] for r in rounds),
         "hundreds_p99_ms": median(r["served"]["hundreds"]["p99_ms"] for r in rounds),
     }
-    lines = ["### S15: a cross-encoder (MiniLM-L6 shape, random weights) on the CPU behind /v1/rerank", "",
+    where = f"with a stand-in for a GPU ({gpu_ms:g} ms a batch)" if gpu_ms else "on the CPU"
+    lines = [f"### S15: a cross-encoder (MiniLM-L6 shape, random weights) {where} behind /v1/rerank", "",
              "| round | served pairs/s | mean batch | direct pairs/s (same batch) | served / direct | errors | "
              "10-doc call alone p50 / p99 ms | 10-doc call beside 4 x 100-doc p50 / p99 ms | 100-doc calls p50 / p99 ms |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -240,7 +252,7 @@ if __name__ == "__main__":
                   f"100-document calls, p99 {summary['ten_alone_p99_ms']:.0f} ms alone.", ""]
     out = Path(args.out_dir)
     if not args.quick:
-        (out / "S15_rerank.json").write_text(json.dumps({"rounds": rounds, "summary": summary}, indent=1) + "\n")
-        (out / "S15_rerank.md").write_text("\n".join(lines))
+        (out / f"S15_rerank{suffix}.json").write_text(json.dumps({"rounds": rounds, "summary": summary}, indent=1) + "\n")
+        (out / f"S15_rerank{suffix}.md").write_text("\n".join(lines))
     print("\n".join(lines))
     sys.exit(0)

@@ -165,7 +165,9 @@ class BatchModel:
                 intake.preprocessor = Preprocessor(offers.prepare_batch, self.loop, intake.on_prepared, self.name,
                                                    partial(lower_this_thread, max(self.worker_nice, offers.prepare_nice)),
                                                    offers.prepare_threads, offers.prepare_max_batch,
-                                                   together_limit=self.config.max_batch_size // 4 if offers.buckets_by_length else 0)
+                                                   together_limit=self.config.max_batch_size // 4 if offers.buckets_by_length else 0,
+                                                   short_call=self.config.max_batch_size // 4,
+                                                   large_micro_batch=self.config.max_batch_size)
             else:
                 intake.prepare_one = offers.prepare
             intake.check_call = offers.check_call

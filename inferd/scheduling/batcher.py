@@ -48,6 +48,8 @@ from .queue_readings import QueueReadings
 from .request_queue import RequestQueue
 from .shedding import choose_victim
 
+SHORT_JUMP_WINDOW, SHORT_JUMPS_MAX = 8, 6  # short calls may jump the oldest (policy's rule 3) in 6 of 8 batches
+
 
 class QueueFull(Exception):
     """The model already holds `max_queue` waiting requests."""
@@ -104,6 +106,8 @@ class Batcher(QueueReadings):
         self._stopped = False
         self.echo = Echo(self.max_wait_s)  # the closed-loop echo of finished batches (under the lock)
         self._hold_until = 0.0  # a free worker waits for an echo until then
+        # of the last batches, which went before the oldest for a short call (policy's rule 3)
+        self._short_jumps: deque[bool] = deque(maxlen=SHORT_JUMP_WINDOW)
 
     # ---- event loop side -------------------------------------------------------------------------
 
@@ -146,7 +150,7 @@ class Batcher(QueueReadings):
                     self.max_batch_tokens is not None and queue.tokens >= self.max_batch_tokens)
                 if full:
                     decision = self._decision(now, "linger")  # (which bucket goes is still the rule's)
-                    batch = self._take(decision.trigger, now, decision.bucket)
+                    batch = self._take(decision.trigger, now, decision.bucket, decision.short_jump)
                     if batch is not None:
                         taker = self._takers.popleft()
                 else:
@@ -237,7 +241,7 @@ class Batcher(QueueReadings):
                 decision = self._decision(now, "linger")
                 if decision.bucket is None:
                     return decision.due_at
-                batch = self._take(decision.trigger, now, decision.bucket)
+                batch = self._take(decision.trigger, now, decision.bucket, decision.short_jump)
                 if batch is not None:
                     taker = self._takers.popleft()
             if taker is not None:
@@ -260,13 +264,14 @@ class Batcher(QueueReadings):
                 decision = self._decision(now, "idle_worker")
                 trigger = decision.trigger
                 if taker is None:
-                    return self._take(trigger, now, decision.bucket) if trigger == "full" else None
-                if trigger in ("idle_worker", "sparse") and finished and self.echo.expected:
-                    # Stale and partial: the clients of the batch just finished are about to send again.
+                    return self._take(trigger, now, decision.bucket, decision.short_jump) if trigger == "full" else None
+                if trigger in ("idle_worker", "sparse") and finished and self.echo.expected and not decision.short_jump:
+                    # Stale and partial: the clients of the batch just finished are about to send again (not
+                    # when a short call's batch goes first: holding would keep it waiting behind the echo).
                     self._hold_until = now + self.max_wait_s
                     self.echo.holds += 1
                     trigger = ""
-                batch = self._take(trigger, now, decision.bucket) if trigger else None
+                batch = self._take(trigger, now, decision.bucket, decision.short_jump) if trigger else None
                 if batch is not None:
                     return batch
                 self._takers.append(taker)
@@ -285,13 +290,13 @@ class Batcher(QueueReadings):
         limits = Limits(self.max_batch_tokens, max(2 * self._batch_time_s(), self.max_wait_s))
         views = [self._view(key, q, now) for key, q in self._queues.items() if q.live]
         return decide(views, now, limits, arrival_rate=self._arrivals.per_s(now), hold_until=self._hold_until,
-                      on_linger=on_linger)
+                      on_linger=on_linger, short_jumps=sum(self._short_jumps) < SHORT_JUMPS_MAX)
 
     def _view(self, key: int, queue: RequestQueue, now: float) -> BucketView:
         costs = self.costs
         return queue.view(key, now, costs.size_limit(key), partial(costs.safe_estimate, bucket=key), self._linger_s(key))
 
-    def _take(self, trigger: str, now: float, bucket: int | None) -> Batch | None:
+    def _take(self, trigger: str, now: float, bucket: int | None, short_jump: bool = False) -> Batch | None:
         if bucket is None or (queue := self._queues.get(bucket)) is None:
             return None
         costs = self.costs
@@ -302,6 +307,7 @@ class Batcher(QueueReadings):
         if not requests:
             return None  # everything due had expired
         self.flushes[trigger] += 1
+        self._short_jumps.append(short_jump)
         self._hold_until = 0.0
         self._last_batch[bucket] = now
         return Batch(next(self._batch_ids), requests, trigger, now, backlog=self._depth)

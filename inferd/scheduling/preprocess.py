@@ -17,6 +17,12 @@ prepared together are all given its longest input's bucket: a 10-document rerank
 length buckets waited for three batches, each shared with bigger calls' inputs, where one would do. A
 call of more than `together_limit` inputs keeps each input's own bucket: it takes several batches
 anyway, and padding all of it would cost what the small call's few inputs do not.
+
+What waits goes to the threads short calls first (a single input, or a call of at most `short_call`
+inputs: the size that goes whole in its turn in the queue), each tenant's in arrival order otherwise: a
+10-document call that arrives behind four 100-document ones is tokenised next, in a micro-batch of the
+short calls' inputs alone (back in a few milliseconds, not after 200 pairs of theirs; and whole, where
+its inputs can be given one bucket); the large calls' inputs go in the micro-batches after it.
 """
 
 from __future__ import annotations
@@ -54,6 +60,8 @@ class Preprocessor:
         threads: int = 1,
         max_micro_batch: int = MAX_MICRO_BATCH,
         together_limit: int = 0,
+        short_call: int = 0,
+        large_micro_batch: int = MAX_MICRO_BATCH,
     ) -> None:
         if threads < 1:
             raise ValueError("a preprocessor needs at least one thread")
@@ -67,6 +75,8 @@ class Preprocessor:
         # what was withdrawn meanwhile is dropped between micro-batches, and tenants' turns matter
         self._max_micro_batch = max_micro_batch
         self._together_limit = together_limit  # a call of at most this many inputs takes one bucket (0: none)
+        self._short_call = short_call  # a call of at most this many inputs is prepared first (0: arrival order)
+        self._large_micro_batch = large_micro_batch  # the most large calls' inputs in a micro-batch beside short calls
         self._busy = 0  # micro-batches with the threads
         self._jobs: queue.SimpleQueue[list[PendingRequest] | None] = queue.SimpleQueue()
         for i in range(threads):
@@ -104,11 +114,19 @@ class Preprocessor:
         and the tenants take turns, so one tenant's call of many inputs does not hold another's single
         one behind all of it."""
         waiting = [r for r in self._waiting if r.state not in _GONE]
+        short, cap = 0, self._max_micro_batch
+        if self._short_call:
+            waiting, short, large = _short_first(waiting, self._short_call)
+            if large:  # (a short call arriving meanwhile waits for at most this many of theirs)
+                cap = min(cap, self._large_micro_batch)
         if len({r.tenant for r in waiting}) > 1:
-            waiting = _in_turns(waiting)
+            waiting = _in_turns(waiting[:short]) + _in_turns(waiting[short:])
         self._waiting = waiting
         while self._busy < self._threads and self._waiting:
-            size = min(self._max_micro_batch, -(-len(self._waiting) // (self._threads - self._busy)))
+            size = min(cap, -(-len(self._waiting) // (self._threads - self._busy)))
+            if 0 < short < size:  # short calls' inputs go alone: back without waiting for a large call's
+                size = short
+            short = max(0, short - size)
             batch = self._waiting[:size]
             del self._waiting[:size]
             self._busy += 1
@@ -143,16 +161,17 @@ class Preprocessor:
 
 def calls_together(batch: list[PendingRequest], results: Sequence[Any], limit: int) -> Sequence[Any]:
     """`results` with the inputs of each multi-input call of at most `limit` inputs here in the bucket of
-    its longest (the highest bucket among them; an input that failed stays failed)."""
+    its longest (the highest bucket among them; an input that failed stays failed). (A short call's
+    inputs go to the thread together: see `_send`.)"""
     calls: dict[str, list[int]] = {}
     for i, request in enumerate(batch):
-        if request.call is not None:
+        if request.call is not None and request.call_size <= limit:
             calls.setdefault(request.call, []).append(i)
     if not calls:
         return results
     together = list(results)
     for indexes in calls.values():
-        if not 1 < len(indexes) <= limit:
+        if len(indexes) < 2:
             continue
         prepared = [i for i in indexes if not isinstance(together[i], BaseException)]
         if prepared:
@@ -162,6 +181,19 @@ def calls_together(batch: list[PendingRequest], results: Sequence[Any], limit: i
                 if one[1] != top:
                     together[i] = (one[0], top, *one[2:])
     return together
+
+
+def _short_first(requests: list[PendingRequest], short_call: int) -> tuple[list[PendingRequest], int, bool]:
+    """`requests` with the inputs of short calls (of at most `short_call` inputs in all; single ones
+    included) ahead of large calls' inputs, each
+    group in its own order; how many are short calls' (0 when they are all of one kind: the order stands);
+    whether a large call's are among them."""
+    short = [r for r in requests if r.call_size <= short_call]
+    if len(short) == len(requests):
+        return requests, 0, False
+    if not short:
+        return requests, 0, True
+    return short + [r for r in requests if r.call_size > short_call], len(short), True
 
 
 def _in_turns(requests: list[PendingRequest]) -> list[PendingRequest]:

@@ -85,7 +85,7 @@ class RequestQueue:
         else:  # one input of a multi-input call: into the call's entry (a new one at the end if it has none)
             entry = tier.calls.get((request.tenant, request.call))
             if entry is None:
-                entry = tier.calls[(request.tenant, request.call)] = CallInputs(request.call)
+                entry = tier.calls[(request.tenant, request.call)] = CallInputs(request.call, request.call_size <= tier.whole_call)
                 items.append(entry)
             entry.items.append(request)
             entry.live += 1
@@ -189,7 +189,7 @@ class RequestQueue:
         """What the scheduling rule needs of this bucket now (see `policy`): `size_limit` is where its
         batch stops growing, `batch_s(n)` what a batch of n costs, `linger_s` how long it may wait."""
         oldest: PendingRequest | None = None
-        rank, rank_oldest_at, due = -math.inf, math.inf, math.inf
+        rank, rank_oldest_at, due, short_at = -math.inf, math.inf, math.inf, math.inf
         for tier in self._tiers:
             if not tier.live:
                 continue
@@ -202,14 +202,17 @@ class RequestQueue:
                 continue
             promote = tier.promote_after_s
             tier_rank = math.inf if promote is not None and now - tier_head.enqueued_at >= promote else tier.rank
-            if tier_rank > rank or (tier_rank == rank and tier_head.enqueued_at < rank_oldest_at):
-                rank, rank_oldest_at = tier_rank, tier_head.enqueued_at
+            if tier_rank > rank:
+                rank, rank_oldest_at, short_at = tier_rank, tier_head.enqueued_at, tier.short_at(tier_head)
+            elif tier_rank == rank:
+                rank_oldest_at = min(rank_oldest_at, tier_head.enqueued_at)
+                short_at = min(short_at, tier.short_at(tier_head))
             if oldest is None or tier_head.enqueued_at < oldest.enqueued_at:
                 oldest = tier_head
         if oldest is None:
             return BucketView(key, 0, 0, math.inf, math.inf, -math.inf, math.inf, size_limit, 0.0, linger_s)
         return BucketView(key, self.live, self.tokens, oldest.enqueued_at, due, rank, rank_oldest_at, size_limit,
-                          batch_s(min(self.live, size_limit)), linger_s)
+                          batch_s(min(self.live, size_limit)), linger_s, short_at)
 
     def take(self, limit: int, now: float, token_budget: int | None = None, curve: Sequence[float] | None = None,
              level: float = 1.0, margin: float = 1.0) -> list[PendingRequest]:

@@ -6,6 +6,7 @@ input a turn, so it is never starved (each round serves it one)."""
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterator
 
@@ -17,10 +18,11 @@ _QUEUED = RequestState.QUEUED
 class CallInputs:
     """The waiting inputs of one multi-input call: one entry of its tenant's queue."""
 
-    __slots__ = ("call", "items", "live")
+    __slots__ = ("call", "items", "live", "short")
 
-    def __init__(self, call: str) -> None:
+    def __init__(self, call: str, short: bool) -> None:
         self.call = call
+        self.short = short  # a call of at most `whole_call` inputs in all (in every bucket and stage)
         self.items: deque[PendingRequest] = deque()
         self.live = 0  # its inputs still waiting (`items` also holds tombstones)
 
@@ -115,6 +117,21 @@ class TierQueue:
         whole = self.whole_call
         return mine - sum(entry.live - j for (who, _), entry in self.calls.items()
                           if who == tenant and entry is not own and entry.live > j and entry.live > whole)
+
+    def short_at(self, oldest: PendingRequest) -> float:
+        """When the oldest short call here (a single request, or a call of at most `whole_call` inputs in
+        all) was queued, `oldest` being the tier's oldest head; inf: every waiting request is part of a
+        large call. Without calls every request is a single one: `oldest`'s time, at no cost."""
+        if not self.calls:
+            return oldest.enqueued_at
+        short, in_calls = math.inf, 0
+        for entry in self.calls.values():
+            in_calls += entry.live
+            if entry.short and entry.live and (head := entry.head()) is not None:
+                short = min(short, head.enqueued_at)
+        if in_calls < self.live:  # single requests wait too: the oldest head stands for them (close enough)
+            short = min(short, oldest.enqueued_at)
+        return short
 
     def unlink(self, request: PendingRequest) -> None:
         """Take a queued `request` out of wherever it sits (linear: only for the rare promotion)."""

@@ -118,6 +118,48 @@ def test_a_full_bucket_goes_before_an_older_partial_one_and_batches_never_mix_bu
     assert names(first) == [f"short-{i}" for i in range(4)] and names(second) == ["long-1"]
 
 
+def arrive_call(b: Batcher, clock: FakeClock, call: str, inputs: int, size: int, bucket: int) -> None:
+    """`inputs` of a call of `size` inputs in all queue in `bucket` (its others are elsewhere)."""
+    for i in range(inputs):
+        r = PendingRequest(f"{call}.{i}", i, clock(), clock() + 10.0, None, bucket=bucket, due=clock() + 10.0,  # type: ignore[arg-type]
+                           call=call, call_size=size)
+        b.submit(r)
+
+
+def test_a_short_call_waits_for_one_batch_not_for_the_large_calls_older_buckets_and_others_still_go(clock):
+    b = batcher(clock, max_batch_size=8, batch_time_s=0.05, max_queue=1000)  # a call of at most 2 inputs is short
+    busy(b, clock)
+    arrive_call(b, clock, "large-a", 16, 40, bucket=0)
+    clock.advance(0.3)  # past the age gap (100 ms): no full batch would jump bucket 0's
+    arrive_call(b, clock, "large-b", 16, 40, bucket=1)
+    arrive_call(b, clock, "short", 2, 2, bucket=1)
+    first = b.next_batch(0, Takers())
+    assert first is not None and first.bucket == 1 and {"short.0", "short.1"} <= set(names(first))
+    assert b.next_batch(0, Takers()).bucket == 0  # type: ignore[union-attr]  # (nothing short left: the oldest)
+    # short calls arriving without end in bucket 1 leave bucket 0's large ones 2 batches of every 8
+    served = []
+    for n in range(16):
+        arrive_call(b, clock, f"large-{n}", 8, 40, bucket=0)
+        arrive_call(b, clock, f"short-{n}", 2, 2, bucket=1)
+        clock.advance(0.05)
+        served.append(b.next_batch(0, Takers()).bucket)  # type: ignore[union-attr]
+    assert all(served[i:i + 8].count(0) >= 2 for i in range(9)) and served.count(1) >= 10
+
+
+def test_a_short_calls_partial_batch_is_not_held_for_a_closed_loop_echo(clock):
+    """The echo hold keeps a stale partial batch back for clients about to send again; a short call's
+    batch going first is not held (it would wait behind the echo and the full batch it brings)."""
+    b = batcher(clock, max_batch_size=8, batch_time_s=0.05)
+    busy(b, clock)
+    b.echo.score = 1.0  # closed-loop clients: their echo is expected
+    arrive_call(b, clock, "large", 16, 40, bucket=0)
+    clock.advance(0.3)
+    arrive_call(b, clock, "short", 2, 2, bucket=1)
+    clock.advance(0.03)  # lingered: due, partial
+    batch = b.next_batch(8, Takers())
+    assert batch is not None and names(batch) == ["short.0", "short.1"] and b.echo.holds == 0
+
+
 def test_the_queue_bound_and_withdrawal(clock):
     b = batcher(clock, max_queue=2)
     a, _ = arrive(b, clock, "a"), arrive(b, clock, "b")

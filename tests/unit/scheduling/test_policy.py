@@ -14,9 +14,9 @@ NOW = 100.0
 
 def bucket(key: int, count: int, *, oldest_at: float = NOW, rank: float = 1, rank_oldest_at: float | None = None,
            deadline: float = math.inf, tokens: int | None = None, linger_s: float = 0.02, batch_s: float = 0.05,
-           size_limit: int = 32) -> BucketView:
+           size_limit: int = 32, short_at: float = math.inf) -> BucketView:
     return BucketView(key, count, count if tokens is None else tokens, oldest_at, deadline, rank,
-                      oldest_at if rank_oldest_at is None else rank_oldest_at, size_limit, batch_s, linger_s)
+                      oldest_at if rank_oldest_at is None else rank_oldest_at, size_limit, batch_s, linger_s, short_at)
 
 
 def go(*views: BucketView, now: float = NOW, rate: float = 1000.0, limits: Limits = LIMITS, **kw):  # type: ignore[no-untyped-def]
@@ -71,6 +71,21 @@ def test_a_full_bucket_goes_first_unless_another_has_waited_longer_by_more_than_
     assert go(full, partial) == (0, "full")
     starving = bucket(1, 3, oldest_at=NOW - 0.2)  # 150 ms older: past the 100 ms gap
     assert go(full, starving) == (1, "linger")
+
+
+def test_a_short_calls_bucket_goes_before_an_older_one_holding_only_large_calls_where_that_is_affordable():
+    large = bucket(0, 32, oldest_at=NOW - 0.3)  # parts of large calls only, 250 ms older: past the age gap
+    short = bucket(1, 32, oldest_at=NOW - 0.05, short_at=NOW - 0.01)
+    assert go(large, short) == (1, "full")
+    assert decide([large, short], NOW, LIMITS, arrival_rate=1000.0).short_jump
+    assert go(large, short, short_jumps=False) == (0, "full")  # the batcher says half the recent batches jumped
+    tight = bucket(0, 32, oldest_at=NOW - 0.3, deadline=NOW + 0.09)  # 50 ms after the short one's 50: late
+    assert go(tight, short) == (0, "full")
+    finishing = bucket(0, 32, oldest_at=NOW - 0.3, short_at=NOW - 0.2)  # the oldest finishes a short call itself
+    assert go(finishing, short) == (0, "full")
+    assert not decide([finishing, short], NOW, LIMITS, arrival_rate=1000.0).short_jump
+    lingering = bucket(1, 3, oldest_at=NOW - 0.005, short_at=NOW - 0.005)  # not due yet: it is not a candidate
+    assert go(large, lingering) == (0, "full")
 
 
 def test_a_higher_tier_waits_behind_a_lower_tiers_full_batch_at_most_the_age_gap():

@@ -187,11 +187,11 @@ async def test_a_small_calls_inputs_share_its_longest_inputs_bucket():
     for i, (text, call) in enumerate([("s0", "small"), ("s1", "small"), ("s2", "small"), ("bad", "small"),
                                       ("lone", None), ("b0", "big"), ("b1", "big"), ("b2", "big")]):
         request = _request(loop, i)
-        request.raw, request.call = text, call
+        request.raw, request.call, request.call_size = text, call, 4 if call == "small" else 5
         stage.put(request)
-    big = [_request(loop, 10 + i) for i in range(2)]  # (a call of 5 here: over the limit of 4)
+    big = [_request(loop, 10 + i) for i in range(2)]  # (a call of 5: over the limit of 4)
     for request in big:
-        request.raw, request.call = "b0", "big"
+        request.raw, request.call, request.call_size = "b0", "big", 5
         stage.put(request)
     await asyncio.wait_for(done.wait(), 5)
     stage.stop()
@@ -200,3 +200,39 @@ async def test_a_small_calls_inputs_share_its_longest_inputs_bucket():
     assert isinstance(results["bad"], ValueError)
     assert results["lone"] == ("d", 0, 5)
     assert [results[t] for t in ("b0", "b1", "b2")] == [("e", 0, 4), ("f", 1, 30), ("g", 2, 80)]
+
+
+async def test_a_short_call_is_prepared_next_and_alone_and_large_calls_go_in_small_micro_batches():
+    """A 2-input call arriving behind a 6-input one is prepared in the thread's next call, by itself (not
+    after the large call's inputs, nor in one call with them); the large call's inputs go three at a time
+    (`large_micro_batch`), so a short call arriving meanwhile waits for three of them at most."""
+    loop = asyncio.get_running_loop()
+    release, started = threading.Event(), threading.Event()
+    calls: list[list[str]] = []
+    done = asyncio.Event()
+
+    def prepare_batch(items):
+        calls.append(list(items))
+        started.set()
+        release.wait(5)  # the first call holds the thread until the rest have arrived
+        return list(items)
+
+    def on_prepared(requests, results):
+        if sum(len(c) for c in calls) == 9:
+            done.set()
+
+    stage = Preprocessor(prepare_batch, loop, on_prepared, "m", short_call=2, large_micro_batch=3)
+    stage.put(_request(loop, 0))
+    assert await loop.run_in_executor(None, started.wait, 5)
+    for i in range(6):
+        request = _request(loop, 10 + i)
+        request.raw, request.call, request.call_size = f"L{i}", "large", 6
+        stage.put(request)
+    for i in range(2):
+        request = _request(loop, 20 + i)
+        request.raw, request.call, request.call_size = f"S{i}", "short", 2
+        stage.put(request)
+    release.set()
+    await asyncio.wait_for(done.wait(), 5)
+    stage.stop()
+    assert calls == [["text 0"], ["S0", "S1"], ["L0", "L1", "L2"], ["L3", "L4", "L5"]]

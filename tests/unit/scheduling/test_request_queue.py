@@ -296,3 +296,26 @@ def test_without_calls_one_tenants_fast_path_and_the_turns_give_the_same_order()
         q.remove(q.newest_of("default", "anonymous"), RequestState.CANCELLED)
     assert ids(fast.take(8, now=10)) == ids(turns.take(8, now=10))
     assert ids(fast.take(100, now=10)) == ids(turns.take(100, now=10))
+
+
+def test_the_view_names_its_oldest_short_call_never_a_large_calls_remnant():
+    """What the rule's short-call preference reads (`BucketView.short_at`): a call short in all (at most
+    `whole_call` inputs), or a single request; not the last few inputs here of a call of 40."""
+    def short_at(q: RequestQueue) -> float:
+        return q.view(0, 1000.0, 8, lambda n: 0.01, 0.02).short_at
+
+    q = RequestQueue(whole_call=2)
+    for r in call_inputs("large", 2, 0, call_size=40):
+        q.append(r)
+    assert short_at(q) == float("inf")
+    for r in call_inputs("short", 2, 10, call_size=2):
+        q.append(r)
+    assert short_at(q) == 10.0
+    q.take(3, now=1000.0)  # the large call's last two (few enough to go whole) and the short call's first
+    assert short_at(q) == 11.0
+    q.take(1, now=1000.0)
+    q.append(request(20))  # a single request is a short call too
+    assert short_at(q) == 20.0
+    singles = RequestQueue()
+    singles.append(request(30))
+    assert short_at(singles) == 30.0
