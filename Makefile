@@ -65,7 +65,7 @@ test-install: install
 
 # The benchmark scenarios (benchmarks/scenarios/), results in benchmarks/results/. Needs wrk.
 bench: install
-	cd benchmarks/scenarios && for s in s*_*.py gil_interference.py; do ../../$(BIN)/python $$s || exit 1; done
+	cd benchmarks/scenarios && for s in s*_*.py "s9_real_frontend.py --gil"; do ../../$(BIN)/python $$s || exit 1; done
 
 # The before/after check of a change to the request path: the simulated GPU (S1, S2) and the real
 # embedding path with a stand-in for the GPU's time (S9).

@@ -1,4 +1,9 @@
-"""The Open Inference Protocol over gRPC against HTTP (issue 52), side by side in one run on one server.
+"""What the wire costs: two measurements of inferd's answers on the wire and on the event loop.
+
+    .venv/bin/python benchmarks/scenarios/wire.py grpc       # grpc_vs_http.{md,json}, ~8 minutes
+    .venv/bin/python benchmarks/scenarios/wire.py vectors    # vector_types.{md,json}, ~3 minutes
+
+`grpc`: The Open Inference Protocol over gRPC against HTTP (issue 52), side by side in one run on one server.
 
 Load: the seed's workload (the simulated GPU, 100 ms per batch of up to 100, 20 ms linger) at 100 and
 400 closed-loop clients, every request a distinct input. Three arms, alternated round by round:
@@ -15,6 +20,13 @@ window (its whole process), its throughput, and the clients' p50/p99.
 Then one client at a time: `tritonclient.grpc` against `tritonclient.http` (its binary tensors) asking
 for one 384-float MiniLM embedding (the real tokeniser and output rows, the GPU a 1 ms stand-in),
 blocks of calls alternated: the round trips' medians.
+
+`vectors`: compact vectors on the wire: MiniLM's embeddings (the real tokenizer and output rows, the forward a
+stand-in sleeping 3 ms a batch, `gpu_standin`) as float, base64, int8 and binary, and cut to 128
+dimensions, float and int8. Each a `/v1/embeddings` call of 32 distinct texts from wrk's 32 clients;
+per variant: the answer's bytes, calls/s, and the event loop's CPU (the server's main thread, from
+/proc) per call, beside float's in the same run. Rounds alternate the variants (this machine is noisy);
+the figures are medians.
 """
 
 from __future__ import annotations
@@ -27,11 +39,21 @@ import struct
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import RESULTS, free_port, inferd_process, parse_args, process_tree_cpu_s, sim_config, step
+from common import (
+    RESULTS,
+    free_port,
+    inferd_process,
+    main_thread_cpu_s,
+    parse_args,
+    process_tree_cpu_s,
+    sim_config,
+    step,
+)
 from s9_real_frontend import standin_config
 
 CLIENTS = (100, 400)
@@ -170,7 +192,8 @@ def round_trips(url: str, grpc_target: str, blocks: int, per_block: int) -> dict
         "grpc_over_http": round(statistics.median(times["grpc"]) / statistics.median(times["http"]), 3)}
 
 
-def main() -> None:
+def grpc_main() -> None:
+    """`wire.py grpc`: KServe v2 over gRPC against HTTP."""
     args = parse_args(__doc__)
     rounds, duration = (1, 3.0) if args.quick else (3, 10.0)
     grpc_port = free_port()
@@ -215,5 +238,77 @@ def main() -> None:
     print("\n".join(lines))
 
 
+VECTORS_CONFIG = """
+[server]
+access_log = "off"
+
+[[models]]
+name = "minilm"
+backend = "gpu_standin:create"
+max_batch_size = 128
+max_wait_ms = 5
+max_queue = 20000
+[models.options]
+gpu_ms = 3
+max_tokens = 64
+bucket_edges = [16, 32, 64]
+"""
+TEXTS = 32
+VARIANTS = {"float": {}, "base64": {"encoding_format": "base64"}, "int8": {"encoding_format": "int8"},
+            "binary": {"encoding_format": "binary"}, "float, 128 dims": {"dimensions": 128},
+            "int8, 128 dims": {"dimensions": 128, "encoding_format": "int8"}}
+
+
+def body(fields: dict) -> bytes:
+    texts = [f"text {k} of call {{i}}: a sentence to embed" for k in range(TEXTS)]
+    return json.dumps({"model": "minilm", "input": texts, **fields}).encode()
+
+
+def answer_bytes(url: str, fields: dict) -> int:
+    request = urllib.request.Request(f"{url}/v1/embeddings", data=body(fields).replace(b"{i}", b"probe"),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        return len(resp.read())
+
+
+def vectors_main() -> None:
+    """`wire.py vectors`: compact vector types."""
+    args = parse_args(__doc__ or "")
+    seconds = 3.0 if args.quick else 8.0
+    rows: dict[str, list[dict]] = {name: [] for name in VARIANTS}
+    with inferd_process(VECTORS_CONFIG) as (url, pid):
+        sizes = {name: answer_bytes(url, fields) for name, fields in VARIANTS.items()}
+        step(url, clients=32, duration_s=2.0, quick=args.quick, path="/v1/embeddings", body=body({}), stats_path=None,
+             warmup_s=0)  # (the shapes' first calls, the cost model's first figures)
+        for round_ in range(1 if args.quick else 3):
+            order = list(VARIANTS) if round_ % 2 == 0 else list(VARIANTS)[::-1]
+            for name in order:
+                before = main_thread_cpu_s(pid)
+                result = step(url, clients=32, duration_s=seconds, quick=args.quick, path="/v1/embeddings",
+                              body=body(VARIANTS[name]), stats_path=None, warmup_s=0)
+                loop_s = main_thread_cpu_s(pid) - before
+                rows[name].append({"calls_per_s": result["achieved_rps"],
+                                   "loop_us_per_call": loop_s / max(1, result["completed"]) * 1e6, "errors": result["errors"]})
+    base = statistics.median(r["loop_us_per_call"] for r in rows["float"])
+    lines = ["| variant | answer bytes (32 vectors) | of float's | calls/s | loop CPU per call, µs | of float's |",
+             "|---|---|---|---|---|---|"]
+    summary = {}
+    for name, runs in rows.items():
+        cpu = statistics.median(r["loop_us_per_call"] for r in runs)
+        rate = statistics.median(r["calls_per_s"] for r in runs)
+        summary[name] = {"answer_bytes": sizes[name], "calls_per_s": rate, "loop_us_per_call": round(cpu, 1), "runs": runs}
+        lines.append(f"| {name} | {sizes[name]:,} | {sizes[name] / sizes['float']:.3f} | {rate:,.0f} | {cpu:,.0f} | "
+                     f"{cpu / base:.2f} |")
+    text = "### Vector types: MiniLM's vectors on /v1/embeddings, 32 texts a call\n\n" + "\n".join(lines) + "\n"
+    print(text)
+    if not args.quick:
+        out = Path(args.out_dir or RESULTS)
+        (out / "vector_types.json").write_text(json.dumps({"summary": summary, "note": __doc__}, indent=1) + "\n")
+        (out / "vector_types.md").write_text(text)
+
+
 if __name__ == "__main__":
-    main()
+    modes = {"grpc": grpc_main, "vectors": vectors_main}
+    if len(sys.argv) < 2 or sys.argv[1] not in modes:
+        sys.exit(f"usage: wire.py {{grpc|vectors}} [--quick] [--out-dir DIR]\n\n{__doc__}")
+    modes[sys.argv.pop(1)]()

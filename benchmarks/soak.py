@@ -1,8 +1,18 @@
-"""Memory soak: does RSS stay flat once every cap is full, and do the caps hold what they count?
+"""Soaks: minutes of load against one server, every answer checked against its own input. Not part of
+the test suite (each runs for minutes).
 
-Not part of the test suite (it runs for minutes). Open-loop Poisson load at about 70% of capacity
-(the seed's function at 50 ms a batch of up to 32: ~640 req/s) against inferd with the result cache on
-(`cache_bytes`) and the Idempotency-Key table bounded (`idempotency_max_bytes`); every input distinct;
+    .venv/bin/python benchmarks/soak.py faults --duration 300 --rate 700
+    .venv/bin/python benchmarks/soak.py memory --duration 600
+
+`faults`: S1 load with random hangs and poison inputs, counting that every request is answered exactly
+once. Open-loop Poisson load at --rate for --duration seconds against inferd serving the faulty
+simulated GPU (100 ms per batch, batches up to 100): a share of batches hang for `hang_s` (the watchdog replaces the worker), and a share of inputs carry a poison
+marker (isolated by bisection, answered 500). Each request has a unique X-Request-ID; every answer is
+checked against its own input. Results go to benchmarks/results/soak_faults.json.
+
+`memory`: does RSS stay flat once every cap is full, and do the caps hold what they count? Open-loop
+Poisson load at about 70% of capacity (the seed's function at 50 ms a batch of up to 32: ~640 req/s)
+against inferd with the result cache on (`cache_bytes`) and the Idempotency-Key table bounded (`idempotency_max_bytes`); every input distinct;
 a tenth of the inputs ~90 KB; a fifth of the requests carry an Idempotency-Key (and a tenth of those
 repeat an earlier key with its body, which must be answered with the first answer, replayed); a
 rollout every 30 s through the admin API (load the next version, move all traffic to it, unload the
@@ -10,8 +20,6 @@ last). Every answer is checked against its own input. RSS (the server's /v1/stat
 5 s; once the caps are full each minute's median must stay within 5% of their median, and the RSS the
 caps add (against the same load with the cache off and a 1 MiB table, --baseline-duration) must be
 within 1.2x of the bytes they count.
-
-    .venv/bin/python benchmarks/soak_memory.py --duration 600
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import random
 import statistics
 import sys
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -35,10 +44,98 @@ from common import RESULTS, inferd_server  # noqa: E402
 from inferd.backends.sim import expected_output  # noqa: E402
 from inferd.bench.loadgen import open_loop  # noqa: E402
 
+FAULTS_CONFIG = """
+[server]
+access_log = "off"
+
+[[models]]
+name = "batchstring"
+backend = "inferd.backends.faulty:create"
+max_batch_size = 100
+max_wait_ms = 20
+workers = 2
+max_queue = 4000
+timeout_ms = 20000
+batch_timeout_ms = 400
+max_batch_attempts = 3
+[models.options]
+latency_ms = 100
+max_batch_size = 100
+fail_marker = "POISON"
+hang_probability = {hang_probability}
+hang_s = 3
+seed = 11
+"""
+
+
+async def faults_soak(url: str, rate: float, duration_s: float, poison_share: float) -> dict:
+    tally: Counter[str] = Counter()
+    wrong: list[str] = []
+    rng = random.Random(5)
+    async def one(session: aiohttp.ClientSession, i: int) -> None:
+        poison = rng.random() < poison_share
+        text = f"{'POISON ' if poison else ''}soak {i}"
+        rid = f"soak-{i}"
+        try:
+            async with session.post(f"{url}/v1/inference", json={"input": text}, headers={"X-Request-ID": rid}) as resp:
+                body = await resp.json(content_type=None)
+                status = resp.status
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            tally[f"no_answer:{type(exc).__name__}"] += 1
+            return
+        tally[str(status)] += 1
+        if body.get("request_id") != rid:
+            wrong.append(f"{rid}: answered as {body.get('request_id')}")
+        elif status == 200 and (poison or body["output"] != expected_output(text)):
+            wrong.append(f"{rid}: wrong output")
+        elif status == 500 and not poison:
+            tally["500_not_poison"] += 1
+        elif poison and status == 200:
+            wrong.append(f"{rid}: poison answered 200")
+
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=3000)) as session:
+        i = await open_loop(rate, duration_s, rng, lambda i, _: one(session, i))
+    answered = sum(v for k, v in tally.items() if k.isdigit())
+    return {"sent": i, "answered": answered, "unanswered": i - answered, "wrong": len(wrong),
+            "wrong_examples": wrong[:10], "statuses": dict(tally)}
+
+
+def server_counts(url: str) -> dict:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    answered = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("inferd_requests_total{") and 'model="batchstring"' in line)
+    replaced = json.load(urllib.request.urlopen(f"{url}/v1/models", timeout=10))["data"][0]["workers_replaced"]
+    return {"server_answered": int(answered), "workers_replaced": replaced}
+
+
+def faults_main(argv: list[str]) -> None:
+    """S1 load with random hangs and poison inputs: every request answered exactly once."""
+    parser = argparse.ArgumentParser(prog="soak.py faults", description=faults_main.__doc__)
+    parser.add_argument("--duration", type=float, default=300)
+    parser.add_argument("--rate", type=float, default=700)
+    parser.add_argument("--hang-probability", type=float, default=0.005, help="per batch")
+    parser.add_argument("--poison-share", type=float, default=0.002, help="per input")
+    parser.add_argument("--out", default=str(RESULTS / "soak_faults.json"))
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    with inferd_server(FAULTS_CONFIG.format(hang_probability=args.hang_probability)) as url:
+        result = asyncio.run(faults_soak(url, args.rate, args.duration, args.poison_share))
+        result.update(server_counts(url))
+    result.update(duration_s=args.duration, rate=args.rate, hang_probability=args.hang_probability,
+                  poison_share=args.poison_share, wall_s=round(time.monotonic() - started, 1))
+    result["exactly_once"] = result["unanswered"] == 0 and result["wrong"] == 0 and result["server_answered"] == result["sent"]
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    sys.exit(0 if result["exactly_once"] else 1)
+
+
+
 ADMIN_KEY = "soak-admin-key"
 CACHE_BYTES = 48 << 20
 IDEMPOTENCY_BYTES = 24 << 20
-CONFIG = """
+MEMORY_CONFIG = """
 [server]
 access_log = "off"
 idempotency_max_bytes = {idempotency_bytes}
@@ -177,7 +274,7 @@ def minute_levels(samples: list[dict], since_s: float) -> list[float]:
 
 
 def phase(cache_bytes: int, idempotency_bytes: int, rate: float, duration_s: float) -> tuple[Soak, int]:
-    config = CONFIG.format(cache_bytes=cache_bytes, idempotency_bytes=idempotency_bytes,
+    config = MEMORY_CONFIG.format(cache_bytes=cache_bytes, idempotency_bytes=idempotency_bytes,
                            admin_sha256=hashlib.sha256(ADMIN_KEY.encode()).hexdigest())
     if not cache_bytes:
         config = config.replace("cache_bytes = 0\n", "")
@@ -187,15 +284,16 @@ def phase(cache_bytes: int, idempotency_bytes: int, rate: float, duration_s: flo
     return soak, sent
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def memory_main(argv: list[str]) -> None:
+    """About 70% load with every cap full and rollouts: RSS flat, the caps holding what they count."""
+    parser = argparse.ArgumentParser(prog="soak.py memory", description=memory_main.__doc__)
     parser.add_argument("--duration", type=float, default=600)
     parser.add_argument("--baseline-duration", type=float, default=180, help="the same load with the caps off")
-    parser.add_argument("--rate", type=float, default=450, help="requests/s (70% of ~640)")
+    parser.add_argument("--rate", type=float, default=450, help="requests/s (70%% of ~640)")
     parser.add_argument("--settle", type=float, default=60, help="at least this long before RSS is held flat "
                                                                    "(and until the caps are full)")
     parser.add_argument("--out", default=str(RESULTS / "soak_memory.json"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     soak, sent = phase(CACHE_BYTES, IDEMPOTENCY_BYTES, args.rate, args.duration)
     bare, bare_sent = phase(0, 1 << 20, args.rate, args.baseline_duration)  # (no cache, a 1 MiB table)
     answered = sum(v for k, v in soak.tally.items() if k.isdigit())
@@ -210,7 +308,7 @@ def main() -> None:
     spread = max(abs(v - level) / level for v in levels) if levels and level else None
     held = (level - bare_level) / (counted - bare_counted) if level and bare_level and counted > bare_counted else None
     result = {
-        "command": f".venv/bin/python benchmarks/soak_memory.py --duration {args.duration:g} --rate {args.rate:g}",
+        "command": f".venv/bin/python benchmarks/soak.py memory --duration {args.duration:g} --rate {args.rate:g}",
         "sent": sent, "answered": answered, "lost": sent - answered + bare_sent - bare_answered,
         "wrong": len(soak.wrong) + len(bare.wrong), "wrong_examples": (soak.wrong + bare.wrong)[:10],
         "statuses": dict(soak.tally), "rollouts": len(soak.rollouts),
@@ -231,5 +329,9 @@ def main() -> None:
     sys.exit(0 if result["ok"] else 1)
 
 
+
 if __name__ == "__main__":
-    main()
+    modes = {"faults": faults_main, "memory": memory_main}
+    if len(sys.argv) < 2 or sys.argv[1] not in modes:
+        sys.exit(f"usage: soak.py {{faults|memory}} [options] (--help after the mode for its options)\n\n{__doc__}")
+    modes[sys.argv[1]](sys.argv[2:])
