@@ -15,8 +15,10 @@ A bucket is *due* when
 Among due buckets:
 1. the highest tier waiting in any of them goes first (a bucket's rank is the highest tier it holds;
    a request waiting past its tier's `promote_after` ranks above every tier), except that while no
-   bucket of that tier is full and none has waited `age_gap_s`, a lower tier's full bucket may go:
-   the higher tier's batch fills meanwhile, for at most `age_gap_s`;
+   bucket of that tier is full and none has waited `age_gap_s`, a lower tier's full bucket may go
+   where every bucket of that tier still meets its due after it: the higher tier's batch fills meanwhile,
+   for at most `age_gap_s`; and whatever goes, a higher tier's bucket not due yet that would miss its due
+   behind it (a tier's own objective, tighter than what its bucket lingers for) goes instead;
 2. among the buckets of one rank, the one whose earliest due comes first (then the oldest): with one
    objective for all, the oldest; a late one too (it is not left to starve); but a full bucket goes before it
    (full batches are the cheapest) when it can afford that (it still meets its due after the full
@@ -92,6 +94,7 @@ def decide(
     trigger of a bucket whose linger ran out (a worker that frees and finds one says "idle_worker");
     `short_jumps`: whether rule 3 may apply now."""
     due: list[tuple[BucketView, str]] = []
+    not_due: list[BucketView] = []
     due_at = math.inf
     for view in views:
         if view.count == 0:
@@ -100,6 +103,7 @@ def decide(
         if trigger:
             due.append((view, trigger))
         else:
+            not_due.append(view)
             due_at = min(due_at, when)
     if not due:
         return Decision(None, "", due_at)
@@ -107,22 +111,35 @@ def decide(
     best = [(v, t) for v, t in due if v.rank == top]
     if not any(t == "full" or now - v.rank_oldest_at >= limits.age_gap_s for v, t in best):
         lower_full = [(v, t) for v, t in due if t == "full"]
-        if lower_full:  # the higher tier's batch is still filling: a full one of a lower tier goes meanwhile
-            best = [max(lower_full, key=lambda vt: (vt[0].rank, -vt[0].rank_oldest_at))]
+        if lower_full:  # the higher tier's batch is still filling: a full one of a lower tier goes meanwhile...
+            lower = max(lower_full, key=lambda vt: (vt[0].rank, -vt[0].rank_oldest_at))
+            if all(_affordable(v, lower[0], now) for v, _ in best):  # ...where it costs no higher one its due
+                best = [lower]
     first, trigger = min(best, key=lambda vt: (vt[0].due, vt[0].rank_oldest_at))
     if short_jumps and first.short_at == math.inf:
         short = [vt for vt in best if vt[0].short_at < math.inf]
         if short:
             view, why = min(short, key=lambda vt: vt[0].short_at)
             if _affordable(first, view, now):
-                return Decision(view.key, why, now, short_jump=True)
+                return _unless_it_makes_a_higher_tier_late(Decision(view.key, why, now, True), view, not_due, now)
     if trigger != "full":
         full = [v for v, t in best if t == "full"]
         if full:
             jumper = min(full, key=lambda v: v.rank_oldest_at)
             if _may_jump(first, jumper, now, limits):
-                return Decision(jumper.key, "full", now)
-    return Decision(first.key, trigger, now)
+                return _unless_it_makes_a_higher_tier_late(Decision(jumper.key, "full", now), jumper, not_due, now)
+    return _unless_it_makes_a_higher_tier_late(Decision(first.key, trigger, now), first, not_due, now)
+
+
+def _unless_it_makes_a_higher_tier_late(decision: Decision, chosen: BucketView, not_due: list[BucketView],
+                                        now: float) -> Decision:
+    """`decision`, unless a bucket of a higher tier, not due yet, would miss its due behind the chosen
+    batch while it can still meet it now (a tier's objective tighter than the bucket's linger: its
+    batch would be due in the middle of the chosen one): then that bucket goes first."""
+    late = [v for v in not_due if v.rank > chosen.rank and now < v.due - v.batch_s < now + chosen.batch_s]
+    if not late:
+        return decision
+    return Decision(min(late, key=lambda v: v.due).key, "deadline", now)
 
 
 def _affordable(first: BucketView, jumper: BucketView, now: float) -> bool:

@@ -98,6 +98,16 @@ def test_a_higher_tier_waits_behind_a_lower_tiers_full_batch_at_most_the_age_gap
     assert go(free_full, enterprise_full) == (1, "full")  # a higher tier's full batch never waits
     free_partial = bucket(0, 5, rank=1, oldest_at=NOW - 0.5)
     assert go(free_partial, enterprise) == (1, "linger")  # nobody full: the higher tier
+    # with an objective of its own the higher tier waits only where it still meets it after the full batch
+    objective = bucket(1, 2, rank=3, oldest_at=NOW - 0.03, deadline=NOW + 0.11)  # its 50 ms batch by NOW + 0.06
+    assert go(free_full, objective) == (0, "full")
+    tight = bucket(1, 2, rank=3, oldest_at=NOW - 0.03, deadline=NOW + 0.09)  # after the full one's 50 ms: late
+    assert go(free_full, tight) == (1, "linger")
+    # not due yet (lingering to fill, 80 ms of its 1 s linger left), but due in the middle of the full batch
+    lingering = bucket(1, 2, rank=3, oldest_at=NOW - 0.02, deadline=NOW + 0.09, linger_s=1.0)
+    assert go(free_full, lingering, rate=0.0, hold_until=NOW + 1) == (1, "deadline")
+    roomy = bucket(1, 2, rank=3, oldest_at=NOW - 0.02, deadline=NOW + 0.2, linger_s=1.0)  # due after it: it waits
+    assert go(free_full, roomy, rate=0.0, hold_until=NOW + 1) == (0, "full")
 
 
 def test_a_promoted_request_ranks_above_every_tier():
