@@ -65,6 +65,16 @@ class Forecast:
         batch time."""
         return healthy * self.loaded_batch / self.batch_s if self.batch_s else 0.0
 
+    def share_of(self, rate: float, healthy: int, fill_s: float | None = None) -> float:
+        """Of `healthy` workers' time, what `rate` requests/s take: in batches as large as the load lets
+        them be, or, with `fill_s` (a tier whose own objective cuts its batches: `policy`), in the batch
+        that rate fills in that time (a higher tier with 200 ms to be answered in, at 50 ms a batch,
+        takes a batch every ~100 ms however few it sends meanwhile)."""
+        if not self.batch_s:
+            return 0.0
+        size = self.loaded_batch if fill_s is None else min(self.loaded_batch, max(1.0, rate * fill_s))
+        return rate * self.batch_s / (healthy * size)
+
     def note_capacity(self, healthy: int) -> None:
         self.peak_capacity_rps = max(self.peak_capacity_rps, self.capacity_rps(healthy))
 

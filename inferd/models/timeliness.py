@@ -60,6 +60,9 @@ class Timeliness:
         self._linger_bound_s = (config.max_wait_ms if config.slo_ms is None else config.slo_ms) / 1000.0
         self._slo_s = {t.name: _tighter(config.slo_ms, t.slo_ms) for t in tiers}
         self._objective_tiers = frozenset(name for name, slo in self._slo_s.items() if slo is not None)
+        # by rank, the tiers with an objective of their own tighter than the model's (their batches are cut)
+        self._own_slo_by_rank = {batcher.tier_rank(t.name): t.slo_ms / 1000.0 for t in tiers
+                                 if t.slo_ms is not None and (config.slo_ms is None or t.slo_ms < config.slo_ms)}
         # a bucket that ran a batch this lately still has requests coming (`_as_its_own_batch`)
         self._busy_window_s = max(BUSY_WINDOW_S, 2 * max((s for s in self._slo_s.values() if s), default=0.0))
         self._wait_limit_s = {t.name: t.max_predicted_wait_ms / 1000.0 for t in tiers if t.max_predicted_wait_ms}
@@ -219,8 +222,11 @@ class Timeliness:
             ahead = batcher.ahead_by_bucket(tier, tenant, call)
         healthy, first_free_s = pool.healthy, pool.first_free_s(now, self._running_s)
         share = 0.0  # of each batch, what the higher tiers' requests arriving meanwhile take
-        if self._tiered and tier is not None and (capacity := forecast.capacity_rps(healthy)):
-            share = batcher.arrival_rate_above(tier, now) / capacity
+        if self._tiered and tier is not None and healthy:
+            for rank, rate in batcher.arrival_rates_above(tier, now):
+                slo_s = self._own_slo_by_rank.get(rank)  # (its batches filled for its objective less two batch times)
+                fill_s = None if slo_s is None else max(0.0, slo_s - 2 * forecast.batch_s)
+                share += forecast.share_of(rate, healthy, fill_s)
         wait = forecast.wait_s(ahead, bucket, healthy, first_free_s, share, sigmas)
         if bucket is not None and 0 < ahead.get(bucket, 0) < self.costs.size_limit(bucket) and len(ahead) > 1:
             # It joins its bucket's partial batch, which goes when its oldest request's turn comes (work

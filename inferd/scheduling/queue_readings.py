@@ -84,10 +84,10 @@ class QueueReadings:
         """Requests per second arriving lately (all tiers)."""
         return self._arrivals.per_s(now)
 
-    def arrival_rate_above(self, tier: str, now: float) -> float:
-        """Requests per second arriving lately of the tiers above `tier` (0.0 with one tier)."""
+    def arrival_rates_above(self, tier: str, now: float) -> list[tuple[int, float]]:
+        """(rank, requests per second arriving lately) of each tier above `tier` (none with one tier)."""
         rank = self.tier_rank(tier)
-        return sum(r.per_s(now) for k, r in (self._arrivals_by_rank or {}).items() if k > rank)
+        return [(k, r.per_s(now)) for k, r in (self._arrivals_by_rank or {}).items() if k > rank]
 
     def tier_rank(self, tier: str) -> int:
         """A tier's place: higher goes first."""

@@ -77,6 +77,16 @@ def test_higher_tiers_arriving_meanwhile_stretch_the_wait_and_can_make_it_endles
     assert f.wait_s({0: 20}, 0, healthy=1, first_free_s=0.0, share_above=0.5, sigmas=2.0) == pytest.approx(6 * 0.1)
 
 
+def test_a_higher_tiers_share_is_its_rate_at_full_batches_or_at_what_its_own_objective_lets_it_fill():
+    f = forecast(b0=0.1)  # 100 ms a batch of up to 10
+    f.batch_s = 0.1
+    assert f.share_of(20.0, healthy=1) == pytest.approx(0.2)  # 2 batches of 10 a second
+    assert f.share_of(20.0, healthy=2) == pytest.approx(0.1)
+    assert f.share_of(20.0, healthy=1, fill_s=0.2) == pytest.approx(0.5)  # batches of 4: 5 a second
+    assert f.share_of(20.0, healthy=1, fill_s=0.0) == pytest.approx(2.0)  # one at a time: more than the GPU has
+    assert f.share_of(200.0, healthy=1, fill_s=0.2) == pytest.approx(2.0)  # it fills 10 anyway: full batches
+
+
 def test_capacity_counts_batches_as_large_as_the_load_let_them_be():
     f = forecast(32)
     f.observe_batch(0.05)
