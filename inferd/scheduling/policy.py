@@ -33,8 +33,9 @@ Among due buckets:
    kept by the batcher): short calls alone saturating the model still leave a quarter of the batches to
    the other buckets (and a short call's batch is mostly the large calls' inputs of its bucket).
 The bounds: a higher tier's request is held behind lower tiers' work at most `age_gap_s` (plus the
-batch in progress); under saturation the buckets of one tier are all served, and their oldest
-requests' waits stay within `age_gap_s` (plus a batch time) of each other.
+batch in progress), and never past a due it could meet; under saturation the buckets of one tier are
+all served, and their oldest requests' waits stay within `age_gap_s` (plus a batch time) of each other,
+except that short calls may take up to 6 of every 8 batches from the oldest bucket (rule 3).
 """
 
 from __future__ import annotations
