@@ -60,7 +60,6 @@ async def _rollout_under_load(http, first) -> None:  # type: ignore[no-untyped-d
             text = f"req {i}"
             body = {"input": text, "timeout_ms": 5000, **({"version": version} if version else {})}
             sent = time.monotonic()
-            in_flight[version] += 1
             async with http.post(f"{url}/v1/inference", json=body) as resp:
                 answers.append((text, version, resp.status, await resp.json(), resp.headers.get("X-Model-Version"),
                                 sent, time.monotonic()))
@@ -74,6 +73,7 @@ async def _rollout_under_load(http, first) -> None:  # type: ignore[no-untyped-d
             while not done.is_set():
                 draw = rng.random()
                 version = "1" if draw < 0.1 and pinned["1"] else "2" if draw < 0.2 and pinned["2"] else None
+                in_flight[version] += 1  # (here, not when the task first runs: one made just before v1's pin ends counts)
                 tasks.append(asyncio.ensure_future(one(i, version)))
                 i += 1
                 await asyncio.sleep(rng.expovariate(200))
