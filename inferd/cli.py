@@ -81,8 +81,17 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--max-batch-size", type=int, default=16)
     plan.add_argument("--slo-ms", type=float, default=1000.0, help="the latency objective (admission's too)")
     plan.add_argument("--start-s", type=float, default=60.0, help="a new replica's start-up (weights, warm-up)")
-    plan.add_argument("--policies", help="comma list of utilisation, waiting, shipped, objective, ahead, rate (default: all)")
+    plan.add_argument("--policies", help="comma list of utilisation, waiting, predicted_wait, objective, ahead, rate, "
+                                         "shipped (default: all)")
+    plan.add_argument("--demand-target", type=float, default=0.7,
+                      help="`shipped`: the request rate a replica is scaled to, as a share of its capacity")
     plan.add_argument("--out", help="RESULT.json: every policy's figures, replicas and samples")
+    plan.add_argument("--access-log", metavar="PATH", help="plan the day a server recorded (its access log's JSON "
+                      "lines) instead of a synthetic one; needs --served-model")
+    plan.add_argument("--served-model", metavar="PATH", help="GET /v1/models/NAME's answer, saved: the model's batch "
+                      "settings and measured batch costs (its own objective where it has one, else --slo-ms)")
+    plan.add_argument("--sample-rate", type=float, default=1.0, help="the access log's access_log_sample_rate: "
+                      "each line stands for 1/rate requests (record with 1.0 where you can)")
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(args, "log_level", "WARNING").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -264,17 +273,6 @@ def _readable_models(path: str) -> list[tuple[str, str, str, str, Mapping[str, A
 
 
 def _plan(args: argparse.Namespace) -> int:
-    import json
+    from .planning.plan import command
 
-    from .planning.plan import PlanSettings, plan, summary_table
-    from .planning.traces import DayTrace
-
-    settings = PlanSettings(latency_ms=args.latency_ms, per_item_ms=args.per_item_ms, long_factor=args.long_factor,
-                            max_batch_size=args.max_batch_size, slo_ms=args.slo_ms, start_s=args.start_s)
-    trace = DayTrace(day_s=args.day_s, trough_rps=args.trough_rps, peak_rps=args.peak_rps,
-                     spike_factor=args.spike_factor, long_share=args.long_share)
-    result = plan(settings, trace, args.policies.split(",") if args.policies else None)
-    print(summary_table(result))
-    if args.out:
-        Path(args.out).write_text(json.dumps(result) + "\n")
-    return 0
+    return command(args)

@@ -3,14 +3,19 @@ cost and missed, from the server's own scheduling code on a virtual clock (see `
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..config import ModelConfig
 from .fleet import Fleet, FleetResult, FleetSettings
 from .policies import Policy, oracle_replicas, policies
-from .replica import SimDevice
+from .recorded import RecordedDay, model_from_description, read_access_log
+from .replica import Device, SimDevice
 from .traces import DayTrace
 
 
@@ -37,14 +42,16 @@ class PlanSettings:
         return SimDevice(self.latency_ms, self.per_item_ms, (1.0, self.long_factor))
 
 
-def capacity_at_objective(settings: PlanSettings, trace: DayTrace, seconds: float = 120.0) -> float:
+def capacity_at_objective(settings: PlanSettings, trace: DayTrace | RecordedDay, seconds: float = 120.0,
+                          device: Device | None = None) -> float:
     """The highest steady rate (of the trace's mix) one replica serves with `target_attainment` of its
     requests within the objective: found by bisection on simulated runs."""
-    low, high = 0.0, 2.0 * settings.max_batch_size / (settings.device()(settings.max_batch_size, 0) or 1e-3)
+    device = device or settings.device()
+    low, high = 0.0, 2.0 * settings.max_batch_size / (device(settings.max_batch_size, 0) or 1e-3)
     for _ in range(9):
         rate = (low + high) / 2
-        steady = replace(trace, day_s=seconds, trough_rps=rate, peak_rps=rate, spikes=())
-        fleet = Fleet(settings.config(), settings.device(), None, None, FleetSettings(start_s=0.0))
+        steady = DayTrace(day_s=seconds, trough_rps=rate, peak_rps=rate, spikes=(), long_share=trace.long_share)
+        fleet = Fleet(settings.config(), device, None, None, FleetSettings(start_s=0.0))
         result = fleet.run(steady.arrivals(), seconds, settings.slo_ms / 1000.0)
         if result.summary()["within_slo"] >= settings.target_attainment:
             low = rate
@@ -53,9 +60,10 @@ def capacity_at_objective(settings: PlanSettings, trace: DayTrace, seconds: floa
     return low
 
 
-def run_policy(settings: PlanSettings, trace: DayTrace, policy: Policy | None, oracle: Any = None) -> tuple[FleetResult, float]:
-    fleet = Fleet(settings.config(), settings.device(), policy.hpa if policy else None, policy.signals if policy else None,
-                  FleetSettings(start_s=settings.start_s))
+def run_policy(settings: PlanSettings, trace: DayTrace | RecordedDay, policy: Policy | None, oracle: Any = None,
+               device: Device | None = None) -> tuple[FleetResult, float]:
+    fleet = Fleet(settings.config(), device or settings.device(), policy.hpa if policy else None,
+                  policy.signals if policy else None, FleetSettings(start_s=settings.start_s))
     if oracle is not None:
         fleet.fixed = oracle
         fleet.settings.initial_replicas = oracle(0.0)
@@ -64,19 +72,24 @@ def run_policy(settings: PlanSettings, trace: DayTrace, policy: Policy | None, o
     return result, time.perf_counter() - began
 
 
-def plan(settings: PlanSettings, trace: DayTrace, names: list[str] | None = None) -> dict[str, Any]:
-    capacity = capacity_at_objective(settings, trace)
-    chosen = [p for p in policies(capacity, settings.start_s, settings.slo_ms / 1000.0) if names is None or p.name in names]
+def plan(settings: PlanSettings, trace: DayTrace | RecordedDay, names: list[str] | None = None, demand_target: float = 0.7,
+         device: Device | None = None) -> dict[str, Any]:
+    """Each policy (`names`, default all) beside the oracle on `trace`: a synthetic day, or a recorded one
+    (`recorded`) with the model's measured `device`."""
+    capacity = capacity_at_objective(settings, trace, device=device)
+    chosen = [p for p in policies(capacity, settings.start_s, settings.slo_ms / 1000.0, demand_target)
+              if names is None or p.name in names]
     rows: dict[str, Any] = {}
     oracle = oracle_replicas(trace.rate, capacity, trace.day_s, settings.start_s)
-    result, took = run_policy(settings, trace, None, oracle)
+    result, took = run_policy(settings, trace, None, oracle, device)
     rows["oracle"] = {**result.summary(), "sim_s": round(took, 1), "replicas": result.replicas_over_time}
     for policy in chosen:
-        result, took = run_policy(settings, trace, policy)
+        result, took = run_policy(settings, trace, policy, device=device)
         rows[policy.name] = {**result.summary(), "sim_s": round(took, 1), "replicas": result.replicas_over_time,
                              "samples": [(s.at, s.ready, round(s.utilisation, 3), s.waiting, round(s.predicted_wait_s, 4),
                                           round(s.arrival_rps, 1)) for s in result.samples]}
-    return {"capacity_rps": round(capacity, 1), "settings": settings.__dict__, "trace": trace.__dict__, "policies": rows}
+    described = trace.__dict__ if isinstance(trace, DayTrace) else {"recorded_requests": len(trace.recorded), "day_s": trace.day_s}
+    return {"capacity_rps": round(capacity, 1), "settings": settings.__dict__, "trace": described, "policies": rows}
 
 
 def summary_table(result: dict[str, Any]) -> str:
@@ -89,3 +102,30 @@ def summary_table(result: dict[str, Any]) -> str:
         lines.append(f"| {name} | {row['within_slo']:.2%} | {row['refused']:.2%} | {row['gpu_hours']:.2f} | "
                      f"{row['gpu_hours'] / oracle_hours:.2f} | {row['peak_replicas']} | {row['scale_events']} |")
     return "\n".join(lines)
+
+
+def command(args: argparse.Namespace) -> int:
+    """`inferd plan` (its options: `inferd.cli`): a synthetic day, or the one a server recorded."""
+    names = args.policies.split(",") if args.policies else None
+    if args.access_log or args.served_model:
+        if not (args.access_log and args.served_model):
+            print("inferd plan: --access-log and --served-model go together", file=sys.stderr)
+            return 2
+        served = model_from_description(json.loads(Path(args.served_model).read_text()))
+        recorded = RecordedDay(tuple(read_access_log(Path(args.access_log), served.name, args.sample_rate)))
+        if not recorded.recorded:
+            print(f"inferd plan: {args.access_log} has no request of model {served.name!r}", file=sys.stderr)
+            return 2
+        settings = PlanSettings(max_batch_size=served.max_batch_size, max_wait_ms=served.max_wait_ms,
+                                slo_ms=served.slo_ms or args.slo_ms, timeout_ms=served.timeout_ms, start_s=args.start_s)
+        result = plan(settings, recorded, names, args.demand_target, device=served.device)
+    else:
+        settings = PlanSettings(latency_ms=args.latency_ms, per_item_ms=args.per_item_ms, long_factor=args.long_factor,
+                                max_batch_size=args.max_batch_size, slo_ms=args.slo_ms, start_s=args.start_s)
+        trace = DayTrace(day_s=args.day_s, trough_rps=args.trough_rps, peak_rps=args.peak_rps,
+                         spike_factor=args.spike_factor, long_share=args.long_share)
+        result = plan(settings, trace, names, args.demand_target)
+    print(summary_table(result))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result) + "\n")
+    return 0

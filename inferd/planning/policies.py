@@ -4,8 +4,9 @@ Prometheus queries, the HPA's behaviour), and the oracle they are measured again
 - `utilisation`: GPU utilisation, the HPA default people reach for (the busy share of each replica's
   worker, 70% a replica), KEDA polling every 15 s;
 - `waiting`: requests waiting per replica (50);
-- `shipped`: deploy/k8s/keda-scaledobject.yaml as it ships: the largest predicted wait over 0.2 s
-  (a Value trigger) and 200 waiting requests per replica, polled every 5 s, 300 s down-stabilisation;
+- `predicted_wait`: deploy/k8s/keda-scaledobject.yaml as it shipped before `shipped`: the largest
+  predicted wait over 0.2 s (a Value trigger) and 200 waiting requests per replica, polled every 5 s,
+  300 s down-stabilisation;
 - `objective`: the same with the predicted wait's threshold at half the latency objective (under an
   objective a partial batch lingers for most of it, so a fixed 0.2 s reads "late" at any load);
 - `ahead`: `objective`'s triggers plus one that adds replicas ahead of need by the start delay: the
@@ -13,6 +14,11 @@ Prometheus queries, the HPA's behaviour), and the oracle they are measured again
   replica's measured capacity;
 - `rate`: only the arrival rate's trend a start-up ahead against 80% of a replica's capacity, with the
   waiting requests per replica as a net (the signals that fall as replicas are added).
+- `shipped`: deploy/k8s/keda-scaledobject.yaml as it ships: the request rate (refused requests
+  included: `rate(inferd_requests_total[30s])`) per replica against `demand_target` of a replica's
+  capacity at the objective (what `inferd plan` calibrates), polled every 5 s: a signal that falls as
+  replicas are added, reads above target however far overloaded (utilisation stops at 100%), and asks
+  for the replicas the rate needs in one step.
 - the oracle: the fewest replicas that keep up with the trace's own rate at each minute (its highest
   rate within the minute over a replica's capacity at the objective), each started in time.
 """
@@ -42,7 +48,7 @@ def _latest(fleet: Fleet) -> dict[str, float]:
 
 
 def _ahead(fleet: Fleet, start_s: float, window_s: float = 120.0) -> dict[str, float]:
-    """The shipped signals, and the arrival rate `start_s` ahead by its least-squares trend."""
+    """The current signals, and the arrival rate `start_s` ahead by its least-squares trend."""
     metrics = _latest(fleet)
     sample = fleet.lagged()
     if sample is None:
@@ -63,18 +69,38 @@ def _ahead(fleet: Fleet, start_s: float, window_s: float = 120.0) -> dict[str, f
     return metrics
 
 
-def policies(replica_capacity_rps: float, start_s: float, slo_s: float) -> list[Policy]:
-    shipped = (Trigger("predicted_wait", 0.2, average=False), Trigger("waiting", 200.0))
+def _demand(fleet: Fleet, window_s: float = 30.0) -> dict[str, float]:
+    """Requests/s arriving over the `window_s` before the lagged sample (a query's rate window)."""
+    sample = fleet.lagged()
+    if sample is None:
+        return {}
+    rates = []
+    for s in reversed(fleet.samples):
+        if s.at <= sample.at - window_s:
+            break
+        if s.at <= sample.at:
+            rates.append(s.arrival_rps)
+    return {"demand": sum(rates) / len(rates)}
+
+
+def demand_policy(replica_capacity_rps: float, target: float, name: str = "shipped") -> Policy:
+    """Scale on the request rate, `target` of a replica's capacity each (deploy/k8s/keda-scaledobject.yaml)."""
+    return Policy(name, HpaSettings((Trigger("demand", target * replica_capacity_rps),), poll_s=5.0), _demand)
+
+
+def policies(replica_capacity_rps: float, start_s: float, slo_s: float, demand_target: float = 0.7) -> list[Policy]:
+    predicted_wait = (Trigger("predicted_wait", 0.2, average=False), Trigger("waiting", 200.0))
     objective = (Trigger("predicted_wait", 0.5 * slo_s, average=False), Trigger("waiting", 200.0))
     return [
         Policy("utilisation", HpaSettings((Trigger("utilisation", 0.7),), poll_s=15.0), _latest),
         Policy("waiting", HpaSettings((Trigger("waiting", 50.0),), poll_s=15.0), _latest),
-        Policy("shipped", HpaSettings(shipped, poll_s=5.0), _latest),
+        Policy("predicted_wait", HpaSettings(predicted_wait, poll_s=5.0), _latest),
         Policy("objective", HpaSettings(objective, poll_s=5.0), _latest),
         Policy("ahead", HpaSettings((*objective, Trigger("rate_ahead", 0.8 * replica_capacity_rps)), poll_s=5.0),
                lambda fleet: _ahead(fleet, start_s)),
         Policy("rate", HpaSettings((Trigger("rate_ahead", 0.8 * replica_capacity_rps), Trigger("waiting", 200.0)), poll_s=5.0),
                lambda fleet: _ahead(fleet, start_s)),
+        demand_policy(replica_capacity_rps, demand_target),
     ]
 
 

@@ -1,5 +1,6 @@
-"""`inferd plan`'s simulated replica against a live server fed the same arrivals (issue 53): the same
-batches, of the same sizes in the same order, and the same requests refused.
+"""`inferd plan` against a live server (issue 53): its simulated replica, fed the same arrivals, makes
+the same batches, of the same sizes in the same order, and refuses the same requests; and a plan made
+from what a live server recorded (its access log, its /v1/models answer) replays that day.
 
 The live server serves the simulated GPU (100 ms a call, batches of up to 8, 315 ms deadlines); the
 client sends clumps of requests, each while the worker is busy with the batch before it, so that what a
@@ -15,10 +16,14 @@ model and admission on a virtual clock.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import random
 import time
 
 import aiohttp
 
+from inferd.cli import main
 from inferd.planning.fleet import Fleet, FleetSettings
 from inferd.planning.replica import SimDevice
 from inferd.planning.traces import Arrival
@@ -90,3 +95,36 @@ async def test_the_simulated_replica_batches_and_refuses_as_the_live_server_does
 
     assert device.sizes == [size for _, _, size in live], (device.sizes, live)
     assert simulated_refused == live_refused
+
+
+async def test_inferd_plan_replays_what_a_live_server_recorded(tmp_path, caplog):
+    """A server on the simulated GPU (50 ms a batch of up to 8) answers ~100 requests/s for three seconds
+    with every access-log line kept; its access log and its /v1/models answer are all `inferd plan` needs."""
+    with caplog.at_level(logging.INFO, logger="inferd.access"):
+        async with running_server(sim_model(latency_ms=50, max_batch_size=8, slo_ms=500), access_log_sample_rate=1.0) as srv, \
+                aiohttp.ClientSession() as http:
+
+            async def one(i: int) -> None:
+                async with http.post(f"{srv.url}/v1/inference", json={"input": f"q{i}"}) as resp:
+                    assert resp.status == 200
+
+            draws, sending = random.Random(3), []
+            for i in range(300):
+                sending.append(asyncio.ensure_future(one(i)))
+                await asyncio.sleep(draws.expovariate(100.0))
+            await asyncio.gather(*sending)
+            async with http.get(f"{srv.url}/v1/models/m") as resp:
+                described = await resp.json()
+    log = tmp_path / "access.log"
+    log.write_text("\n".join(r.getMessage() for r in caplog.records if r.name == "inferd.access") + "\n")
+    served = tmp_path / "m.json"
+    served.write_text(json.dumps(described))
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--access-log", str(log), "--served-model", str(served), "--policies", "shipped", "--start-s", "5",
+                 "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["trace"]["recorded_requests"] == 300 and 2.0 < result["trace"]["day_s"] <= 6.0
+    assert result["settings"]["max_batch_size"] == 8 and result["settings"]["slo_ms"] == 500
+    assert 100 < result["capacity_rps"] < 8 / 0.050 * 1.1  # (a full batch of 8 each ~50 ms, at most)
+    for row in result["policies"].values():  # one replica keeps up with ~100 req/s: every request in time
+        assert row["requests"] == 300 and row["within_slo"] == 1.0

@@ -46,7 +46,7 @@ def test_above_capacity_admission_refuses_rather_than_queues_to_miss():
 
 def test_an_autoscaler_adds_replicas_that_take_traffic_once_started():
     trace = DayTrace(day_s=600.0, trough_rps=0.5 * CAPACITY, peak_rps=2.5 * CAPACITY, spikes=())
-    # (GPU utilisation: a few replicas; the shipped trigger ratchets to ~100 here, which only costs the test time)
+    # (GPU utilisation: a few replicas; the predicted wait ratchets to ~100 here, which only costs the test time)
     scaled = next(p for p in policies(CAPACITY, 60.0, 0.4) if p.name == "utilisation")
     fleet = Fleet(SETTINGS.config(), SETTINGS.device(), scaled.hpa, scaled.signals, FleetSettings(start_s=60.0))
     result = fleet.run(trace.arrivals(), trace.day_s, SETTINGS.slo_ms / 1000.0)
@@ -92,7 +92,45 @@ def test_inferd_plan_prints_each_policy_beside_the_oracle(tmp_path, capsys):
     assert main(["plan", "--day-s", "300", "--trough-rps", "20", "--peak-rps", "60", "--policies", "waiting",
                  "--out", str(out)]) == 0
     table = capsys.readouterr().out
-    assert "| oracle |" in table and "| waiting |" in table and "| shipped |" not in table
+    assert "| oracle |" in table and "| waiting |" in table and "| predicted_wait |" not in table
     result = json.loads(out.read_text())
     assert set(result["policies"]) == {"oracle", "waiting"} and result["capacity_rps"] > 0
     assert all(row["requests"] > 5000 for row in result["policies"].values())
+
+
+def test_the_shipped_demand_signal_asks_for_a_spikes_replicas_in_one_step_and_lets_them_go():
+    """The request rate against 70% of a replica's capacity: a jump to 2.4x capacity asks for
+    ceil(2.4 / 0.7) = 4 replicas as soon as the query's 30 s rate window has seen it (utilisation, capped
+    at 100%, asks for at most 1.43x the current count each time), no more, and once the spike is over the
+    fleet comes back to one."""
+    trace = DayTrace(day_s=500.0, trough_rps=0.3 * CAPACITY, peak_rps=0.3 * CAPACITY, spikes=(0.2,), spike_factor=8.0,
+                     spike_ramp_s=1.0, spike_s=100.0)
+    shipped = next(p for p in policies(CAPACITY, 30.0, 0.4) if p.name == "shipped")
+    shipped = replace(shipped, hpa=replace(shipped.hpa, down_window_s=60.0))  # (a shorter day than 300 s allows)
+    result = run(trace, shipped, start_s=30.0)
+    changes = result.replicas_over_time[1:]
+    assert changes and 100.0 < changes[0][0] <= 100.0 + 15.0 + 5.0 + 5.0, changes  # (Prometheus' lag, a sample, a poll)
+    reached = next(at for at, n in changes if n == 4)
+    assert reached <= 100.0 + 15.0 + 30.0 + 5.0, changes  # (and the rate window)
+    assert max(n for _, n in changes) == 4 and changes[-1][1] == 1, changes
+
+
+def test_the_simulated_shipped_policy_is_the_scaledobject_that_ships():
+    """`inferd plan`'s `shipped` reads what deploy/k8s/keda-scaledobject.yaml asks Prometheus for, at its
+    polling interval and scale-down window, and the threshold there is the share of a replica's capacity
+    the simulation uses (0.7 x ~400 req/s, MiniLM on a 2-core pod)."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    spec = yaml.safe_load((Path(__file__).parents[3] / "deploy/k8s/keda-scaledobject.yaml").read_text())["spec"]
+    (trigger,) = spec["triggers"]
+    assert trigger["metricType"] == "AverageValue"
+    assert re.fullmatch(r'sum\(rate\(inferd_requests_total\{app="inferd"\}\[30s\]\)\)', trigger["metadata"]["query"])
+    shipped = next(p for p in policies(400.0, 60.0, 1.0) if p.name == "shipped")
+    (simulated,) = shipped.hpa.triggers
+    assert simulated.metric == "demand" and simulated.average and simulated.target == float(trigger["metadata"]["threshold"])
+    assert shipped.hpa.poll_s == spec["pollingInterval"]
+    assert shipped.hpa.down_window_s == spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"][
+        "stabilizationWindowSeconds"]
