@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--max-batch-size", type=int, default=16)
     plan.add_argument("--slo-ms", type=float, default=1000.0, help="the latency objective (admission's too)")
     plan.add_argument("--start-s", type=float, default=60.0, help="a new replica's start-up (weights, warm-up)")
+    plan.add_argument("--tiers", metavar="NAME:SHARE[:SLO_MS],...", help="tiers and their shares of the requests, "
+                      "each with its own objective if given (e.g. enterprise:0.2:300,free:0.8); default: one tier")
     plan.add_argument("--policies", help="comma list of utilisation, waiting, predicted_wait, objective, ahead, rate, "
                                          "shipped (default: all)")
     plan.add_argument("--demand-target", type=float, default=0.7,

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from ..config import ModelConfig
+from ..config import ModelConfig, TierConfig
 from ..messages import PendingRequest
 from .hpa import Hpa, HpaSettings
 from .replica import Device, Outcome, Replica, VirtualClock
@@ -58,12 +58,22 @@ class FleetResult:
 
     def summary(self) -> dict[str, Any]:
         n = len(self.outcomes) or 1
-        return {"requests": len(self.outcomes),
-                "within_slo": round(sum(1 for o in self.outcomes if o.in_slo) / n, 5),
-                "refused": round(sum(1 for o in self.outcomes if o.refused) / n, 5),
-                "gpu_hours": round(self.replica_s / 3600.0, 3),
-                "peak_replicas": max((r for _, r in self.replicas_over_time), default=0),
-                "scale_events": self.scale_events}
+        summary: dict[str, Any] = {"requests": len(self.outcomes),
+                                   "within_slo": round(sum(1 for o in self.outcomes if o.in_slo) / n, 5),
+                                   "refused": round(sum(1 for o in self.outcomes if o.refused) / n, 5),
+                                   "gpu_hours": round(self.replica_s / 3600.0, 3),
+                                   "peak_replicas": max((r for _, r in self.replicas_over_time), default=0),
+                                   "scale_events": self.scale_events}
+        tiers = sorted({o.tier for o in self.outcomes})
+        if tiers != ["default"] and tiers:
+            summary["by_tier"] = {tier: _attainment([o for o in self.outcomes if o.tier == tier]) for tier in tiers}
+        return summary
+
+
+def _attainment(outcomes: list[Outcome]) -> dict[str, Any]:
+    n = len(outcomes) or 1
+    return {"requests": len(outcomes), "within_slo": round(sum(1 for o in outcomes if o.in_slo) / n, 5),
+            "refused": round(sum(1 for o in outcomes if o.refused) / n, 5)}
 
 
 class _SimReplica:
@@ -84,7 +94,8 @@ class Fleet:
     """The simulation (see the module docstring)."""
 
     def __init__(self, config: ModelConfig, device: Device, hpa: HpaSettings | None, signals: Signals | None,
-                 settings: FleetSettings | None = None, buckets: int = 2) -> None:
+                 settings: FleetSettings | None = None, buckets: int = 2,
+                 tiers: tuple[TierConfig, ...] = (TierConfig("default"),)) -> None:
         self.config = config
         self.device = device
         self.settings = settings or FleetSettings()
@@ -92,6 +103,7 @@ class Fleet:
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
         self._buckets = buckets
+        self._tiers = tiers  # (highest priority first, as the config's parser orders them)
         self._replicas: list[_SimReplica] = []
         # The ready replicas, kept between the moments that change them (a replica added, ready, removed):
         # asked per request, and a day's fleet asks for tens of replicas ever.
@@ -136,7 +148,8 @@ class Fleet:
 
     def _add(self, start_s: float) -> None:
         now = self.clock.now
-        replica = Replica(f"r{next(self._names)}", self.config, self.device, self.clock, self.schedule, buckets=self._buckets)
+        replica = Replica(f"r{next(self._names)}", self.config, self.device, self.clock, self.schedule, tiers=self._tiers,
+                          buckets=self._buckets)
         self._replicas.append(_SimReplica(replica, now, now + start_s))
         self._refresh_ready()
 
@@ -171,6 +184,9 @@ class Fleet:
         outcomes: list[Outcome] = []
         timeout_s = self.config.timeout_ms / 1000.0
         slo_due = self.config.slo_ms / 1000.0 if self.config.slo_ms else None
+        # each tier's objective: the tighter of its own and the model's (as a server's intake sets it)
+        objectives = {t.name: min(x for x in (t.slo_ms, self.config.slo_ms, math.inf) if x) / 1000.0 for t in self._tiers}
+        slo_of = {name: (None if math.isinf(due) else due) for name, due in objectives.items()}
         events = self._events
         clock = self.clock
         for number, arrival in enumerate(arrivals):
@@ -179,10 +195,11 @@ class Fleet:
                 clock.now = max(clock.now, when)
                 what()
             clock.now = arrival.at
-            outcome = Outcome(arrival.at, slo_s, arrival.tier)
+            tier_slo = slo_of.get(arrival.tier, slo_due)
+            outcome = Outcome(arrival.at, slo_s if tier_slo is None or tier_slo == slo_due else tier_slo, arrival.tier)
             outcomes.append(outcome)
             self._arrived_since_sample += 1
-            self._offer(number, arrival, outcome, timeout_s, slo_due)
+            self._offer(number, arrival, outcome, timeout_s, tier_slo)
         horizon = max(until_s, clock.now + timeout_s + 1.0)  # (what was admitted last is answered or expires)
         while events and events[0][0] <= horizon:
             when, _, what = heapq.heappop(events)

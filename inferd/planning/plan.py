@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import ModelConfig
+from ..config import DEFAULT_TIER_PRIORITIES, ModelConfig, TierConfig
 from .fleet import Fleet, FleetResult, FleetSettings
 from .policies import Policy, oracle_replicas, policies
 from .recorded import RecordedDay, model_from_description, read_access_log
@@ -32,6 +32,10 @@ class PlanSettings:
     timeout_ms: float = 2000.0
     start_s: float = 60.0
     target_attainment: float = 0.995
+    tiers: tuple[TierConfig, ...] = ()  # (none: every request of one tier; else highest priority first)
+
+    def tier_configs(self) -> tuple[TierConfig, ...]:
+        return self.tiers or (TierConfig("default"),)
 
     def config(self) -> ModelConfig:
         return ModelConfig(name="m", backend="inferd.backends.sim:create", max_batch_size=self.max_batch_size,
@@ -50,8 +54,9 @@ def capacity_at_objective(settings: PlanSettings, trace: DayTrace | RecordedDay,
     low, high = 0.0, 2.0 * settings.max_batch_size / (device(settings.max_batch_size, 0) or 1e-3)
     for _ in range(9):
         rate = (low + high) / 2
-        steady = DayTrace(day_s=seconds, trough_rps=rate, peak_rps=rate, spikes=(), long_share=trace.long_share)
-        fleet = Fleet(settings.config(), device, None, None, FleetSettings(start_s=0.0))
+        steady = DayTrace(day_s=seconds, trough_rps=rate, peak_rps=rate, spikes=(), long_share=trace.long_share,
+                          tiers=trace.tiers if isinstance(trace, DayTrace) else ())
+        fleet = Fleet(settings.config(), device, None, None, FleetSettings(start_s=0.0), tiers=settings.tier_configs())
         result = fleet.run(steady.arrivals(), seconds, settings.slo_ms / 1000.0)
         if result.summary()["within_slo"] >= settings.target_attainment:
             low = rate
@@ -63,7 +68,7 @@ def capacity_at_objective(settings: PlanSettings, trace: DayTrace | RecordedDay,
 def run_policy(settings: PlanSettings, trace: DayTrace | RecordedDay, policy: Policy | None, oracle: Any = None,
                device: Device | None = None) -> tuple[FleetResult, float]:
     fleet = Fleet(settings.config(), device or settings.device(), policy.hpa if policy else None,
-                  policy.signals if policy else None, FleetSettings(start_s=settings.start_s))
+                  policy.signals if policy else None, FleetSettings(start_s=settings.start_s), tiers=settings.tier_configs())
     if oracle is not None:
         fleet.fixed = oracle
         fleet.settings.initial_replicas = oracle(0.0)
@@ -101,6 +106,14 @@ def summary_table(result: dict[str, Any]) -> str:
     for name, row in result["policies"].items():
         lines.append(f"| {name} | {row['within_slo']:.2%} | {row['refused']:.2%} | {row['gpu_hours']:.2f} | "
                      f"{row['gpu_hours'] / oracle_hours:.2f} | {row['peak_replicas']} | {row['scale_events']} |")
+    tiers = sorted({tier for row in result["policies"].values() for tier in row.get("by_tier", {})})
+    if tiers:
+        lines += ["", "| policy | " + " | ".join(f"{tier}: within / refused" for tier in tiers) + " |",
+                  "|---|" + "---|" * len(tiers)]
+        for name, row in result["policies"].items():
+            cells = [row["by_tier"].get(tier) for tier in tiers]
+            lines.append(f"| {name} | " + " | ".join(f"{c['within_slo']:.2%} / {c['refused']:.2%}" if c else "-"
+                                                     for c in cells) + " |")
     return "\n".join(lines)
 
 
@@ -120,12 +133,31 @@ def command(args: argparse.Namespace) -> int:
                                 slo_ms=served.slo_ms or args.slo_ms, timeout_ms=served.timeout_ms, start_s=args.start_s)
         result = plan(settings, recorded, names, args.demand_target, device=served.device)
     else:
+        try:
+            tiers, shares = parse_tiers(args.tiers) if args.tiers else ((), ())
+        except ValueError as exc:
+            print(f"inferd plan: {exc}", file=sys.stderr)
+            return 2
         settings = PlanSettings(latency_ms=args.latency_ms, per_item_ms=args.per_item_ms, long_factor=args.long_factor,
-                                max_batch_size=args.max_batch_size, slo_ms=args.slo_ms, start_s=args.start_s)
+                                max_batch_size=args.max_batch_size, slo_ms=args.slo_ms, start_s=args.start_s, tiers=tiers)
         trace = DayTrace(day_s=args.day_s, trough_rps=args.trough_rps, peak_rps=args.peak_rps,
-                         spike_factor=args.spike_factor, long_share=args.long_share)
+                         spike_factor=args.spike_factor, long_share=args.long_share, tiers=shares)
         result = plan(settings, trace, names, args.demand_target)
     print(summary_table(result))
     if args.out:
         Path(args.out).write_text(json.dumps(result) + "\n")
     return 0
+
+
+def parse_tiers(text: str) -> tuple[tuple[TierConfig, ...], tuple[tuple[str, float], ...]]:
+    """`--tiers enterprise:0.2:300,free:0.8`: each tier's share of the requests and, optionally, its own
+    objective in ms; priorities as a config's defaults give them (enterprise 2, paid 1, free 0)."""
+    tiers, shares = [], []
+    for part in text.split(","):
+        name, share, *objective = part.split(":")
+        tiers.append(TierConfig(name, priority=DEFAULT_TIER_PRIORITIES.get(name, 0),
+                                slo_ms=float(objective[0]) if objective else None))
+        shares.append((name, float(share)))
+    if abs(sum(share for _, share in shares) - 1.0) > 1e-6:
+        raise ValueError(f"--tiers {text!r}: the shares must add up to 1")
+    return tuple(sorted(tiers, key=lambda t: -t.priority)), tuple(shares)

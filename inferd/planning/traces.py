@@ -22,7 +22,8 @@ class DayTrace:
     """A day of `day_s` seconds (time-compressed where a real day is too many requests to simulate): the
     rate goes from `trough_rps` (at 0 and `day_s`) to `peak_rps` (at the middle) as a cosine; each of
     `spikes` (start times, as shares of the day) multiplies it by `spike_factor` after a ramp of
-    `spike_ramp_s`, for `spike_s`; `long_share` of the inputs are of the long bucket (1)."""
+    `spike_ramp_s`, for `spike_s`; `long_share` of the inputs are of the long bucket (1); `tiers`: each
+    tier's share of the requests (none: every request of the tier "default")."""
 
     day_s: float = 4 * 3600.0
     trough_rps: float = 40.0
@@ -33,6 +34,7 @@ class DayTrace:
     spike_s: float = 300.0
     long_share: float = 0.1
     seed: int = 7
+    tiers: tuple[tuple[str, float], ...] = ()  # ((name, share), ...): shares summing to 1
 
     def rate(self, t: float) -> float:
         base = self.trough_rps + (self.peak_rps - self.trough_rps) * (1.0 - math.cos(2.0 * math.pi * t / self.day_s)) / 2.0
@@ -54,4 +56,12 @@ class DayTrace:
             if t >= end:
                 return
             if rng.random() * top <= self.rate(t):
-                yield Arrival(t, 1 if rng.random() < self.long_share else 0)
+                bucket = 1 if rng.random() < self.long_share else 0
+                yield Arrival(t, bucket, self._tier(rng.random()) if self.tiers else "default")
+
+    def _tier(self, draw: float) -> str:
+        for name, share in self.tiers:
+            if draw < share:
+                return name
+            draw -= share
+        return self.tiers[-1][0]

@@ -134,3 +134,24 @@ def test_the_simulated_shipped_policy_is_the_scaledobject_that_ships():
     assert shipped.hpa.poll_s == spec["pollingInterval"]
     assert shipped.hpa.down_window_s == spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"][
         "stabilizationWindowSeconds"]
+
+
+def test_tiers_in_a_trace_are_served_by_priority_and_reported_each():
+    """At twice one replica's capacity, a fifth of the requests enterprise (its own 250 ms objective) and the
+    rest free: the replica's own tiered admission and batching keep enterprise within its objective first,
+    and the summary gives each tier's share."""
+    from inferd.config import TierConfig
+    from inferd.planning.plan import parse_tiers
+
+    tiers, shares = parse_tiers("enterprise:0.2:250,free:0.8")
+    assert [t.name for t in tiers] == ["enterprise", "free"] and tiers[0].slo_ms == 250.0 and shares[1] == ("free", 0.8)
+    trace = replace(steady(2.0 * CAPACITY, seconds=20.0), tiers=shares)
+    fleet = Fleet(SETTINGS.config(), SETTINGS.device(), None, None, FleetSettings(start_s=0.0), tiers=tiers)
+    result = fleet.run(trace.arrivals(), trace.day_s, SETTINGS.slo_ms / 1000.0)
+    by_tier = result.summary()["by_tier"]
+    assert set(by_tier) == {"enterprise", "free"}
+    assert 0.15 < by_tier["enterprise"]["requests"] / result.summary()["requests"] < 0.25
+    assert by_tier["enterprise"]["within_slo"] > 0.95 > by_tier["free"]["within_slo"], by_tier
+    assert {o.slo_s for o in result.outcomes if o.tier == "enterprise"} == {0.25}  # (its own, the tighter)
+    assert {o.slo_s for o in result.outcomes if o.tier == "free"} == {0.4}
+    assert TierConfig("default") in SETTINGS.tier_configs()
