@@ -31,6 +31,7 @@ from ..execution.pool import WorkerPool
 from ..messages import Batch, PendingRequest
 from ..observability.histogram import WAIT_ERROR_BUCKETS_S, Histogram
 from ..scheduling.batcher import Batcher
+from ..scheduling.policy import latest_start
 from ..scheduling.prediction_errors import MIN_EXCESS
 from .forecast import Forecast
 
@@ -86,13 +87,13 @@ class Timeliness:
         counts and its own batch is left out (a refusal is then certain; the exact check follows once
         it is prepared)."""
         tier = request.tier
-        wait, ahead = self.wait_and_ahead(tier, now, request.tenant, bucket, call=request.call)
+        wait, ahead = self.wait_and_ahead(tier, now, request.tenant, bucket, call=request.call, due=request.due)
         lingering = 0.0  # a worker is free: its batch goes when the rule says it is due, never past its due
         if wait == 0.0 and bucket is not None:
             wait = lingering = self._batcher.linger_left(request, now)
         request.predicted_wait = wait
         if self._tiered:  # for the decision, the wait that holds if the higher tiers send a burst meanwhile
-            wait = max(wait, self.wait_and_ahead(tier, now, request.tenant, bucket, TAIL_SIGMAS, request.call)[0])
+            wait = max(wait, self.wait_and_ahead(tier, now, request.tenant, bucket, TAIL_SIGMAS, request.call, due=request.due)[0])
         own = 0.0
         if bucket is not None:
             here = ahead.get(bucket, 0)
@@ -211,12 +212,13 @@ class Timeliness:
 
     def wait_and_ahead(self, tier: str | None, now: float, tenant: str | None = None, bucket: int | None = None,
                        sigmas: float = 0.0, call: str | None = None,
-                       ahead: dict[int, int] | None = None) -> tuple[float, dict[int, int]]:
+                       ahead: dict[int, int] | None = None, due: float | None = None) -> tuple[float, dict[int, int]]:
         """The predicted wait of a request of `tier` (None: behind everything) from `tenant` in `bucket`
         (None: unknown) queued now, counting the higher tiers' work expected to arrive meanwhile (and
         `sigmas` standard deviations more of it); and what is ahead of it, by bucket. `call`: the
         multi-input call it is an input of (its tenant's calls take turns in the queue); `ahead`: what
-        is ahead of it, where the caller has counted it already."""
+        is ahead of it, where the caller has counted it already; `due`: its own due, which can make its
+        bucket's partial batch go sooner than that batch's oldest request was predicted to."""
         batcher, forecast, pool = self._batcher, self.forecast, self._pool
         if ahead is None:  # (given: already counted for this request)
             ahead = batcher.ahead_by_bucket(tier, tenant, call)
@@ -233,6 +235,8 @@ class Timeliness:
             # of other buckets that arrived after that one goes after it): that request's predicted start.
             start = batcher.next_start(bucket)
             if start is not None:
+                if due is not None:  # (the rule's deadline trigger, once it has joined)
+                    start = min(start, latest_start(now, due, self.costs.safe_estimate(ahead[bucket] + 1, bucket)))
                 wait = max(start - now, first_free_s)
         promote_s = self._promote_after_s.get(tier) if tier is not None else None
         if promote_s is not None:

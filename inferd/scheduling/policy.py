@@ -7,7 +7,8 @@ A bucket is *due* when
   `batch_costs`) or `max_batch_tokens` tokens;
 - its oldest request has lingered its `linger_s` (or the echo hold has ended, whichever is later);
 - lingering on would make one of its requests miss a due (its deadline, or sooner its objective) it can
-  still meet, its batch costed by the cost model; or
+  still meet, its batch costed by the cost model, with a batch's time to spare for a batch in progress
+  (`latest_start`); or
 - waiting cannot add enough to matter: the model's arrival rate over the rest of the linger brings
   fewer than max(1, 10% of the room left in the batch) requests. A lone request then goes at once
   instead of paying the whole linger; a burst or closed-loop clients still fill the batch.
@@ -160,6 +161,15 @@ def due_in(view: BucketView, now: float, limits: Limits, *, arrival_rate: float,
     return 0.0 if trigger else max(0.0, when - now)
 
 
+def latest_start(oldest_at: float, due: float, batch_s: float) -> float:
+    """When a partial batch stops lingering for its earliest `due`: a batch's time before the moment its
+    own batch would end just in time, so that a batch in progress on the worker cannot make it late (as
+    an objective's linger leaves two batch times); where its requests came with less than that, the
+    moment it would end just in time."""
+    with_slack = due - 2.0 * batch_s
+    return with_slack if with_slack > oldest_at else due - batch_s
+
+
 def _due(
     view: BucketView, now: float, limits: Limits, arrival_rate: float, hold_until: float, on_linger: str,
 ) -> tuple[str, float]:
@@ -169,7 +179,7 @@ def _due(
     linger_end = max(view.oldest_at + view.linger_s, hold_until)
     if now >= linger_end:
         return on_linger, now
-    deadline_end = view.due - view.batch_s
+    deadline_end = latest_start(view.oldest_at, view.due, view.batch_s)
     meetable = deadline_end > view.oldest_at  # else lingering changes nothing for it
     if meetable and now >= deadline_end:
         return "deadline", now

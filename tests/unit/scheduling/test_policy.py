@@ -49,8 +49,20 @@ def test_a_deadline_it_would_miss_cuts_the_linger_short_one_it_cannot_meet_does_
     assert go(bucket(0, 1, deadline=NOW + 0.06, linger_s=1.0))[0] is None  # must start by NOW + 0.01
     assert go(bucket(0, 1, deadline=NOW + 0.06, linger_s=1.0), now=NOW + 0.011) == (0, "deadline")
     assert go(bucket(0, 1, deadline=NOW + 0.04, linger_s=1.0), now=NOW + 0.011)[0] is None  # lost anyway
-    # what its batch costs decides when: a 10 ms batch may wait until 50 ms before its due
-    assert go(bucket(0, 1, deadline=NOW + 0.06, linger_s=1.0, batch_s=0.01), now=NOW + 0.011)[0] is None
+    # what its batch costs decides when: a 10 ms batch may wait until 20 ms before its due (one batch's time
+    # to spare for a batch in progress on the worker)
+    assert go(bucket(0, 1, deadline=NOW + 0.06, linger_s=1.0, batch_s=0.01), now=NOW + 0.039)[0] is None
+    assert go(bucket(0, 1, deadline=NOW + 0.06, linger_s=1.0, batch_s=0.01), now=NOW + 0.041) == (0, "deadline")
+    # (with less than two batches' time when it came, it keeps what there is: it goes by its due less one)
+
+
+def test_a_due_further_off_than_two_batches_leaves_a_batch_to_spare():
+    """An objective of its own tighter than the bucket's linger (a higher tier's): the batch goes two batch
+    times before that due, not one, so that the batch the worker may be running cannot make it late and
+    admission can promise it with its margin."""
+    roomy = bucket(0, 1, deadline=NOW + 0.6, linger_s=1.0, batch_s=0.11)
+    assert go(roomy, now=NOW + 0.37, rate=1000.0)[0] is None
+    assert go(roomy, now=NOW + 0.381, rate=1000.0) == (0, "deadline")  # 0.6 - 2 x 0.11
 
 
 def test_the_earliest_due_goes_first_and_a_full_bucket_jumps_it_only_where_that_is_affordable():
