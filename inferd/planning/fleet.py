@@ -25,6 +25,7 @@ from ..config import ModelConfig, TierConfig
 from ..messages import PendingRequest
 from .hpa import Hpa, HpaSettings
 from .replica import Device, Outcome, Replica, VirtualClock
+from .scaling import Sample, Scaling
 from .traces import Arrival
 
 # A policy's metrics, from the fleet's recent samples: name -> value (what its triggers read).
@@ -36,16 +37,6 @@ class FleetSettings:
     start_s: float = 60.0
     sample_s: float = 5.0
     initial_replicas: int = 1
-
-
-@dataclass
-class Sample:
-    at: float
-    ready: int
-    utilisation: float  # summed over ready replicas: each one's busy share of the last interval
-    waiting: int
-    predicted_wait_s: float  # the largest over ready replicas
-    arrival_rps: float
 
 
 @dataclass
@@ -90,8 +81,10 @@ class _SimReplica:
 _outstanding = operator.attrgetter("replica.outstanding")  # (leastconn's key, in C: asked over every ready replica)
 
 
-class Fleet:
+class Fleet(Scaling):
     """The simulation (see the module docstring)."""
+
+    clock: VirtualClock
 
     def __init__(self, config: ModelConfig, device: Device, hpa: HpaSettings | None, signals: Signals | None,
                  settings: FleetSettings | None = None, buckets: int = 2,
@@ -99,6 +92,7 @@ class Fleet:
         self.config = config
         self.device = device
         self.settings = settings or FleetSettings()
+        self.start_s = self.settings.start_s
         self.clock = VirtualClock()
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
@@ -159,16 +153,8 @@ class Fleet:
         victim.removed = self.clock.now
         self._refresh_ready()
 
-    def _scale_to(self, desired: int) -> None:
-        current = len(self.counted)
-        if desired == current:
-            return
-        self._scale_events += 1
-        for _ in range(desired - current):
-            self._add(self.settings.start_s)
-        for _ in range(current - desired):
-            self._remove()
-        self._replicas_over_time.append((self.clock.now, len(self.counted)))
+    def _count(self) -> int:
+        return len(self.counted)
 
     # ---- the run ---------------------------------------------------------------------------------
 
@@ -243,15 +229,6 @@ class Fleet:
         self._arrived_since_sample = 0
         self.samples.append(sample)
         self.schedule(now + interval, self._sample)
-
-    def lagged(self) -> Sample | None:
-        """The newest sample Prometheus would have had `lag_s` ago."""
-        lag = self.hpa_settings.lag_s if self.hpa_settings is not None else 0.0
-        cutoff = self.clock.now - lag
-        for sample in reversed(self.samples):
-            if sample.at <= cutoff:
-                return sample
-        return None
 
     def _sync(self) -> None:
         assert self.hpa is not None and self.hpa_settings is not None and self.signals is not None

@@ -26,12 +26,13 @@ from typing import Any, cast
 
 import aiohttp
 
-from .fleet import FleetResult, Sample
+from .fleet import FleetResult
 from .haproxy import Balancer
-from .hpa import Hpa
+from .hpa import Hpa, HpaSettings
 from .plan import PlanSettings
 from .policies import Policy
 from .replica import Outcome
+from .scaling import Sample, Scaling
 from .traces import Arrival
 
 
@@ -85,11 +86,14 @@ class _LiveReplica:
     counted_total: float = 0.0  # inferd_requests_total at the last sample
 
 
-class LiveFleet:
+class LiveFleet(Scaling):
     """The fleet (see the module docstring); `async with` it, then `run` a trace."""
+
+    hpa_settings: HpaSettings
 
     def __init__(self, settings: LiveSettings, policy: Policy, workdir: Path) -> None:
         self.settings = settings
+        self.start_s, self.max_replicas = settings.start_s, settings.max_replicas
         self.policy = policy
         self.hpa_settings = policy.hpa
         self.hpa = Hpa(policy.hpa)
@@ -169,17 +173,8 @@ class LiveFleet:
         self.balancer.withdraw(victim.slot)
         victim.process.send_signal(signal.SIGTERM)  # (it answers what it holds, then exits)
 
-    def _scale_to(self, desired: int) -> None:
-        current = len(self.counted)
-        desired = min(desired, self.settings.max_replicas)
-        if desired == current:
-            return
-        self._scale_events += 1
-        for _ in range(desired - current):
-            self._add(self.settings.start_s)
-        for _ in range(current - desired):
-            self._remove()
-        self._replicas_over_time.append((self.clock.now, len(self.counted)))
+    def _count(self) -> int:
+        return len(self.counted)
 
     # ---- the scaler ------------------------------------------------------------------------------
 
@@ -209,14 +204,6 @@ class LiveFleet:
             self.samples.append(Sample(self.clock.now, len(ready), 0.0, int(sum(w for _, w, _ in readings)),
                                        max((p for _, _, p in readings), default=0.0),
                                        sum(a for a, _, _ in readings) / interval))
-
-    def lagged(self) -> Sample | None:
-        """The newest sample Prometheus would have had `lag_s` ago."""
-        cutoff = self.clock.now - self.hpa_settings.lag_s
-        for sample in reversed(self.samples):
-            if sample.at <= cutoff:
-                return sample
-        return None
 
     async def _scaling(self) -> None:
         while True:
