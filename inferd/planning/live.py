@@ -106,6 +106,7 @@ class LiveFleet(Scaling):
         self._scale_events = 0
         self._session: aiohttp.ClientSession | None = None
         self.failures: list[str] = []  # answers that were neither a result nor a refusal (none expected)
+        self._bringing_up: set[asyncio.Task] = set()
 
     async def __aenter__(self) -> LiveFleet:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -114,6 +115,8 @@ class LiveFleet(Scaling):
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        for task in list(self._bringing_up):
+            task.cancel()
         for replica in self._replicas:
             if replica.process.poll() is None:
                 replica.process.send_signal(signal.SIGTERM)
@@ -149,7 +152,9 @@ class LiveFleet(Scaling):
                                    stdout=log, stderr=subprocess.STDOUT)
         replica = _LiveReplica(slot, self.balancer.ports[slot], self.clock.now, process)
         self._replicas.append(replica)
-        asyncio.get_running_loop().create_task(self._bring_up(replica, start_s))
+        bringing_up = asyncio.get_running_loop().create_task(self._bring_up(replica, start_s))
+        self._bringing_up.add(bringing_up)  # (held: the loop keeps only a weak reference to a task)
+        bringing_up.add_done_callback(self._bringing_up.discard)
 
     async def _bring_up(self, replica: _LiveReplica, start_s: float) -> None:
         await asyncio.sleep(max(0.0, replica.asked + start_s - self.clock.now))
@@ -160,7 +165,9 @@ class LiveFleet(Scaling):
                     if resp.status == 200:
                         break
             except aiohttp.ClientError:
-                pass
+                if replica.process.poll() is not None:  # (it will never be ready: say so, and leave it out)
+                    self.failures.append(f"replica in slot {replica.slot} exited with {replica.process.returncode}")
+                    return
             await asyncio.sleep(0.1)
         if replica.removed is None:
             replica.ready_at = self.clock.now
