@@ -257,6 +257,10 @@ def test_metrics_export_every_name_the_keda_queries_ask_for(container: tuple[str
     import yaml
 
     _, url = container
+    answered = urllib.request.Request(f"{url}/v1/inference", data=json.dumps({"input": "scaled"}).encode(),
+                                      headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(answered, timeout=30) as resp:  # (a counter has no sample before its first request)
+        assert resp.status == 200
     status, body = get(f"{url}/metrics")
     exported = set(re.findall(r"^(inferd_[a-z_]+)", body.decode(), re.M))
     scaled = yaml.safe_load((REPO / "deploy/k8s/keda-scaledobject.yaml").read_text())
