@@ -170,9 +170,8 @@ class Fleet(Scaling):
         outcomes: list[Outcome] = []
         timeout_s = self.config.timeout_ms / 1000.0
         slo_due = self.config.slo_ms / 1000.0 if self.config.slo_ms else None
-        # each tier's objective: the tighter of its own and the model's (as a server's intake sets it)
-        objectives = {t.name: min(x for x in (t.slo_ms, self.config.slo_ms, math.inf) if x) / 1000.0 for t in self._tiers}
-        slo_of = {name: (None if math.isinf(due) else due) for name, due in objectives.items()}
+        # each tier's objective, as a server's intake sets it (the tighter of its own and the model's)
+        slo_of = {t.name: self._replicas[0].replica.timeliness.slo_s(t.name) for t in self._tiers} if self._replicas else {}
         events = self._events
         clock = self.clock
         for number, arrival in enumerate(arrivals):
