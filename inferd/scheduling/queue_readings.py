@@ -30,6 +30,7 @@ class QueueReadings:
     _last_batch: dict[int, float]
     _arrivals: Rate
     _arrivals_by_rank: dict[int, Rate] | None
+    _work_by_rank: dict[int, Rate] | None
     _tier_rank: dict[str, int]
     _token_limits: Limits
     _linger_s: Callable[[int], float]
@@ -84,10 +85,13 @@ class QueueReadings:
         """Requests per second arriving lately (all tiers)."""
         return self._arrivals.per_s(now)
 
-    def arrival_rates_above(self, tier: str, now: float) -> list[tuple[int, float]]:
-        """(rank, requests per second arriving lately) of each tier above `tier` (none with one tier)."""
+    def arrival_rates_above(self, tier: str, now: float) -> list[tuple[int, float, float]]:
+        """(rank, requests per second arriving lately, seconds of batch time per second its requests' slots
+        took lately) of each tier above `tier` (none with one tier)."""
         rank = self.tier_rank(tier)
-        return [(k, r.per_s(now)) for k, r in (self._arrivals_by_rank or {}).items() if k > rank]
+        work = self._work_by_rank or {}
+        return [(k, r.per_s(now), w.per_s(now) if (w := work.get(k)) is not None else 0.0)
+                for k, r in (self._arrivals_by_rank or {}).items() if k > rank]
 
     def tier_rank(self, tier: str) -> int:
         """A tier's place: higher goes first."""

@@ -170,3 +170,19 @@ def test_a_higher_tier_joining_a_lower_tiers_lingering_batch_at_light_load_is_ad
     fleet = Fleet(settings.config(), settings.device(), None, None, FleetSettings(start_s=0.0), tiers=settings.tier_configs())
     enterprise = fleet.run(trace.arrivals(), trace.day_s, 1.0).summary()["by_tier"]["enterprise"]
     assert enterprise["requests"] > 200 and enterprise["refused"] == 0.0 and enterprise["within_slo"] == 1.0, enterprise
+
+
+def test_a_lower_tier_beside_a_higher_tiers_own_objective_is_not_refused_at_half_load():
+    """Found with --tiers: at half a replica's capacity (40 req/s against ~72), free (the model's 1 s) beside
+    enterprise (its own 600 ms) was refused 9.9%: its wait counted enterprise's early batches as taking a
+    whole batch each, though free's requests of the same bucket ride in them. Now enterprise counts for
+    the slots its requests took."""
+    from inferd.planning.plan import PlanSettings, parse_tiers
+
+    tiers, shares = parse_tiers("enterprise:0.2:600,free:0.8")
+    settings = PlanSettings(tiers=tiers)
+    trace = DayTrace(day_s=60.0, trough_rps=40.0, peak_rps=40.0, spikes=(), tiers=shares)
+    fleet = Fleet(settings.config(), settings.device(), None, None, FleetSettings(start_s=0.0), tiers=settings.tier_configs())
+    by_tier = fleet.run(trace.arrivals(), trace.day_s, 1.0).summary()["by_tier"]
+    assert by_tier["free"]["requests"] > 1500 and by_tier["free"]["refused"] <= 0.01, by_tier
+    assert by_tier["free"]["within_slo"] >= 0.99 and by_tier["enterprise"]["within_slo"] >= 0.99, by_tier

@@ -262,3 +262,25 @@ def test_how_long_a_new_request_would_linger_is_the_rules_own_answer(clock):
     for name in "abc":
         arrive(b, clock, name)
     assert b.linger_left(newcomer, clock()) == 0.0  # it would fill the batch of 4
+
+
+def test_a_higher_tier_is_counted_only_for_the_slots_its_requests_take_in_a_batch(clock):
+    """What a lower tier's wait reads of a higher tier's work: each tier's part of the batches taken, by
+    its requests' slots; free's requests riding in enterprise's early batch are free's, not enterprise's."""
+    loop = asyncio.new_event_loop()
+    costs = BatchCosts(8)
+    costs.measured([(0, 8, 0.08)])  # (a flat curve: 80 ms for any size)
+    b = Batcher(max_batch_size=8, max_wait_ms=20, max_queue=100, loop=loop, clock=clock, costs=costs,
+                tiers=(("enterprise", None), ("free", None)))
+    try:
+        for i, tier in enumerate(["enterprise"] * 2 + ["free"] * 6):  # a full batch: 2 enterprise, 6 free
+            b.submit(PendingRequest(f"r{i}", f"r{i}", clock(), clock() + 10, None, tier=tier))  # type: ignore[arg-type]
+        batch = b.next_batch(0, None)
+        assert batch is not None and batch.size == 8
+        clock.advance(0.5)
+        [(rank, rate, work_per_s)] = b.arrival_rates_above("free", clock())
+        assert rank == b.tier_rank("enterprise") and rate > 0
+        assert work_per_s == pytest.approx(0.08 * 2 / 8 / 0.5 * math.exp(-0.5), rel=0.01)  # 20 ms of the 80
+        assert b.arrival_rates_above("enterprise", clock()) == []
+    finally:
+        loop.close()
