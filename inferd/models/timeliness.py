@@ -225,17 +225,20 @@ class Timeliness:
         healthy, first_free_s = pool.healthy, pool.first_free_s(now, self._running_s)
         share = 0.0  # of each batch, what the higher tiers' requests arriving meanwhile take
         if self._tiered and tier is not None and healthy:
-            for rank, rate, work_per_s in batcher.arrival_rates_above(tier, now):
+            for rank, rate in batcher.arrival_rates_above(tier, now):
                 slo_s = self._own_slo_by_rank.get(rank)  # (its batches filled for its objective less two batch times)
                 if slo_s is None:
                     share += forecast.share_of(rate, healthy)
                     continue
-                # Its objective sends its batches early, at most what it fills in its objective less two
-                # batch times; lower tiers' requests of the same buckets ride in them, so it takes no more
-                # than the slots its requests took lately (free's wait beside enterprise's 600 ms at half
-                # load read 1.6 times too long, refusing 10% of free), never less than in full batches.
+                # Its objective sends a batch each time it fills what its objective less two batch times lets
+                # it (`forced`); lower tiers' requests of the same buckets ride in those batches, and of their
+                # time only what the riders would not have taken in full batches of their own counts: the
+                # forced share less the riders' part lately, or what its batches took lately where that is
+                # more (at most the forced share, at least its share in full batches). Without it free's wait
+                # beside enterprise's 600 ms at half load read 1.6 times too long, refusing 10% of free.
                 forced = forecast.share_of(rate, healthy, max(0.0, slo_s - 2 * forecast.batch_s))
-                share += min(forced, max(forecast.share_of(rate, healthy), work_per_s / healthy))
+                taken_s, taken_share = batcher.time_taken(rank, now)
+                share += max(forecast.share_of(rate, healthy), forced * taken_share, min(forced, taken_s / healthy))
         wait = forecast.wait_s(ahead, bucket, healthy, first_free_s, share, sigmas)
         if bucket is not None and 0 < ahead.get(bucket, 0) < self.costs.size_limit(bucket) and len(ahead) > 1:
             # It joins its bucket's partial batch, which goes when its oldest request's turn comes (work

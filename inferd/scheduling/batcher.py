@@ -97,7 +97,9 @@ class Batcher(QueueReadings):
         self._one_tenant: str | None = ""  # the only tenant seen so far ("": none yet; None: several)
         self._arrivals = Rate()
         self._arrivals_by_rank: dict[int, Rate] | None = None if self._single_tier else {}
-        self._work_by_rank: dict[int, Rate] | None = None if self._single_tier else {}  # seconds of batches' time, by tier
+        # by tier rank, of the batches it was the highest tier in lately: (their time less what the lower
+        # tiers' requests riding in them would have cost in full batches, their time), decaying
+        self._time_by_rank: dict[int, tuple[Rate, Rate]] | None = None if self._single_tier else {}
         self._queues: dict[int, RequestQueue] = {0: RequestQueue(self._tiers, self._whole_call)}  # by bucket
         self._depth = 0  # live requests over every bucket
         self._last_batch: dict[int, float] = {}  # by bucket: when its last batch was taken
@@ -311,16 +313,23 @@ class Batcher(QueueReadings):
         self._short_jumps.append(short_jump)
         self._hold_until = 0.0
         self._last_batch[bucket] = now
-        if self._work_by_rank is not None:
-            self._note_work_by_rank(self._work_by_rank, requests, bucket, now)
+        if self._time_by_rank is not None:
+            self._note_time(self._time_by_rank, requests, bucket, now)
         return Batch(next(self._batch_ids), requests, trigger, now, backlog=self._depth)
 
-    def _note_work_by_rank(self, work: dict[int, Rate], requests: list[PendingRequest], bucket: int, now: float) -> None:
-        """Each tier's part of a batch's expected time: its requests' slots. A higher tier whose objective
-        sends batches early takes from the lower tiers only the slots it fills; their requests riding in
-        the same batch are served by it (`queue_readings.arrival_rates_above`)."""
-        per_slot = self.costs.estimate(len(requests), bucket) / len(requests)
-        if per_slot:
-            rank = self.tier_rank
-            for tier_rank, count in Counter(rank(r.tier) for r in requests).items():
-                work.setdefault(tier_rank, Rate()).add(now, per_slot * count)
+    def _note_time(self, time_by_rank: dict[int, tuple[Rate, Rate]], requests: list[PendingRequest], bucket: int,
+                   now: float) -> None:
+        """A batch's expected time, noted for its highest tier, and how much of it that tier took from the
+        tiers below: all of it, less what their requests riding in it would have cost in a full batch
+        of their own (at least its own slots' part). `queue_readings.time_taken` reads the two."""
+        costs = self.costs
+        estimate = costs.estimate(len(requests), bucket)
+        if not estimate:
+            return
+        ranks = Counter(self.tier_rank(r.tier) for r in requests)
+        top = max(ranks)
+        own = ranks[top]
+        riders_s = (len(requests) - own) * costs.full_batch_s(bucket) / costs.size_limit(bucket)
+        taken, total = time_by_rank.get(top) or time_by_rank.setdefault(top, (Rate(), Rate()))
+        taken.add(now, max(estimate * own / len(requests), estimate - riders_s))
+        total.add(now, estimate)

@@ -30,7 +30,7 @@ class QueueReadings:
     _last_batch: dict[int, float]
     _arrivals: Rate
     _arrivals_by_rank: dict[int, Rate] | None
-    _work_by_rank: dict[int, Rate] | None
+    _time_by_rank: dict[int, tuple[Rate, Rate]] | None
     _tier_rank: dict[str, int]
     _token_limits: Limits
     _linger_s: Callable[[int], float]
@@ -85,13 +85,20 @@ class QueueReadings:
         """Requests per second arriving lately (all tiers)."""
         return self._arrivals.per_s(now)
 
-    def arrival_rates_above(self, tier: str, now: float) -> list[tuple[int, float, float]]:
-        """(rank, requests per second arriving lately, seconds of batch time per second its requests' slots
-        took lately) of each tier above `tier` (none with one tier)."""
+    def arrival_rates_above(self, tier: str, now: float) -> list[tuple[int, float]]:
+        """(rank, requests per second arriving lately) of each tier above `tier` (none with one tier)."""
         rank = self.tier_rank(tier)
-        work = self._work_by_rank or {}
-        return [(k, r.per_s(now), w.per_s(now) if (w := work.get(k)) is not None else 0.0)
-                for k, r in (self._arrivals_by_rank or {}).items() if k > rank]
+        return [(k, r.per_s(now)) for k, r in (self._arrivals_by_rank or {}).items() if k > rank]
+
+    def time_taken(self, rank: int, now: float) -> tuple[float, float]:
+        """What the batches a tier was the highest in took lately from the tiers below it (their time less
+        what those tiers' requests riding in them would have cost in full batches of their own): seconds
+        per second, and as a share of the batches' time (0.0 and 1.0: no such batch lately)."""
+        taken, total = (self._time_by_rank or {}).get(rank) or (None, None)
+        if taken is None or total is None:
+            return 0.0, 1.0
+        seconds, of = taken.per_s(now), total.per_s(now)
+        return seconds, min(1.0, seconds / of) if of > 0 else 1.0
 
     def tier_rank(self, tier: str) -> int:
         """A tier's place: higher goes first."""

@@ -264,23 +264,33 @@ def test_how_long_a_new_request_would_linger_is_the_rules_own_answer(clock):
     assert b.linger_left(newcomer, clock()) == 0.0  # it would fill the batch of 4
 
 
-def test_a_higher_tier_is_counted_only_for_the_slots_its_requests_take_in_a_batch(clock):
-    """What a lower tier's wait reads of a higher tier's work: each tier's part of the batches taken, by
-    its requests' slots; free's requests riding in enterprise's early batch are free's, not enterprise's."""
+def test_a_higher_tiers_batches_count_against_the_lower_tiers_less_what_their_riders_would_have_cost(clock):
+    """What a lower tier's wait reads of a higher tier's batches: their time, less what the lower tiers'
+    requests riding in them would have cost in full batches of their own."""
     loop = asyncio.new_event_loop()
     costs = BatchCosts(8)
-    costs.measured([(0, 8, 0.08)])  # (a flat curve: 80 ms for any size)
+    costs.measured([(0, 8, 0.08)])  # (a flat curve: 80 ms for any size; a full batch's slot, 10 ms)
     b = Batcher(max_batch_size=8, max_wait_ms=20, max_queue=100, loop=loop, clock=clock, costs=costs,
                 tiers=(("enterprise", None), ("free", None)))
-    try:
-        for i, tier in enumerate(["enterprise"] * 2 + ["free"] * 6):  # a full batch: 2 enterprise, 6 free
+
+    def batch_of(tiers: list[str]) -> None:
+        for i, tier in enumerate(tiers):
             b.submit(PendingRequest(f"r{i}", f"r{i}", clock(), clock() + 10, None, tier=tier))  # type: ignore[arg-type]
-        batch = b.next_batch(0, None)
-        assert batch is not None and batch.size == 8
-        clock.advance(0.5)
-        [(rank, rate, work_per_s)] = b.arrival_rates_above("free", clock())
-        assert rank == b.tier_rank("enterprise") and rate > 0
-        assert work_per_s == pytest.approx(0.08 * 2 / 8 / 0.5 * math.exp(-0.5), rel=0.01)  # 20 ms of the 80
+        clock.advance(0.05)  # (a partial batch goes once its linger has passed)
+        taken = b.next_batch(0, Takers())
+        assert taken is not None and taken.size == len(tiers)
+
+    try:
+        enterprise = b.tier_rank("enterprise")
+        assert b.time_taken(enterprise, clock()) == (0.0, 1.0)  # nothing noted: all of the forced batches count
+        batch_of(["enterprise"] * 2 + ["free"] * 6)  # full: the riders' 60 ms they would have cost anyway
+        assert b.time_taken(enterprise, clock())[1] == pytest.approx(0.25)
+        clock.advance(5.0)  # (faded)
+        batch_of(["enterprise"] * 2 + ["free"] * 2)  # half full: 80 ms, of which the riders' part is 20
+        seconds, share = b.time_taken(enterprise, clock())
+        assert share == pytest.approx(0.75, rel=0.01) and seconds > 0
         assert b.arrival_rates_above("enterprise", clock()) == []
+        [(rank, rate)] = b.arrival_rates_above("free", clock())
+        assert rank == enterprise and rate > 0
     finally:
         loop.close()
