@@ -65,9 +65,10 @@ test-image: install
 test-install: install
 	INFERD_INSTALL_TEST=1 $(BIN)/pytest -q -s -p no:cacheprovider tests/install
 
-# The benchmark scenarios (benchmarks/scenarios/), results in benchmarks/results/. Needs wrk.
+# The benchmark scenarios S1-S7, S9 and S10 and the GIL check (benchmarks/scenarios/), results in
+# benchmarks/results/; the others have their own commands (docs/benchmarks.md). Needs wrk.
 bench: install
-	cd benchmarks/scenarios && for s in s*_*.py "s9_real_frontend.py --gil"; do ../../$(BIN)/python $$s || exit 1; done
+	cd benchmarks/scenarios && for s in s[1-79]_*.py s10_*.py "s9_real_frontend.py --gil"; do ../../$(BIN)/python $$s || exit 1; done
 
 # The before/after check of a change to the request path: the simulated GPU (S1, S2) and the real
 # embedding path with a stand-in for the GPU's time (S9).
