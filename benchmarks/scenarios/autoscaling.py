@@ -4,7 +4,8 @@ batcher, cost model and admission on a virtual clock; Kubernetes' HPA algorithm;
 length bucket that costs twice as much), each scaling policy beside the oracle. Writes the table, the
 per-policy figures and a plot of the rate and each policy's replicas over the day. `--demand-targets
 0.8,0.7,...`: the demand policy at each target share of a replica's capacity instead (its headroom's
-price and worth). `--live`: the shipped policy on a live fleet of `inferd serve` processes behind
+price and worth); `--present 1.0,1.2,...`: a scaler that knows the rate of each moment exactly, at
+each headroom (the bound on any signal read from the fleet, `present_replicas`). `--live`: the shipped policy on a live fleet of `inferd serve` processes behind
 HAProxy (a 600 s day with one x2 spike) beside the simulator fed the same arrivals.
 """
 
@@ -19,27 +20,37 @@ from typing import Any
 from common import RESULTS, own_option, parse_args
 
 from inferd.planning.plan import PlanSettings, capacity_at_objective, plan, run_policy, summary_table
-from inferd.planning.policies import demand_policy, oracle_replicas, policies
+from inferd.planning.policies import demand_policy, oracle_replicas, policies, present_replicas
 from inferd.planning.traces import DayTrace
 
 
-def frontier(day_s: float, targets: list[float], out: Path) -> None:
+def frontier(day_s: float, targets: list[float], out: Path, headrooms: list[float] | None = None) -> None:
     """The demand policy at each target share of a replica's capacity, beside the oracle and GPU
-    utilisation: what each point of headroom buys in attainment and costs in GPU-hours."""
+    utilisation: what each point of headroom buys in attainment and costs in GPU-hours. With `headrooms`,
+    instead of the demand policy: a scaler that knows the rate of each moment exactly (`present_replicas`,
+    asked every second), at each headroom: the bound on what any signal read from the fleet can keep."""
     settings, trace = PlanSettings(), DayTrace(day_s=day_s)
     capacity = capacity_at_objective(settings, trace)
-    runs: list[tuple[str, Any]] = [("oracle", None), ("utilisation", None)]
-    runs += [(f"demand {target:.2f}", demand_policy(capacity, target)) for target in targets]
+    runs: list[tuple[str, Any]] = [("oracle", None)]
+    if headrooms:
+        runs += [(f"present x{h:.2f}", present_replicas(trace.rate, capacity, h)) for h in headrooms]
+    else:
+        runs += [("utilisation", None)] + [(f"demand {target:.2f}", demand_policy(capacity, target)) for target in targets]
     named = {p.name: p for p in policies(capacity, settings.start_s, settings.slo_ms / 1000.0)}
     rows = {}
     for name, policy in runs:
-        oracle = oracle_replicas(trace.rate, capacity, trace.day_s, settings.start_s) if name == "oracle" else None
-        result, took = run_policy(settings, trace, policy or named.get(name), oracle)
+        if name == "oracle":
+            result, took = run_policy(settings, trace, None, oracle_replicas(trace.rate, capacity, trace.day_s, settings.start_s))
+        elif name.startswith("present"):
+            result, took = run_policy(settings, trace, None, policy, oracle_step_s=1.0)
+        else:
+            result, took = run_policy(settings, trace, policy or named.get(name))
         missed = sum(1 for o in result.outcomes if not o.in_slo)
         rows[name] = {**result.summary(), "missed": missed, "sim_s": round(took, 1)}
         print(name, rows[name], flush=True)
     oracle_hours = rows["oracle"]["gpu_hours"] or 1e-9
-    lines = [f"### The demand signal's headroom on a {day_s:.0f} s day (60 s starts; one replica serves {capacity:.1f} "
+    what = "A scaler that knows the present exactly" if headrooms else "The demand signal's headroom"
+    lines = [f"### {what} on a {day_s:.0f} s day (60 s starts; one replica serves {capacity:.1f} "
              "req/s within the objective)", "",
              "| policy | within the objective | refused | missed requests | GPU-hours | of the oracle's | peak replicas | "
              "scale events | simulated in |", "|---|---|---|---|---|---|---|---|---|"]
@@ -49,7 +60,7 @@ def frontier(day_s: float, targets: list[float], out: Path) -> None:
                      f"{row['sim_s']:.0f} s |")
     text = "\n".join(lines) + "\n"
     print(text)
-    stem = f"autoscaling_demand_{day_s:.0f}s"
+    stem = f"autoscaling_{'present' if headrooms else 'demand'}_{day_s:.0f}s"
     (out / f"{stem}.md").write_text(text)
     (out / f"{stem}.json").write_text(json.dumps({"capacity_rps": capacity, "trace": trace.__dict__, "policies": rows}) + "\n")
 
@@ -110,6 +121,7 @@ def live(day_s: float, out: Path) -> None:
 def main() -> None:
     day_s = float(own_option("--day-s") or 3600)
     targets = own_option("--demand-targets")
+    headrooms = own_option("--present")
     on_a_live_fleet = "--live" in sys.argv
     if on_a_live_fleet:
         sys.argv.remove("--live")
@@ -119,10 +131,11 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         live(120.0 if args.quick else min(day_s, 600.0), out)
         return
-    if targets:
+    if targets or headrooms:
         out = Path(args.out_dir or RESULTS)
         out.mkdir(parents=True, exist_ok=True)
-        frontier(600.0 if args.quick else day_s, [float(t) for t in targets.split(",")], out)
+        frontier(600.0 if args.quick else day_s, [float(t) for t in (targets or "").split(",") if t], out,
+                 [float(h) for h in headrooms.split(",")] if headrooms else None)
         return
     if args.quick:
         day_s = 600.0

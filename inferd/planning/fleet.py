@@ -112,6 +112,7 @@ class Fleet(Scaling):
         self._replicas_over_time: list[tuple[float, int]] = []
         self._scale_events = 0
         self.fixed: Callable[[float], int] | None = None  # an oracle's replicas by time, instead of the autoscaler
+        self.fixed_step_s = 10.0  # ...asked this often
 
     def schedule(self, when: float, what: Callable[[], None]) -> None:
         heapq.heappush(self._events, (when, next(self._seq), what))
@@ -240,4 +241,4 @@ class Fleet(Scaling):
     def _follow_fixed(self) -> None:
         assert self.fixed is not None
         self._scale_to(self.fixed(self.clock.now))
-        self.schedule(self.clock.now + 10.0, self._follow_fixed)
+        self.schedule(self.clock.now + self.fixed_step_s, self._follow_fixed)

@@ -66,11 +66,11 @@ def capacity_at_objective(settings: PlanSettings, trace: DayTrace | RecordedDay,
 
 
 def run_policy(settings: PlanSettings, trace: DayTrace | RecordedDay, policy: Policy | None, oracle: Any = None,
-               device: Device | None = None) -> tuple[FleetResult, float]:
+               device: Device | None = None, oracle_step_s: float = 10.0) -> tuple[FleetResult, float]:
     fleet = Fleet(settings.config(), device or settings.device(), policy.hpa if policy else None,
                   policy.signals if policy else None, FleetSettings(start_s=settings.start_s), tiers=settings.tier_configs())
     if oracle is not None:
-        fleet.fixed = oracle
+        fleet.fixed, fleet.fixed_step_s = oracle, oracle_step_s
         fleet.settings.initial_replicas = oracle(0.0)
     began = time.perf_counter()
     result = fleet.run(trace.arrivals(), trace.day_s, settings.slo_ms / 1000.0)

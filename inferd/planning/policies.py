@@ -119,3 +119,11 @@ def oracle_replicas(rate: Callable[[float], float], capacity_rps: float, day_s: 
         return max(needs[min(m, len(needs) - 1)] for m in range(now_minute, ahead_minute + 1))
 
     return replicas
+
+
+def present_replicas(rate: Callable[[float], float], capacity_rps: float, headroom: float = 1.0) -> Callable[[float], int]:
+    """Replicas by time for the rate of that very moment, times `headroom`: what a scaler that knew the
+    present exactly (no scrape, rate window, polling or stabilisation) would ask for, each replica ready a
+    start later, removed at once when the rate falls. Not a policy anyone can run: the bound on what any
+    signal read from the fleet can keep, beside the oracle, which asks a start ahead."""
+    return lambda t: max(1, math.ceil(headroom * rate(t) / capacity_rps))

@@ -76,6 +76,23 @@ def test_the_oracle_asks_for_each_minutes_need_a_start_ahead():
     assert replicas(380.0) == 4 and replicas(420.0) == 1  # its last second falls in the minute from 360 s
 
 
+def test_a_scaler_that_knows_the_present_misses_only_what_arrives_while_its_replicas_start():
+    """The bound on any reactive signal (`present_replicas`): at a step from 100 to 400 req/s (one replica
+    serves 160), it asks for three replicas within a second, ready a start (20 s) later; what it misses
+    arrives in between, and nothing after."""
+    from inferd.planning.policies import present_replicas
+
+    trace = DayTrace(day_s=120.0, trough_rps=100.0, peak_rps=100.0, spikes=(0.25,), spike_factor=4.0, spike_ramp_s=0.1,
+                     spike_s=200.0)
+    replicas = present_replicas(trace.rate, CAPACITY)
+    assert replicas(10.0) == 1 and replicas(40.0) == 3 and present_replicas(trace.rate, CAPACITY, 1.3)(40.0) == 4
+    fleet = Fleet(SETTINGS.config(), SETTINGS.device(), None, None, FleetSettings(start_s=20.0))
+    fleet.fixed, fleet.fixed_step_s = replicas, 1.0
+    result = fleet.run(trace.arrivals(), trace.day_s, SETTINGS.slo_ms / 1000.0)
+    missed = [o.arrived for o in result.outcomes if not o.in_slo]
+    assert len(missed) > 1000 and 30.0 <= min(missed) and max(missed) <= 52.0, (len(missed), min(missed), max(missed))
+
+
 def test_a_device_costs_by_bucket():
     device = SimDevice(50.0, 2.0, (1.0, 3.0))
     assert device(10, 0) == 0.07 and abs(device(10, 1) - 0.21) < 1e-12
