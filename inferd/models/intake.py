@@ -225,8 +225,10 @@ class Intake:
             lead.state = state
         else:
             self.batcher.withdraw(lead, state)  # (does nothing unless it is queued)
-        if lead.key is not None and lead.state is not RequestState.TAKEN:
-            self.shared.settle(lead)
+        if lead.state is not RequestState.TAKEN:  # (a computation running is delivered, riders and all)
+            lead.riders = None  # (nobody waits: a rider points at its lead, they must not hold each other)
+            if lead.key is not None:
+                self.shared.settle(lead)
 
     def expire(self, request: PendingRequest) -> None:
         lead: PendingRequest = request.lead if request.state is RequestState.ATTACHED else request  # type: ignore[assignment]
