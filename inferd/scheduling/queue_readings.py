@@ -94,10 +94,10 @@ class QueueReadings:
         """What the batches a tier was the highest in took lately from the tiers below it (their time less
         what those tiers' requests riding in them would have cost in full batches of their own): seconds
         per second, and as a share of the batches' time (0.0 and 1.0: no such batch lately)."""
-        taken, total = (self._time_by_rank or {}).get(rank) or (None, None)
-        if taken is None or total is None:
+        rates = (self._time_by_rank or {}).get(rank)
+        if rates is None:
             return 0.0, 1.0
-        seconds, of = taken.per_s(now), total.per_s(now)
+        seconds, of = rates[0].per_s(now), rates[1].per_s(now)
         return seconds, min(1.0, seconds / of) if of > 0 else 1.0
 
     def tier_rank(self, tier: str) -> int:
