@@ -3,9 +3,10 @@ clock (`inferd plan`).
 
 Each replica is `replica.Replica`: the server's own batcher, cost model and admission. A request goes
 to the ready replica with the fewest outstanding requests (HAProxy's `leastconn`); none ready: a 503.
-Every `sample_s` the fleet records what Prometheus would scrape (each replica's busy share since the
-last sample, the requests waiting, the predicted wait); the autoscaler (`hpa.Hpa`, Kubernetes' algorithm)
-syncs every `poll_s` on the samples of `lag_s` before. A replica added starts after `start_s` (weights,
+Every `sample_s` the fleet records what a scrape would read (each replica's busy share since the last
+sample, the requests waiting, the predicted wait, the requests arrived); the autoscaler (`hpa.Hpa`,
+Kubernetes' algorithm) syncs every `poll_s` on the samples as its Prometheus had them, the newest `lag_s`
+old (a rate query reads its scrapes among them: `policies`). A replica added starts after `start_s` (weights,
 warm-up, graph capture), counted as a GPU from the moment it is asked for; one removed takes no new
 requests and leaves once it has answered what it holds. GPU-hours count every replica from its start
 to its removal.
@@ -35,7 +36,7 @@ Signals = Callable[["Fleet"], dict[str, float]]
 @dataclass
 class FleetSettings:
     start_s: float = 60.0
-    sample_s: float = 5.0
+    sample_s: float = 2.5  # (finer than any scrape: a policy's scrapes and lag fall on its samples)
     initial_replicas: int = 1
 
 
@@ -109,6 +110,7 @@ class Fleet(Scaling):
         self.signals = signals
         self.samples: list[Sample] = []  # what Prometheus scraped, oldest first
         self._arrived_since_sample = 0
+        self._arrived_total = 0
         self._replicas_over_time: list[tuple[float, int]] = []
         self._scale_events = 0
         self.fixed: Callable[[float], int] | None = None  # an oracle's replicas by time, instead of the autoscaler
@@ -185,6 +187,7 @@ class Fleet(Scaling):
             outcome = Outcome(arrival.at, slo_s if tier_slo is None or tier_slo == slo_due else tier_slo, arrival.tier)
             outcomes.append(outcome)
             self._arrived_since_sample += 1
+            self._arrived_total += 1
             self._offer(number, arrival, outcome, timeout_s, tier_slo)
         horizon = max(until_s, clock.now + timeout_s + 1.0)  # (what was admitted last is answered or expires)
         while events and events[0][0] <= horizon:
@@ -225,7 +228,7 @@ class Fleet(Scaling):
             r.busy_at_sample = busy
         sample = Sample(now, len(ready), utilisation, sum(r.replica.depth for r in ready),
                         max((r.replica.predicted_wait_s() for r in ready), default=0.0),
-                        self._arrived_since_sample / interval)
+                        self._arrived_since_sample / interval, self._arrived_total)
         self._arrived_since_sample = 0
         self.samples.append(sample)
         self.schedule(now + interval, self._sample)

@@ -40,7 +40,7 @@ class HpaSettings:
     up_window_s: float = 0.0
     down_window_s: float = 300.0
     poll_s: float = 30.0  # KEDA's pollingInterval
-    lag_s: float = 15.0  # what the metric is behind: Prometheus' scrape interval and the query's rate window
+    lag_s: float = 15.0  # how old the newest scrape is when KEDA asks (a rate query reads its window behind it)
     up_pods: int = 4  # the default scale-up policies: the larger of 4 pods and 100% per 15 s
     up_percent: float = 100.0
     down_percent: float = 100.0

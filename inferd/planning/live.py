@@ -100,6 +100,7 @@ class LiveFleet(Scaling):
         self.workdir = workdir
         self.clock = _WallClock()
         self.samples: list[Sample] = []
+        self.arrived_total = 0.0  # what the ready replicas' inferd_requests_total rose by, summed
         self._replicas: list[_LiveReplica] = []
         self.balancer = Balancer(settings.max_replicas, workdir)
         self._replicas_over_time: list[tuple[float, int]] = []
@@ -208,9 +209,11 @@ class LiveFleet(Scaling):
             ready = self.ready
             scraped = await asyncio.gather(*(self._scrape(r) for r in ready), return_exceptions=True)
             readings = [s for s in scraped if not isinstance(s, BaseException)]
+            arrived = sum(a for a, _, _ in readings)
+            self.arrived_total += arrived
             self.samples.append(Sample(self.clock.now, len(ready), 0.0, int(sum(w for _, w, _ in readings)),
-                                       max((p for _, _, p in readings), default=0.0),
-                                       sum(a for a, _, _ in readings) / interval))
+                                       max((p for _, _, p in readings), default=0.0), arrived / interval,
+                                       self.arrived_total))
 
     async def _scaling(self) -> None:
         while True:

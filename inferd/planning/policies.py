@@ -15,8 +15,8 @@ Prometheus queries, the HPA's behaviour), and the oracle they are measured again
 - `rate`: only the arrival rate's trend a start-up ahead against 80% of a replica's capacity, with the
   waiting requests per replica as a net (the signals that fall as replicas are added).
 - `shipped`: deploy/k8s/keda-scaledobject.yaml as it ships: the request rate (refused requests
-  included: `rate(inferd_requests_total[30s])`) per replica against `demand_target` of a replica's
-  capacity at the objective (what `inferd plan` calibrates), polled every 5 s: a signal that falls as
+  included: `rate(inferd_requests_total[30s])`, scraped every 15 s) per replica against `demand_target`
+  of a replica's capacity at the objective (what `inferd plan` calibrates), polled every 5 s: a signal that falls as
   replicas are added, reads above target however far overloaded (utilisation stops at 100%), and asks
   for the replicas the rate needs in one step.
 - the oracle: the fewest replicas that keep up with the trace's own rate at each minute (its highest
@@ -69,23 +69,33 @@ def _ahead(fleet: Fleet, start_s: float, window_s: float = 120.0) -> dict[str, f
     return metrics
 
 
-def _demand(fleet: Fleet, window_s: float = 30.0) -> dict[str, float]:
-    """Requests/s arriving over the `window_s` before the lagged sample (a query's rate window)."""
-    sample = fleet.lagged()
-    if sample is None:
+def _demand(fleet: Fleet, window_s: float = 30.0, scrape_s: float = 15.0) -> dict[str, float]:
+    """`rate(inferd_requests_total[window_s])` as Prometheus answers KEDA: of its scrapes, `scrape_s` apart
+    and the newest the policy's `lag_s` old, those within the window's `window_s` up to now; the increase
+    from the first of them to the last over the time between them (what rate() extrapolates to the
+    window's edges is that rate). With fewer than two in the window it answers nothing (read as 0), as a
+    window shorter than two scrapes does."""
+    newest = fleet.lagged()
+    if newest is None:
         return {}
-    rates = []
-    for s in reversed(fleet.samples):
-        if s.at <= sample.at - window_s:
+    opens, first, due = fleet.clock.now - window_s, newest, newest.at - scrape_s
+    for s in reversed(fleet.samples):  # (newest first: only the window's are read)
+        if s.at <= opens:
             break
-        if s.at <= sample.at:
-            rates.append(s.arrival_rps)
-    return {"demand": sum(rates) / len(rates)}
+        if s.at <= due + 1e-9:  # (the sample taken at the scrape, or the last before it on a live fleet)
+            first, due = s, s.at - scrape_s
+    if first is newest:
+        return {}
+    return {"demand": (newest.arrived_total - first.arrived_total) / (newest.at - first.at)}
 
 
-def demand_policy(replica_capacity_rps: float, target: float, name: str = "shipped") -> Policy:
-    """Scale on the request rate, `target` of a replica's capacity each (deploy/k8s/keda-scaledobject.yaml)."""
-    return Policy(name, HpaSettings((Trigger("demand", target * replica_capacity_rps),), poll_s=5.0), _demand)
+def demand_policy(replica_capacity_rps: float, target: float, name: str = "shipped", window_s: float = 30.0,
+                  scrape_s: float = 15.0) -> Policy:
+    """Scale on the request rate, `target` of a replica's capacity each (deploy/k8s/keda-scaledobject.yaml):
+    Prometheus scraping every `scrape_s` (the newest scrape half of that old when KEDA asks, on average),
+    the rate read over `window_s`."""
+    return Policy(name, HpaSettings((Trigger("demand", target * replica_capacity_rps),), poll_s=5.0, lag_s=scrape_s / 2),
+                  lambda fleet: _demand(fleet, window_s, scrape_s))
 
 
 def policies(replica_capacity_rps: float, start_s: float, slo_s: float, demand_target: float = 0.7) -> list[Policy]:

@@ -18,6 +18,7 @@ class Sample:
     waiting: int
     predicted_wait_s: float  # the largest over ready replicas
     arrival_rps: float
+    arrived_total: float = 0.0  # requests arrived since the fleet started (inferd_requests_total, summed)
 
 
 class _Clock(Protocol):
