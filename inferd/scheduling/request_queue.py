@@ -239,9 +239,11 @@ class RequestQueue:
                     continue
                 if not batch.fits(head):
                     return batch.taken
+                front = tier.tenants[tenant][0]  # (`head`'s entry: a call's, or `head` itself)
                 tier.pop(tenant)
                 tier.turns.rotate(-1)
-                self._claim(tier, head, now, batch)
+                if self._claim(tier, head, now, batch) and front.__class__ is CallInputs and front.short:
+                    batch.carries_short_call()
             if not batch.open:
                 break
         return batch.taken
@@ -290,13 +292,15 @@ class RequestQueue:
                     tier.pop(tenant)
                     self._claim(tier, head, now, batch)
 
-    def _claim(self, tier: TierQueue, request: PendingRequest, now: float, batch: BatchFilling) -> None:
+    def _claim(self, tier: TierQueue, request: PendingRequest, now: float, batch: BatchFilling) -> bool:
+        """Take `request` out of the queue, into `batch` unless its deadline passed (False: it did)."""
         self._left(tier, request)
         if request.deadline <= now:
             request.state = RequestState.EXPIRED
-        else:
-            request.state = RequestState.TAKEN
-            batch.add(request)
+            return False
+        request.state = RequestState.TAKEN
+        batch.add(request)
+        return True
 
     def drain(self) -> Iterator[PendingRequest]:
         """Remove and yield every live request (shutdown, breaker)."""

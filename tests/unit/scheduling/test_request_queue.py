@@ -158,6 +158,28 @@ def test_a_call_of_at_most_whole_call_inputs_goes_whole_in_its_turn_and_the_big_
     assert q.live == 0 and not q._by_name["default"].calls
 
 
+def test_a_batch_carrying_a_short_call_grows_past_it_only_where_growing_is_nearly_free():
+    """A 3-input call goes whole in its turn, beside two 40-input calls. Where each input adds 10 ms to a
+    batch (a CPU's), the batch it completes in grows by at most a quarter of its time (the call's answer
+    is not held back for the big calls' inputs); where the batch's time hardly grows (a GPU's), it
+    fills to the limit. Without short calls the steep curve does not cut batches."""
+    steep = [0.0] + [0.020 + 0.010 * n for n in range(1, 33)]  # 20 ms + 10 ms an input
+    flat = [0.0] + [0.050 + 0.0002 * n for n in range(1, 33)]
+
+    def queue(with_short: bool) -> RequestQueue:
+        q = RequestQueue(whole_call=8)
+        inputs = [*call_inputs("big1", 40, 0, call_size=40), *call_inputs("big2", 40, 100, call_size=40)]
+        for r in inputs + (call_inputs("small", 3, 200, call_size=3) if with_short else []):
+            q.append(r)
+        return q
+
+    taken = ids(queue(True).take(32, now=0, curve=steep))
+    # big1.0, big2.0, the small call's three: 70 ms; then up to 87.5 ms: one input more
+    assert taken == ["big1.0", "big2.0", "small.0", "small.1", "small.2", "big1.1"], taken
+    assert len(queue(True).take(32, now=0, curve=flat)) == 32
+    assert len(queue(False).take(32, now=0, curve=steep)) == 32
+
+
 def test_what_a_whole_calls_input_waits_behind_is_what_its_turn_comes_after():
     def queue() -> RequestQueue:
         q = RequestQueue(whole_call=4)
