@@ -85,8 +85,9 @@ def main(argv: list[str] | None = None) -> int:
                       "each with its own objective if given (e.g. enterprise:0.2:300,free:0.8); default: one tier")
     plan.add_argument("--policies", help="comma list of utilisation, waiting, predicted_wait, objective, ahead, rate, "
                                          "shipped (default: all)")
-    plan.add_argument("--demand-target", type=float, default=0.7,
-                      help="`shipped`: the request rate a replica is scaled to, as a share of its capacity")
+    plan.add_argument("--demand-target", type=float,
+                      help="`shipped`: the request rate a replica is scaled to, as a share of its capacity "
+                           "(default: the shipped ScaledObject's)")
     plan.add_argument("--out", help="RESULT.json: every policy's figures, replicas and samples")
     plan.add_argument("--access-log", metavar="PATH", help="plan the day a server recorded (its access log's JSON "
                       "lines) instead of a synthetic one; needs --served-model")

@@ -20,7 +20,7 @@ from typing import Any
 from common import RESULTS, own_option, parse_args
 
 from inferd.planning.plan import PlanSettings, capacity_at_objective, plan, run_policy, summary_table
-from inferd.planning.policies import demand_policy, oracle_replicas, policies, present_replicas
+from inferd.planning.policies import SHIPPED_TARGET, oracle_replicas, policies, present_replicas, shipped_policy
 from inferd.planning.traces import DayTrace
 
 
@@ -35,7 +35,7 @@ def frontier(day_s: float, targets: list[float], out: Path, headrooms: list[floa
     if headrooms:
         runs += [(f"present x{h:.2f}", present_replicas(trace.rate, capacity, h)) for h in headrooms]
     else:
-        runs += [("utilisation", None)] + [(f"demand {target:.2f}", demand_policy(capacity, target)) for target in targets]
+        runs += [("utilisation", None)] + [(f"demand {target:.2f}", shipped_policy(capacity, target)) for target in targets]
     named = {p.name: p for p in policies(capacity, settings.start_s, settings.slo_ms / 1000.0)}
     rows = {}
     for name, policy in runs:
@@ -79,7 +79,7 @@ def live(day_s: float, out: Path) -> None:
     trace = DayTrace(day_s=day_s, trough_rps=30.0, peak_rps=250.0, spikes=(0.6,), spike_factor=2.0, spike_ramp_s=20.0,
                      spike_s=60.0, long_share=0.0)
     capacity = capacity_at_objective(model, trace, seconds=60.0)
-    policy = demand_policy(capacity, 0.7)
+    policy = shipped_policy(capacity)
     policy = replace(policy, hpa=replace(policy.hpa, down_window_s=60.0, max_replicas=8))
     start_s, until_s, slo_s = 20.0, day_s + 30.0, model.slo_ms / 1000.0
     arrivals = list(trace.arrivals())
@@ -96,7 +96,7 @@ def live(day_s: float, out: Path) -> None:
                       buckets=1).run(iter(arrivals), until_s, slo_s)
     rows = {"live": live_result, "simulated": simulated}
     lines = [f"### A live fleet against the simulator ({day_s:.0f} s day, {len(arrivals):,} requests; one replica serves "
-             f"{capacity:.1f} req/s within the objective; the shipped demand policy at 0.7, {start_s:.0f} s starts, 60 s "
+             f"{capacity:.1f} req/s within the objective; the shipped demand policy at {SHIPPED_TARGET}, {start_s:.0f} s starts, 60 s "
              "down-stabilisation)", "",
              "| fleet | within the objective | refused | replica-minutes | peak replicas | scale events | replicas over time |",
              "|---|---|---|---|---|---|---|"]

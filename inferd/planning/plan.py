@@ -13,7 +13,7 @@ from typing import Any
 
 from ..config import DEFAULT_TIER_PRIORITIES, ModelConfig, TierConfig
 from .fleet import Fleet, FleetResult, FleetSettings
-from .policies import Policy, oracle_replicas, policies
+from .policies import SHIPPED_TARGET, Policy, oracle_replicas, policies
 from .recorded import RecordedDay, model_from_description, read_access_log
 from .replica import Device, SimDevice
 from .traces import DayTrace
@@ -77,7 +77,7 @@ def run_policy(settings: PlanSettings, trace: DayTrace | RecordedDay, policy: Po
     return result, time.perf_counter() - began
 
 
-def plan(settings: PlanSettings, trace: DayTrace | RecordedDay, names: list[str] | None = None, demand_target: float = 0.7,
+def plan(settings: PlanSettings, trace: DayTrace | RecordedDay, names: list[str] | None = None, demand_target: float = SHIPPED_TARGET,
          device: Device | None = None) -> dict[str, Any]:
     """Each policy (`names`, default all) beside the oracle on `trace`: a synthetic day, or a recorded one
     (`recorded`) with the model's measured `device`."""
@@ -131,7 +131,7 @@ def command(args: argparse.Namespace) -> int:
             return 2
         settings = PlanSettings(max_batch_size=served.max_batch_size, max_wait_ms=served.max_wait_ms,
                                 slo_ms=served.slo_ms or args.slo_ms, timeout_ms=served.timeout_ms, start_s=args.start_s)
-        result = plan(settings, recorded, names, args.demand_target, device=served.device)
+        result = plan(settings, recorded, names, args.demand_target or SHIPPED_TARGET, device=served.device)
     else:
         try:
             tiers, shares = parse_tiers(args.tiers) if args.tiers else ((), ())
@@ -142,7 +142,7 @@ def command(args: argparse.Namespace) -> int:
                                 max_batch_size=args.max_batch_size, slo_ms=args.slo_ms, start_s=args.start_s, tiers=tiers)
         trace = DayTrace(day_s=args.day_s, trough_rps=args.trough_rps, peak_rps=args.peak_rps,
                          spike_factor=args.spike_factor, long_share=args.long_share, tiers=shares)
-        result = plan(settings, trace, names, args.demand_target)
+        result = plan(settings, trace, names, args.demand_target or SHIPPED_TARGET)
     print(summary_table(result))
     if args.out:
         Path(args.out).write_text(json.dumps(result) + "\n")

@@ -15,8 +15,9 @@ Prometheus queries, the HPA's behaviour), and the oracle they are measured again
 - `rate`: only the arrival rate's trend a start-up ahead against 80% of a replica's capacity, with the
   waiting requests per replica as a net (the signals that fall as replicas are added).
 - `shipped`: deploy/k8s/keda-scaledobject.yaml as it ships: the request rate (refused requests
-  included: `rate(inferd_requests_total[30s])`, scraped every 15 s) per replica against `demand_target`
-  of a replica's capacity at the objective (what `inferd plan` calibrates), polled every 5 s: a signal that falls as
+  included: `irate(inferd_requests_total[1m])`, scraped every 5 s) per replica against `demand_target`
+  of a replica's capacity at the objective (what `inferd plan` calibrates), polled every 5 s, 120 s
+  down-stabilisation (`demand_policy` reads other queries and scrapes): a signal that falls as
   replicas are added, reads above target however far overloaded (utilisation stops at 100%), and asks
   for the replicas the rate needs in one step.
 - the oracle: the fewest replicas that keep up with the trace's own rate at each minute (its highest
@@ -31,6 +32,9 @@ from dataclasses import dataclass
 
 from .fleet import Fleet, Signals
 from .hpa import HpaSettings, Trigger
+
+
+SHIPPED_TARGET = 0.82  # the ScaledObject's threshold, as a share of a replica's capacity within the objective
 
 
 @dataclass(frozen=True)
@@ -69,12 +73,12 @@ def _ahead(fleet: Fleet, start_s: float, window_s: float = 120.0) -> dict[str, f
     return metrics
 
 
-def _demand(fleet: Fleet, window_s: float = 30.0, scrape_s: float = 15.0) -> dict[str, float]:
+def _demand(fleet: Fleet, window_s: float = 30.0, scrape_s: float = 15.0, last_two: bool = False) -> dict[str, float]:
     """`rate(inferd_requests_total[window_s])` as Prometheus answers KEDA: of its scrapes, `scrape_s` apart
     and the newest the policy's `lag_s` old, those within the window's `window_s` up to now; the increase
     from the first of them to the last over the time between them (what rate() extrapolates to the
     window's edges is that rate). With fewer than two in the window it answers nothing (read as 0), as a
-    window shorter than two scrapes does."""
+    window shorter than two scrapes does. `last_two`: `irate`, the rate between the window's last two."""
     newest = fleet.lagged()
     if newest is None:
         return {}
@@ -84,21 +88,32 @@ def _demand(fleet: Fleet, window_s: float = 30.0, scrape_s: float = 15.0) -> dic
             break
         if s.at <= due + 1e-9:  # (the sample taken at the scrape, or the last before it on a live fleet)
             first, due = s, s.at - scrape_s
+            if last_two:
+                break
     if first is newest:
         return {}
     return {"demand": (newest.arrived_total - first.arrived_total) / (newest.at - first.at)}
 
 
 def demand_policy(replica_capacity_rps: float, target: float, name: str = "shipped", window_s: float = 30.0,
-                  scrape_s: float = 15.0) -> Policy:
+                  scrape_s: float = 15.0, last_two: bool = False, down_window_s: float = 300.0) -> Policy:
     """Scale on the request rate, `target` of a replica's capacity each (deploy/k8s/keda-scaledobject.yaml):
     Prometheus scraping every `scrape_s` (the newest scrape half of that old when KEDA asks, on average),
-    the rate read over `window_s`."""
-    return Policy(name, HpaSettings((Trigger("demand", target * replica_capacity_rps),), poll_s=5.0, lag_s=scrape_s / 2),
-                  lambda fleet: _demand(fleet, window_s, scrape_s))
+    the rate read over `window_s` (`last_two`: irate's, between the window's last two scrapes), scaling
+    down on the highest recommendation of `down_window_s`."""
+    hpa = HpaSettings((Trigger("demand", target * replica_capacity_rps),), poll_s=5.0, lag_s=scrape_s / 2,
+                      down_window_s=down_window_s)
+    return Policy(name, hpa, lambda fleet: _demand(fleet, window_s, scrape_s, last_two))
 
 
-def policies(replica_capacity_rps: float, start_s: float, slo_s: float, demand_target: float = 0.7) -> list[Policy]:
+def shipped_policy(replica_capacity_rps: float, target: float = SHIPPED_TARGET, name: str = "shipped") -> Policy:
+    """deploy/k8s/keda-scaledobject.yaml: `irate(inferd_requests_total[1m])` on a 5 s scrape
+    (deploy/prometheus/prometheus-k8s.yml's) against `target` of a replica's capacity, polled every 5 s,
+    scaling down on the highest recommendation of 120 s."""
+    return demand_policy(replica_capacity_rps, target, name, window_s=60.0, scrape_s=5.0, last_two=True, down_window_s=120.0)
+
+
+def policies(replica_capacity_rps: float, start_s: float, slo_s: float, demand_target: float = SHIPPED_TARGET) -> list[Policy]:
     predicted_wait = (Trigger("predicted_wait", 0.2, average=False), Trigger("waiting", 200.0))
     objective = (Trigger("predicted_wait", 0.5 * slo_s, average=False), Trigger("waiting", 200.0))
     return [
@@ -110,7 +125,7 @@ def policies(replica_capacity_rps: float, start_s: float, slo_s: float, demand_t
                lambda fleet: _ahead(fleet, start_s)),
         Policy("rate", HpaSettings((Trigger("rate_ahead", 0.8 * replica_capacity_rps), Trigger("waiting", 200.0)), poll_s=5.0),
                lambda fleet: _ahead(fleet, start_s)),
-        demand_policy(replica_capacity_rps, demand_target),
+        shipped_policy(replica_capacity_rps, demand_target),
     ]
 
 

@@ -14,7 +14,7 @@ import pytest
 from inferd.planning.fleet import Fleet, FleetSettings
 from inferd.planning.live import LiveFleet, LiveSettings
 from inferd.planning.plan import PlanSettings, capacity_at_objective
-from inferd.planning.policies import demand_policy
+from inferd.planning.policies import shipped_policy
 from inferd.planning.traces import DayTrace
 
 pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed (Debian package 'haproxy')")
@@ -26,7 +26,7 @@ DAY = DayTrace(day_s=60.0, trough_rps=30.0, peak_rps=220.0, spikes=(), long_shar
 
 async def test_a_live_fleet_scales_as_the_simulator_says_and_loses_nothing(tmp_path):
     capacity = capacity_at_objective(MODEL, DAY, seconds=60.0)
-    policy = demand_policy(capacity, 0.7)  # (the shipped ScaledObject's signal and target)
+    policy = shipped_policy(capacity)  # (the shipped ScaledObject's signal and target)
     policy = replace(policy, hpa=replace(policy.hpa, lag_s=2.0, down_window_s=20.0, max_replicas=4))  # (a short day's)
     arrivals = list(DAY.arrivals())
     settings = LiveSettings(model=MODEL, start_s=10.0, sample_s=2.0, max_replicas=4)

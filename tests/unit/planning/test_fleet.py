@@ -116,38 +116,44 @@ def test_inferd_plan_prints_each_policy_beside_the_oracle(tmp_path, capsys):
 
 
 def test_the_shipped_demand_signal_asks_for_a_spikes_replicas_in_one_step_and_lets_them_go():
-    """The request rate against 70% of a replica's capacity: a jump to 2.4x capacity asks for
-    ceil(2.4 / 0.7) = 4 replicas as soon as the query's 30 s rate window has seen it (utilisation, capped
-    at 100%, asks for at most 1.43x the current count each time), no more, and once the spike is over the
+    """The request rate against 82% of a replica's capacity: a jump to 2.4x capacity asks for
+    ceil(2.4 / 0.82) = 3 replicas once the last two scrapes read were both after it (utilisation, capped at
+    100%, asks for at most 1.43x the current count each time), no more, and once the spike is over the
     fleet comes back to one."""
     trace = DayTrace(day_s=500.0, trough_rps=0.3 * CAPACITY, peak_rps=0.3 * CAPACITY, spikes=(0.2,), spike_factor=8.0,
                      spike_ramp_s=1.0, spike_s=100.0)
     shipped = next(p for p in policies(CAPACITY, 30.0, 0.4) if p.name == "shipped")
-    shipped = replace(shipped, hpa=replace(shipped.hpa, down_window_s=60.0))  # (a shorter day than 300 s allows)
+    shipped = replace(shipped, hpa=replace(shipped.hpa, down_window_s=60.0))  # (a shorter day than 120 s allows)
     result = run(trace, shipped, start_s=30.0)
     changes = result.replicas_over_time[1:]
-    assert changes and 100.0 < changes[0][0] <= 100.0 + 15.0 + 5.0 + 5.0, changes  # (Prometheus' lag, a sample, a poll)
-    reached = next(at for at, n in changes if n == 4)
-    assert reached <= 100.0 + 15.0 + 30.0 + 5.0, changes  # (and the rate window)
-    assert max(n for _, n in changes) == 4 and changes[-1][1] == 1, changes
+    assert changes and 100.0 < changes[0][0] <= 100.0 + 2.5 + 5.0 + 5.0, changes  # (the scrape's age, a scrape, a poll)
+    reached = next(at for at, n in changes if n == 3)
+    assert reached <= 100.0 + 2.5 + 2 * 5.0 + 5.0, changes  # (two scrapes after the jump)
+    assert max(n for _, n in changes) == 3 and changes[-1][1] == 1, changes
 
 
 def test_the_simulated_shipped_policy_is_the_scaledobject_that_ships():
-    """`inferd plan`'s `shipped` reads what deploy/k8s/keda-scaledobject.yaml asks Prometheus for, at its
-    polling interval and scale-down window, and the threshold there is the share of a replica's capacity
-    the simulation uses (0.7 x ~400 req/s, MiniLM on a 2-core pod)."""
+    """`inferd plan`'s `shipped` reads what deploy/k8s/keda-scaledobject.yaml asks Prometheus for, at the
+    scrape interval of deploy/prometheus/prometheus-k8s.yml's job, the ScaledObject's polling interval and
+    scale-down window, and the threshold there is the share of a replica's capacity the simulation uses
+    (of ~400 req/s, MiniLM on a 2-core pod)."""
     import re
     from pathlib import Path
 
     import yaml
 
-    spec = yaml.safe_load((Path(__file__).parents[3] / "deploy/k8s/keda-scaledobject.yaml").read_text())["spec"]
+    deploy = Path(__file__).parents[3] / "deploy"
+    spec = yaml.safe_load((deploy / "k8s/keda-scaledobject.yaml").read_text())["spec"]
     (trigger,) = spec["triggers"]
     assert trigger["metricType"] == "AverageValue"
-    assert re.fullmatch(r'sum\(rate\(inferd_requests_total\{app="inferd"\}\[30s\]\)\)', trigger["metadata"]["query"])
+    assert re.fullmatch(r'sum\(irate\(inferd_requests_total\{app="inferd"\}\[1m\]\)\)', trigger["metadata"]["query"])
+    scraping = yaml.safe_load((deploy / "prometheus/prometheus-k8s.yml").read_text())
+    (job,) = scraping["scrape_configs"]
+    scrape_s = float(job.get("scrape_interval", scraping["global"]["scrape_interval"]).removesuffix("s"))
     shipped = next(p for p in policies(400.0, 60.0, 1.0) if p.name == "shipped")
     (simulated,) = shipped.hpa.triggers
     assert simulated.metric == "demand" and simulated.average and simulated.target == float(trigger["metadata"]["threshold"])
+    assert shipped.hpa.lag_s == scrape_s / 2  # (the newest scrape's age, on average)
     assert shipped.hpa.poll_s == spec["pollingInterval"]
     assert shipped.hpa.down_window_s == spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"][
         "stabilizationWindowSeconds"]

@@ -28,8 +28,8 @@ class Scraped(Scaling):
         self.samples = [Sample(k * 2.5, 1, 0.0, 0, 0.0, 0.0, arrived_by(k * 2.5)) for k in range(1, int(now / 2.5) + 1)]
 
 
-def demand_at(now: float, window_s: float, scrape_s: float) -> dict[str, float]:
-    policy = demand_policy(100.0, 0.7, window_s=window_s, scrape_s=scrape_s)
+def demand_at(now: float, window_s: float, scrape_s: float, last_two: bool = False) -> dict[str, float]:
+    policy = demand_policy(100.0, 0.7, window_s=window_s, scrape_s=scrape_s, last_two=last_two)
     return policy.signals(cast(Any, Scraped(now, policy.hpa.lag_s)))
 
 
@@ -52,3 +52,11 @@ def test_a_short_window_on_a_fast_scrape_sees_a_jump_sooner():
     shipped 30 s window on a 15 s scrape still reads the rate before it."""
     fast, shipped = demand_at(105.0, 10.0, 5.0)["demand"], demand_at(105.0, 30.0, 15.0)["demand"]
     assert fast == pytest.approx(250.0) and shipped == pytest.approx(100.0)
+
+
+def test_irate_reads_the_last_two_scrapes_whatever_the_scrape_interval():
+    """irate(...[1m]): on a 5 s scrape what rate(...[10s]) reads (the last two scrapes); on a 15 s scrape,
+    where rate(...[10s]) answers nothing, the rate between its last two."""
+    assert demand_at(110.0, 60.0, 5.0, last_two=True) == demand_at(110.0, 10.0, 5.0)
+    assert demand_at(110.0, 60.0, 15.0, last_two=True)["demand"] == pytest.approx(
+        (arrived_by(102.5) - arrived_by(87.5)) / 15.0)
