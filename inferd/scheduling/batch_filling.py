@@ -26,8 +26,8 @@ class BatchFilling:
     that would be late even so, or only just in time, does not hold the batch back: a curve flat but for
     noise must not cut batches short; one whose due is past the largest batch's end never can.)
 
-    A batch carrying a short call (`carries_short_call`: one going whole in its turn) grows past it only
-    while its time stays within `SHORT_CALL_GROWTH` of the batch it completes the call in: free where a
+    A batch carrying a short call (`carries_short_call`: one going whole in its turn) takes the whole call,
+    and grows past it only while its time stays within `SHORT_CALL_GROWTH` of that: free where a
     batch's time hardly grows with its size (a GPU's), two or three more inputs where it grows with each
     (a CPU's). Why: on a CPU a 10-document call beside 100-document ones of its tenant waited for its
     batch filled to the limit with their pairs, in each length bucket its pairs fell in (p50 ~1.7-2 s
@@ -51,15 +51,16 @@ class BatchFilling:
     def open(self) -> bool:
         return not self.stopped and len(self.taken) < self.limit
 
-    def fits(self, request: PendingRequest) -> bool:
-        """Whether `request` may join; when it may not, the batch is closed."""
+    def fits(self, request: PendingRequest, short_call: bool = False) -> bool:
+        """Whether `request` may join; when it may not, the batch is closed. `short_call`: it is an input
+        of a short call (which goes whole: the bound of a short call aboard does not stop it)."""
         n = len(self.taken)
         if not n:
             return True
         curve = self.curve  # (without one, no due or short call limits the batch: both bounds stay inf)
         if tokens_of(request) > self.tokens_left or (curve is not None and (
                 (self.tightest < math.inf and self.now + curve[n + 1] * self.level > self.tightest)
-                or (self.short_end < math.inf and curve[n + 1] > self.short_end))):
+                or (self.short_end < math.inf and not short_call and curve[n + 1] > self.short_end))):
             self.stopped = True
             return False
         return True

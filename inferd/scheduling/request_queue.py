@@ -237,12 +237,13 @@ class RequestQueue:
                     tier.turns.popleft()
                     del tier.tenants[tenant]
                     continue
-                if not batch.fits(head):
-                    return batch.taken
                 front = tier.tenants[tenant][0]  # (`head`'s entry: a call's, or `head` itself)
+                short = front.__class__ is CallInputs and front.short  # (an input of a call going whole)
+                if not batch.fits(head, short):
+                    return batch.taken
                 tier.pop(tenant)
                 tier.turns.rotate(-1)
-                if self._claim(tier, head, now, batch) and front.__class__ is CallInputs and front.short:
+                if self._claim(tier, head, now, batch) and short:
                     batch.carries_short_call()
             if not batch.open:
                 break

@@ -163,7 +163,7 @@ def test_a_batch_carrying_a_short_call_grows_past_it_only_where_growing_is_nearl
     batch (a CPU's), the batch it completes in grows by at most a quarter of its time (the call's answer
     is not held back for the big calls' inputs); where the batch's time hardly grows (a GPU's), it
     fills to the limit. Without short calls the steep curve does not cut batches."""
-    steep = [0.0] + [0.020 + 0.010 * n for n in range(1, 33)]  # 20 ms + 10 ms an input
+    steep = [0.0] + [0.004 + 0.010 * n for n in range(1, 33)]  # 4 ms + 10 ms an input
     flat = [0.0] + [0.050 + 0.0002 * n for n in range(1, 33)]
 
     def queue(with_short: bool) -> RequestQueue:
@@ -174,8 +174,13 @@ def test_a_batch_carrying_a_short_call_grows_past_it_only_where_growing_is_nearl
         return q
 
     taken = ids(queue(True).take(32, now=0, curve=steep))
-    # big1.0, big2.0, the small call's three: 70 ms; then up to 87.5 ms: one input more
+    # big1.0, big2.0, the small call's three (its own inputs are never held back): 54 ms; then up to
+    # 67.5 ms: one input more
     assert taken == ["big1.0", "big2.0", "small.0", "small.1", "small.2", "big1.1"], taken
+    alone = RequestQueue(whole_call=8)
+    for r in call_inputs("small", 6, 0, call_size=6):
+        alone.append(r)
+    assert len(alone.take(32, now=0, curve=steep)) == 6  # (each input adds 10 ms to 14: more than a quarter)
     assert len(queue(True).take(32, now=0, curve=flat)) == 32
     assert len(queue(False).take(32, now=0, curve=steep)) == 32
 
