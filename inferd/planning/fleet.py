@@ -108,7 +108,7 @@ class Fleet(Scaling):
         self.hpa = Hpa(hpa) if hpa is not None else None
         self.hpa_settings = hpa
         self.signals = signals
-        self.samples: list[Sample] = []  # what Prometheus scraped, oldest first
+        self.samples: list[Sample] = []  # what a scrape would have read, every `sample_s`, oldest first
         self._arrived_since_sample = 0
         self._arrived_total = 0
         self._replicas_over_time: list[tuple[float, int]] = []

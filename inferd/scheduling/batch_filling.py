@@ -29,9 +29,8 @@ class BatchFilling:
     A batch carrying a short call (`carries_short_call`: one going whole in its turn) takes the whole call,
     and grows past it only while its time stays within `SHORT_CALL_GROWTH` of that: free where a
     batch's time hardly grows with its size (a GPU's), two or three more inputs where it grows with each
-    (a CPU's). Why: on a CPU a 10-document call beside 100-document ones of its tenant waited for its
-    batch filled to the limit with their pairs, in each length bucket its pairs fell in (p50 ~1.7-2 s
-    against ~0.13 s alone, S15)."""
+    (a CPU's). Why: on a CPU a 10-document call beside 100-document ones of its tenant went in a batch
+    filled to the limit with their pairs (p50 1.5-1.7 s against ~0.2 s alone; 1.0 s since, S15)."""
 
     __slots__ = ("taken", "limit", "tokens_left", "now", "curve", "level", "margin", "horizon", "tightest", "short_end",
                  "stopped")
