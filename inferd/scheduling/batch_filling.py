@@ -53,13 +53,10 @@ class BatchFilling:
     def fits(self, request: PendingRequest, short_call: bool = False) -> bool:
         """Whether `request` may join; when it may not, the batch is closed. `short_call`: it is an input
         of a short call (which goes whole: the bound of a short call aboard does not stop it)."""
-        n = len(self.taken)
-        if not n:
-            return True
-        curve = self.curve  # (without one, no due or short call limits the batch: both bounds stay inf)
-        if tokens_of(request) > self.tokens_left or (curve is not None and (
-                (self.tightest < math.inf and self.now + curve[n + 1] * self.level > self.tightest)
-                or (self.short_end < math.inf and not short_call and curve[n + 1] > self.short_end))):
+        n = len(self.taken)  # (without a curve neither bound is ever set: both stay inf)
+        if n and (tokens_of(request) > self.tokens_left
+                  or (self.tightest < math.inf and self.now + self.curve[n + 1] * self.level > self.tightest)  # type: ignore[index]
+                  or (self.short_end < math.inf and not short_call and self.curve[n + 1] > self.short_end)):  # type: ignore[index]
             self.stopped = True
             return False
         return True
