@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from .fleet import Fleet, Signals
 from .hpa import HpaSettings, Trigger
 
-
 SHIPPED_TARGET = 0.82  # the ScaledObject's threshold, as a share of a replica's capacity within the objective
 
 
