@@ -30,7 +30,9 @@ class BatchFilling:
     and grows past it only while its time stays within `SHORT_CALL_GROWTH` of that: free where a
     batch's time hardly grows with its size (a GPU's), two or three more inputs where it grows with each
     (a CPU's). Why: on a CPU a 10-document call beside 100-document ones of its tenant went in a batch
-    filled to the limit with their pairs (p50 1.5-1.7 s against ~0.2 s alone; 1.0 s since, S15)."""
+    filled to the limit with their pairs (p50 1.5-1.7 s against ~0.2 s alone; 1.0 s since, S15). Only
+    among one tenant's calls (`request_queue.take`): where several tenants wait, their turns share the
+    batch as before, or one tenant's stream of short calls would take the others' slots on a CPU."""
 
     __slots__ = ("taken", "limit", "tokens_left", "now", "curve", "level", "margin", "horizon", "tightest", "short_end",
                  "stopped")

@@ -243,8 +243,8 @@ class RequestQueue:
                     return batch.taken
                 tier.pop(tenant)
                 tier.turns.rotate(-1)
-                if self._claim(tier, head, now, batch) and short:
-                    batch.carries_short_call()
+                if self._claim(tier, head, now, batch) and short and len(tier.turns) == 1:
+                    batch.carries_short_call()  # (one tenant's calls only: other tenants' turns share the batch as before)
             if not batch.open:
                 break
         return batch.taken

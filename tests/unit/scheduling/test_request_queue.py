@@ -183,6 +183,11 @@ def test_a_batch_carrying_a_short_call_grows_past_it_only_where_growing_is_nearl
     assert len(alone.take(32, now=0, curve=steep)) == 6  # (each input adds 10 ms to 14: more than a quarter)
     assert len(queue(True).take(32, now=0, curve=flat)) == 32
     assert len(queue(False).take(32, now=0, curve=steep)) == 32
+    # another tenant's short call does not hold back this tenant's big calls: their turns share the batch
+    shared = queue(False)
+    for r in call_inputs("other", 3, 200, call_size=3, tenant="t2"):
+        shared.append(r)
+    assert len(shared.take(32, now=0, curve=steep)) == 32
 
 
 def test_what_a_whole_calls_input_waits_behind_is_what_its_turn_comes_after():
