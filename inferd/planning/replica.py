@@ -71,7 +71,7 @@ class _OneWorker:
         return 0.0 if running is None else max(0.0, batch_s(running) - (now - running.started_at))
 
 
-@dataclass
+@dataclass(slots=True)
 class Outcome:
     """What became of one request."""
 
