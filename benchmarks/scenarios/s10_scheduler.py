@@ -16,7 +16,10 @@ With --baseline-tree, the same on an earlier checkout in the same run.
 `--tier-objective N` runs one step instead, N times on a fresh server each (the arrival rates learned
 during it): enterprise's long inputs with a tier objective of its own (`[tiers.enterprise] slo_ms = 200`,
 the model's 300) at 30% of capacity beside free's short ones, 200% in all; the p99 at the server of what
-each tier was served against its objective, to `S10_tier_objective.{md,json}`.
+each tier was served against its objective, to `S10_tier_objective.{md,json}`. With `--load L` (a share
+of capacity, 2.0 unless given), at that load instead, enterprise still 15% of it, and with `--model-slo-ms M`
+the model's objective M (free's; 300 unless given), to `S10_tier_objective_{L x 100}[_{M}].{md,json}`: at light
+load free's partial batches linger most of their objective, and enterprise's batches must go by its own.
 """
 
 from __future__ import annotations
@@ -89,7 +92,8 @@ def pct(values: list[float], q: float) -> float | None:
     return round(values[min(len(values) - 1, int(q * len(values)))], 1) if values else None
 
 
-async def offered(url: str, classes: dict[str, tuple[float, str, dict[str, str]]], seconds: float) -> dict[str, dict]:
+async def offered(url: str, classes: dict[str, tuple[float, str, dict[str, str]]], seconds: float,
+                  objective_ms: int = SLO_MS) -> dict[str, dict]:
     stats = {name: {"lat": [], "status": Counter(), "refusal_ms": [], "prediction_error": [], "server_ms": []}
              for name in classes}
     loop = asyncio.get_running_loop()
@@ -127,7 +131,7 @@ async def offered(url: str, classes: dict[str, tuple[float, str, dict[str, str]]
                      "goodput_rps": round(sum(1 for x in lat if x <= SLO_MS) / seconds, 1),
                      "refusal_server_p99_ms": pct(s["refusal_ms"], 0.99),
                      "prediction_error_p90": pct(s["prediction_error"], 0.9),
-                     "server_over_ms": {ms: sum(1 for x in s["server_ms"] if x > ms) for ms in (TIER_SLO_MS, SLO_MS)}}
+                     "server_over_ms": {ms: sum(1 for x in s["server_ms"] if x > ms) for ms in {TIER_SLO_MS, SLO_MS, objective_ms}}}
     return out
 
 
@@ -164,22 +168,23 @@ def run_with_objective(tree, seconds: float) -> dict:  # type: ignore[no-untyped
     return rows
 
 
-def tier_objective(tree, seconds: float, runs: int) -> list[dict]:  # type: ignore[no-untyped-def]
-    """Enterprise with its own objective at 200% of capacity, `runs` times on a fresh server."""
+def tier_objective(tree, seconds: float, runs: int, load: float = 2.0, model_slo_ms: int = SLO_MS) -> list[dict]:  # type: ignore[no-untyped-def]
+    """Enterprise with its own objective at `load` of capacity (15% of it), `runs` times on a fresh server."""
     kw = {"tree": tree} if tree else {}
     tiers = TIERS.format(free="").replace("[tiers.enterprise]\n", f"[tiers.enterprise]\nslo_ms = {TIER_SLO_MS}\n")
     rows = []
     for _ in range(runs):
-        with inferd_server(config(tiers, slo_ms=SLO_MS), **kw) as url:
-            rows.append(asyncio.run(offered(url, {"enterprise-long": (0.3 * CAPACITY, LONG, bearer("acme")),
-                                                  "free-short": (1.7 * CAPACITY, SHORT, bearer("free"))}, seconds)))
+        with inferd_server(config(tiers, slo_ms=model_slo_ms), **kw) as url:
+            rows.append(asyncio.run(offered(url, {"enterprise-long": (0.15 * load * CAPACITY, LONG, bearer("acme")),
+                                                  "free-short": (0.85 * load * CAPACITY, SHORT, bearer("free"))}, seconds,
+                                            model_slo_ms)))
     return rows
 
 
-def write_tier_objective(results: dict[str, list[dict]], out: Path) -> None:
-    objective = {"enterprise-long": TIER_SLO_MS, "free-short": SLO_MS}
-    lines = [f"### S10, a tier's own objective at 200% of capacity (enterprise `slo_ms = {TIER_SLO_MS}`, the model's "
-             f"{SLO_MS}; a fresh server each run)", "",
+def write_tier_objective(results: dict[str, list[dict]], out: Path, load: float = 2.0, model_slo_ms: int = SLO_MS) -> None:
+    objective = {"enterprise-long": TIER_SLO_MS, "free-short": model_slo_ms}
+    lines = [f"### S10, a tier's own objective at {load:.0%} of capacity (enterprise `slo_ms = {TIER_SLO_MS}`, the model's "
+             f"{model_slo_ms}; a fresh server each run)", "",
              "| checkout | run | class | objective ms | sent | served | 503 | 504 | p99 ms at the server | "
              "served past the objective at the server | p99 ms at the client |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for label, runs in results.items():
@@ -189,8 +194,10 @@ def write_tier_objective(results: dict[str, list[dict]], out: Path) -> None:
                 lines.append(f"| {label} | {i} | {name} | {objective[name]} | {c['sent']} | {c['served']} | {c['503']} | "
                              f"{c['504']} | {c['server_p99_ms']} | {late} ({100 * late / max(1, c['served']):.2f}%) | "
                              f"{c['p99_ms']} |")
-    (out / "S10_tier_objective.json").write_text(json.dumps({"results": results, "note": __doc__}, indent=2) + "\n")
-    (out / "S10_tier_objective.md").write_text("\n".join(lines) + "\n")
+    stem = "S10_tier_objective" if load == 2.0 else f"S10_tier_objective_{load * 100:.0f}"
+    stem += "" if model_slo_ms == SLO_MS else f"_{model_slo_ms}"
+    (out / f"{stem}.json").write_text(json.dumps({"results": results, "load": load, "note": __doc__}, indent=2) + "\n")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
@@ -235,15 +242,17 @@ def table(label: str, rows: dict) -> str:
 
 if __name__ == "__main__":
     tier_runs = int(own_option("--tier-objective") or 0)
+    load = float(own_option("--load") or 2.0)
+    model_slo_ms = int(own_option("--model-slo-ms") or SLO_MS)
     args = parse_args(__doc__, baseline=True)
     seconds = 3.0 if args.quick else 10.0
     out = Path(args.out_dir or RESULTS)
     out.mkdir(parents=True, exist_ok=True)
     if tier_runs:
-        tier_results = {"inferd": tier_objective(None, seconds, tier_runs)}
+        tier_results = {"inferd": tier_objective(None, seconds, tier_runs, load, model_slo_ms)}
         if args.baseline_tree:
-            tier_results["unchanged main"] = tier_objective(args.baseline_tree, seconds, tier_runs)
-        write_tier_objective(tier_results, out)
+            tier_results["unchanged main"] = tier_objective(args.baseline_tree, seconds, tier_runs, load, model_slo_ms)
+        write_tier_objective(tier_results, out, load, model_slo_ms)
         raise SystemExit(0)
     results = {"inferd": run_all(None, seconds), f"inferd, slo_ms = {SLO_MS}": run_with_objective(None, seconds)}
     if args.baseline_tree:

@@ -149,7 +149,8 @@ class Replica:
         outcome.served_by = self.name
         if shed is not None:
             self._drop(shed, refused=True)
-        self._tick()
+        if self.batcher.woken():  # (a full batch went to the parked worker in `submit` itself)
+            self._tick()
         return True
 
     def _drop(self, request: PendingRequest, refused: bool = False) -> None:
@@ -200,11 +201,13 @@ class Replica:
         self._tick()
 
     def _tick(self) -> None:
-        """Hand a due batch to the parked worker, and time the next linger (what the batcher's task does)."""
+        """Hand a due batch to the parked worker, and time the next linger: what the batcher's coroutine
+        does when woken (a worker parking, a request that may make a bucket due sooner) or when its sleep
+        ends (at the next due, or in a second at most)."""
         now = self.clock.now
         due_at = self.batcher.dispatch(now)
         if due_at is not None and due_at < self._timer_at:
-            self._timer_at = max(due_at, now + 1e-6)
+            self._timer_at = max(min(due_at, now + 1.0), now + 1e-6)
             self._schedule(self._timer_at, self._on_timer)
 
     def _on_timer(self) -> None:

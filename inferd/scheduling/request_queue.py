@@ -47,6 +47,9 @@ class RequestQueue:
         self._promoting = any(t.promote_after_s is not None for t in self._tiers)
         self.live = 0
         self.tokens = 0  # the waiting requests' tokens (see `batch_filling.tokens_of`)
+        # While the batcher coroutine sleeps, a request due before this may make the bucket due sooner
+        # than the sleep ends: it wakes the coroutine (`Batcher.submit`; set by `Batcher.dispatch`).
+        self.wake_before = -math.inf
 
     def live_by_tier(self) -> dict[str, int]:
         return {t.name: t.live for t in self._tiers}

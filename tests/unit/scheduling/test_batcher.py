@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 import pytest
 
@@ -294,3 +295,53 @@ def test_a_higher_tiers_batches_count_against_the_lower_tiers_less_what_their_ri
         assert rank == enterprise and rate > 0
     finally:
         loop.close()
+
+
+def test_a_request_due_before_the_batcher_wakes_wakes_it_and_goes_by_its_due(clock):
+    """A request whose due comes before the batcher's sleep ends (a higher tier's tighter objective
+    joining a long linger) wakes it; one due later does not (no decision per request)."""
+    b = batcher(clock, max_wait_ms=500, batch_time_s=0.01)
+    busy(b, clock)
+    arrive(b, clock, "a")
+    assert b.next_batch(0, Takers()) is None  # the worker parks: "a" lingers for more
+    sleep_until = b.dispatch(clock())
+    assert sleep_until is not None and sleep_until > clock() + 0.2
+    b.woken()  # (whatever parking asked)
+    clock.advance(0.01)
+    arrive(b, clock, "b")
+    assert not b.woken()  # due in 10 s: it cannot make the bucket due sooner
+    now = clock()  # another tenant's (a tenant's own later requests wait behind its head)
+    b.submit(PendingRequest("tight", "tight", now, now + 0.05, None, due=now + 0.05, tenant="other"))  # type: ignore[arg-type]
+    assert b.woken()
+    next_due = b.dispatch(clock())
+    assert next_due is not None and next_due < clock() + 0.05  # its latest start, not the linger's end
+    clock.advance(next_due - clock())
+    taken = Takers()
+    b._takers.clear()
+    b._takers.append(taken)
+    assert b.dispatch(clock()) is None
+    assert sorted(names(taken.got[0])) == ["a", "b", "tight"] and taken.got[0].trigger == "deadline"
+
+
+async def test_the_sleeping_batcher_coroutine_is_woken_by_a_sooner_due():
+    """`run` on a real loop: a worker parked, a request lingering for 2 s; a request due in 50 ms goes by
+    its due (trigger "deadline"), not when the linger ends (it waited the linger out before)."""
+    loop = asyncio.get_running_loop()
+    costs = BatchCosts(4)
+    costs.measured([(0, 1, 0.01)])
+    b = Batcher(max_batch_size=4, max_wait_ms=2000, max_queue=100, loop=loop, batch_time_s=lambda: 0.01, costs=costs)
+    busy(b, time.monotonic)
+    running = asyncio.ensure_future(b.run())
+    got: asyncio.Future[Batch | None] = loop.create_future()
+    try:
+        now = time.monotonic()
+        b.submit(PendingRequest("a", "a", now, now + 10.0, None, due=now + 10.0))  # type: ignore[arg-type]
+        assert b.next_batch(0, lambda batch: loop.call_soon_threadsafe(got.set_result, batch)) is None
+        await asyncio.sleep(0.05)  # the coroutine decides nothing is due, and sleeps until the linger ends
+        now = time.monotonic()
+        b.submit(PendingRequest("tight", "tight", now, now + 0.1, None, due=now + 0.1, tenant="other"))  # type: ignore[arg-type]
+        batch = await asyncio.wait_for(got, 5.0)
+        assert batch is not None and batch.trigger == "deadline" and sorted(names(batch)) == ["a", "tight"]
+    finally:
+        b.stop()
+        await asyncio.wait_for(running, 5.0)
