@@ -76,6 +76,9 @@ class Timeliness:
         self._lateness_bound: tuple[float, float] | None = None  # (made at, `_latest_lateness`) until an answer comes
         self._bound_revision = -1  # the cost model's revision the bound's terms were made at
         self._bound_terms = (0.0, 0.0)  # the bound with nothing waiting, and what each waiting request adds
+        # With tiers, or under the model's objective (its linger bound is the objective itself), the bound
+        # never holds: `surely_in_time` says so at once.
+        self._never_sure = self._tiered or config.slo_ms is not None
 
     def slo_s(self, tier: str) -> float | None:
         """A request's latency objective (seconds from admission), if its model or tier sets one."""
@@ -194,7 +197,7 @@ class Timeliness:
         The bound is linear in the requests waiting: its two terms are made again only when the cost
         model changes (once a batch), so that per request it is one multiplication: three calls fewer, one
         of them a property (~330 and ~640 instructions each under callgrind, of ~216,000 per S2 request)."""
-        if self._tiered:
+        if self._never_sure:
             return False
         costs = self.costs
         if self._bound_revision != costs.revision:
