@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                       help="`shipped`: the request rate a replica is scaled to, as a share of its capacity "
                            "(default: the shipped ScaledObject's)")
     plan.add_argument("--out", help="RESULT.json: every policy's figures, replicas and samples")
+    plan.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                      help="runs at once, a process each (default: one per core; a whole day is ~2 GB a run)")
     plan.add_argument("--access-log", metavar="PATH", help="plan the day a server recorded (its access log's JSON "
                       "lines) instead of a synthetic one; needs --served-model")
     plan.add_argument("--served-model", metavar="PATH", help="GET /v1/models/NAME's answer, saved: the model's batch "

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,23 +80,51 @@ def run_policy(settings: PlanSettings, trace: DayTrace | RecordedDay, policy: Po
 
 
 def plan(settings: PlanSettings, trace: DayTrace | RecordedDay, names: list[str] | None = None, demand_target: float = SHIPPED_TARGET,
-         device: Device | None = None) -> dict[str, Any]:
+         device: Device | None = None, jobs: int = 1) -> dict[str, Any]:
     """Each policy (`names`, default all) beside the oracle on `trace`: a synthetic day, or a recorded one
-    (`recorded`) with the model's measured `device`."""
+    (`recorded`) with the model's measured `device`. `jobs`: runs at once, each in a process of its own
+    (one run is one core's work: a whole day takes ~20 minutes and ~2 GB)."""
     capacity = capacity_at_objective(settings, trace, device=device)
-    chosen = [p for p in policies(capacity, settings.start_s, settings.slo_ms / 1000.0, demand_target)
+    chosen = [p.name for p in policies(capacity, settings.start_s, settings.slo_ms / 1000.0, demand_target)
               if names is None or p.name in names]
-    rows: dict[str, Any] = {}
-    oracle = oracle_replicas(trace.rate, capacity, trace.day_s, settings.start_s)
-    result, took = run_policy(settings, trace, None, oracle, device)
-    rows["oracle"] = {**result.summary(), "sim_s": round(took, 1), "replicas": result.replicas_over_time}
-    for policy in chosen:
-        result, took = run_policy(settings, trace, policy, device=device)
-        rows[policy.name] = {**result.summary(), "sim_s": round(took, 1), "replicas": result.replicas_over_time,
-                             "samples": [(s.at, s.ready, round(s.utilisation, 3), s.waiting, round(s.predicted_wait_s, 4),
-                                          round(s.arrival_rps, 1)) for s in result.samples]}
+    runs = [PlanRun(settings, trace, name, capacity, demand_target, device) for name in ("oracle", *chosen)]
+    if jobs > 1 and len(runs) > 1:
+        # (spawned, not forked: a process forked while another thread holds a lock may hang on it)
+        with ProcessPoolExecutor(max_workers=min(jobs, len(runs)), mp_context=multiprocessing.get_context("spawn")) as pool:
+            rows = dict(pool.map(plan_row, runs))
+    else:
+        rows = dict(map(plan_row, runs))
     described = trace.__dict__ if isinstance(trace, DayTrace) else {"recorded_requests": len(trace.recorded), "day_s": trace.day_s}
     return {"capacity_rps": round(capacity, 1), "settings": settings.__dict__, "trace": described, "policies": rows}
+
+
+@dataclass(frozen=True)
+class PlanRun:
+    """One of a plan's runs, as a process of its own is handed it: the policy by name (a policy's signals
+    are closures, made again where it runs)."""
+
+    settings: PlanSettings
+    trace: DayTrace | RecordedDay
+    policy: str  # a name of `policies`, or "oracle"
+    capacity_rps: float
+    demand_target: float
+    device: Device | None
+
+
+def plan_row(run: PlanRun) -> tuple[str, dict[str, Any]]:
+    """One run of a plan: its policy's name and its row (the summary, the replicas over the day and, for a
+    policy, what each sample read)."""
+    settings, trace = run.settings, run.trace
+    if run.policy == "oracle":
+        oracle = oracle_replicas(trace.rate, run.capacity_rps, trace.day_s, settings.start_s)
+        result, took = run_policy(settings, trace, None, oracle, run.device)
+        return run.policy, {**result.summary(), "sim_s": round(took, 1), "replicas": result.replicas_over_time}
+    policy = next(p for p in policies(run.capacity_rps, settings.start_s, settings.slo_ms / 1000.0, run.demand_target)
+                  if p.name == run.policy)
+    result, took = run_policy(settings, trace, policy, device=run.device)
+    return run.policy, {**result.summary(), "sim_s": round(took, 1), "replicas": result.replicas_over_time,
+                        "samples": [(s.at, s.ready, round(s.utilisation, 3), s.waiting, round(s.predicted_wait_s, 4),
+                                     round(s.arrival_rps, 1)) for s in result.samples]}
 
 
 def summary_table(result: dict[str, Any]) -> str:
@@ -131,7 +161,7 @@ def command(args: argparse.Namespace) -> int:
             return 2
         settings = PlanSettings(max_batch_size=served.max_batch_size, max_wait_ms=served.max_wait_ms,
                                 slo_ms=served.slo_ms or args.slo_ms, timeout_ms=served.timeout_ms, start_s=args.start_s)
-        result = plan(settings, recorded, names, args.demand_target or SHIPPED_TARGET, device=served.device)
+        result = plan(settings, recorded, names, args.demand_target or SHIPPED_TARGET, device=served.device, jobs=args.jobs)
     else:
         try:
             tiers, shares = parse_tiers(args.tiers) if args.tiers else ((), ())
@@ -142,7 +172,7 @@ def command(args: argparse.Namespace) -> int:
                                 max_batch_size=args.max_batch_size, slo_ms=args.slo_ms, start_s=args.start_s, tiers=tiers)
         trace = DayTrace(day_s=args.day_s, trough_rps=args.trough_rps, peak_rps=args.peak_rps,
                          spike_factor=args.spike_factor, long_share=args.long_share, tiers=shares)
-        result = plan(settings, trace, names, args.demand_target or SHIPPED_TARGET)
+        result = plan(settings, trace, names, args.demand_target or SHIPPED_TARGET, jobs=args.jobs)
     print(summary_table(result))
     if args.out:
         Path(args.out).write_text(json.dumps(result) + "\n")

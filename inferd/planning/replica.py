@@ -149,7 +149,7 @@ class Replica:
         outcome.served_by = self.name
         if shed is not None:
             self._drop(shed, refused=True)
-        if self.batcher.woken():  # (a full batch went to the parked worker in `submit` itself)
+        if self.batcher.woken():  # decide only where the coroutine would be woken (a full batch went in `submit`)
             self._tick()
         return True
 

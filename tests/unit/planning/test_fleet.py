@@ -115,6 +115,18 @@ def test_inferd_plan_prints_each_policy_beside_the_oracle(tmp_path, capsys):
     assert all(row["requests"] > 5000 for row in result["policies"].values())
 
 
+def test_a_plan_run_in_processes_of_their_own_is_the_plan_run_in_one():
+    from inferd.planning.plan import plan
+
+    settings, trace = PlanSettings(), DayTrace(day_s=200.0, trough_rps=20.0, peak_rps=60.0)
+    alone, apart = (plan(settings, trace, ["waiting", "shipped"], jobs=jobs) for jobs in (1, 2))
+    for result in (alone, apart):
+        assert list(result["policies"]) == ["oracle", "waiting", "shipped"]
+        for row in result["policies"].values():
+            row.pop("sim_s")
+    assert apart == alone and alone["policies"]["shipped"]["requests"] > 3000
+
+
 def test_the_shipped_demand_signal_asks_for_a_spikes_replicas_in_one_step_and_lets_them_go():
     """The request rate against 82% of a replica's capacity: a jump to 2.4x capacity asks for
     ceil(2.4 / 0.82) = 3 replicas once the last two scrapes read were both after it (utilisation, capped at
