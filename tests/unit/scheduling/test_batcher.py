@@ -324,12 +324,13 @@ def test_a_request_due_before_the_batcher_wakes_wakes_it_and_goes_by_its_due(clo
 
 
 async def test_the_sleeping_batcher_coroutine_is_woken_by_a_sooner_due():
-    """`run` on a real loop: a worker parked, a request lingering for 2 s; a request due in 50 ms goes by
-    its due (trigger "deadline"), not when the linger ends (it waited the linger out before)."""
+    """`run` on a real loop: a worker parked, a request lingering for 5 s; another tenant's request due in
+    0.5 s goes by its due (trigger "deadline") with it. Before, the coroutine slept on (a second at most,
+    then took what was due), and the second request had expired in the queue by then."""
     loop = asyncio.get_running_loop()
     costs = BatchCosts(4)
     costs.measured([(0, 1, 0.01)])
-    b = Batcher(max_batch_size=4, max_wait_ms=2000, max_queue=100, loop=loop, batch_time_s=lambda: 0.01, costs=costs)
+    b = Batcher(max_batch_size=4, max_wait_ms=5000, max_queue=100, loop=loop, batch_time_s=lambda: 0.01, costs=costs)
     busy(b, time.monotonic)
     running = asyncio.ensure_future(b.run())
     got: asyncio.Future[Batch | None] = loop.create_future()
@@ -339,7 +340,7 @@ async def test_the_sleeping_batcher_coroutine_is_woken_by_a_sooner_due():
         assert b.next_batch(0, lambda batch: loop.call_soon_threadsafe(got.set_result, batch)) is None
         await asyncio.sleep(0.05)  # the coroutine decides nothing is due, and sleeps until the linger ends
         now = time.monotonic()
-        b.submit(PendingRequest("tight", "tight", now, now + 0.1, None, due=now + 0.1, tenant="other"))  # type: ignore[arg-type]
+        b.submit(PendingRequest("tight", "tight", now, now + 0.5, None, due=now + 0.5, tenant="other"))  # type: ignore[arg-type]
         batch = await asyncio.wait_for(got, 5.0)
         assert batch is not None and batch.trigger == "deadline" and sorted(names(batch)) == ["a", "tight"]
     finally:
