@@ -54,7 +54,7 @@ class BucketView:
     count: int  # waiting requests
     tokens: int  # their tokens
     oldest_at: float  # when its oldest waiting request was queued
-    due: float  # the earliest due (deadline or objective) of the requests at its heads
+    due: float  # the earliest due (deadline or objective) of its waiting requests
     rank: float  # the highest effective priority waiting in it (promoted: inf)
     rank_oldest_at: float  # when the oldest request of that rank was queued
     size_limit: int  # where its batch stops growing

@@ -30,6 +30,7 @@ from typing import cast
 from ..messages import PendingRequest, RequestState
 from .batch_filling import BatchFilling, tokens_of
 from .policy import BucketView
+from .queue_dues import DueHeap
 from .tier_queue import CallInputs, TierQueue
 
 _QUEUED = RequestState.QUEUED
@@ -50,6 +51,10 @@ class RequestQueue:
         # While the batcher coroutine sleeps, a request due before this may make the bucket due sooner
         # than the sleep ends: it wakes the coroutine (`Batcher.submit`; set by `Batcher.dispatch`).
         self.wake_before = -math.inf
+        # The earliest due among the waiting requests (`_earliest_due`): the heads' while they joined in
+        # the order of their dues (the latest so far kept here), else a heap of them all (`queue_dues`).
+        self._latest_due = -math.inf
+        self._due_heap: DueHeap | None = None
 
     def live_by_tier(self) -> dict[str, int]:
         return {t.name: t.live for t in self._tiers}
@@ -82,6 +87,8 @@ class RequestQueue:
         return self._by_name[tier].tenant_live
 
     def append(self, request: PendingRequest) -> None:
+        if not self.live:  # (empty: the dues of what joins next start a new order)
+            self._latest_due, self._due_heap = -math.inf, None
         tier, items = self._tenant_queue(request, front=False)
         if request.call is None:
             items.append(request)
@@ -93,6 +100,16 @@ class RequestQueue:
             entry.items.append(request)
             entry.live += 1
         self._joined(tier, request)
+        heap = self._due_heap
+        if heap is None:
+            if request.due >= self._latest_due:
+                self._latest_due = request.due
+            else:  # due before a request already waiting: from now on, the heap
+                self._due_heap = DueHeap(self._waiting())
+        else:
+            heap.add(request)
+            if len(heap) > 4 * self.live + 64:  # (tombstones a long due kept below the top)
+                heap.rebuild(self._waiting())
 
     def appendleft(self, requests: list[PendingRequest]) -> None:
         """Put requests back at the head of their tenants' queues, oldest first (a batch to run again):
@@ -103,6 +120,8 @@ class RequestQueue:
             tier, items = self._tenant_queue(request, front=True)
             items.appendleft(request)
             self._joined(tier, request)
+        if requests:  # (rare: ahead of requests that may be due sooner)
+            self._due_heap = DueHeap(self._waiting())
 
     def _joined(self, tier: TierQueue, request: PendingRequest) -> None:
         tier.live += 1
@@ -177,7 +196,7 @@ class RequestQueue:
         return ages
 
     def oldest_and_due(self) -> tuple[float, float]:
-        """When its oldest waiting request was queued, and the earliest due at its heads (inf: empty)."""
+        """When its oldest waiting request was queued, and the earliest due of a waiting request (inf: empty)."""
         oldest = due = math.inf
         for tier in self._tiers:
             if tier.live:
@@ -186,7 +205,24 @@ class RequestQueue:
                         oldest = head.enqueued_at
                     if head.due < due:
                         due = head.due
-        return oldest, due
+        return oldest, self._earliest_due(due)
+
+    def _earliest_due(self, heads_due: float) -> float:
+        """The earliest due of a waiting request, `heads_due` being the tenants' heads' (`queue_dues`)."""
+        if self._due_heap is not None:
+            return self._due_heap.earliest()
+        for tier in self._tiers:  # (a call's inputs may wait behind another call's turn in their tenant's queue)
+            for entry in tier.calls.values():
+                head = entry.head()
+                if head is not None and head.due < heads_due:
+                    heads_due = head.due
+        return heads_due
+
+    def _waiting(self) -> Iterator[PendingRequest]:
+        for tier in self._tiers:
+            for request in tier.each():
+                if request.state is _QUEUED:
+                    yield request
 
     def view(self, key: int, now: float, size_limit: int, batch_s: Callable[[int], float], linger_s: float) -> BucketView:
         """What the scheduling rule needs of this bucket now (see `policy`): `size_limit` is where its
@@ -214,7 +250,7 @@ class RequestQueue:
                 oldest = tier_head
         if oldest is None:
             return BucketView(key, 0, 0, math.inf, math.inf, -math.inf, math.inf, size_limit, 0.0, linger_s)
-        return BucketView(key, self.live, self.tokens, oldest.enqueued_at, due, rank, rank_oldest_at, size_limit,
+        return BucketView(key, self.live, self.tokens, oldest.enqueued_at, self._earliest_due(due), rank, rank_oldest_at, size_limit,
                           batch_s(min(self.live, size_limit)), linger_s, short_at)
 
     def take(self, limit: int, now: float, token_budget: int | None = None, curve: Sequence[float] | None = None,

@@ -107,3 +107,19 @@ async def test_without_an_objective_only_the_deadline_refuses(http: aiohttp.Clie
     assert statuses.count(504) == 0 and 8 <= statuses.count(200) <= 24  # 280 ms: about 5 batches of 4
     assert {body["error"] for status, body, _ in results if status == 503} == {"SERVICE_OVERLOADED"}
     assert all("deadline" in body["message"] for status, body, _ in results if status == 503)
+
+
+async def test_a_request_with_a_tighter_deadline_than_its_own_earlier_ones_goes_by_its_deadline(http):
+    """One client's request with a 300 ms deadline behind its own earlier request lingering for a batch
+    under a 1 s objective: its batch goes by its deadline, with the earlier one in it. Before, only the
+    head of each client's queue set the bucket's due: it waited out the linger and expired (504)."""
+    model = sim_model(latency_ms=20, max_batch_size=8, slo_ms=1000, timeout_ms=5000)
+    async with running_server(model) as srv:
+        for round_ in range(2):  # (requests arriving: the rule lingers for more)
+            await asyncio.gather(*(infer(http, srv.url, {"input": f"warm {round_} {i}"}) for i in range(8)))
+        lax = asyncio.ensure_future(infer(http, srv.url, {"input": "lax"}))
+        await helpers.until(lambda: srv.models["m"].batcher.depth == 1)
+        status, body, _ = await infer(http, srv.url, {"input": "tight", "timeout_ms": 300})
+        lax_status, lax_body, _ = await lax
+    assert status == 200 and body["latency_ms"] <= 300, body
+    assert lax_status == 200 and lax_body["output"] and lax_body["latency_ms"] < 600, lax_body

@@ -346,3 +346,25 @@ async def test_the_sleeping_batcher_coroutine_is_woken_by_a_sooner_due():
     finally:
         b.stop()
         await asyncio.wait_for(running, 5.0)
+
+
+def test_a_tenants_request_due_before_its_own_lingering_requests_goes_by_its_due(clock):
+    """The same tenant's tight request behind its own lingering one (before, only each tenant's head set
+    the bucket's due, and it waited out the linger and expired in the queue)."""
+    b = batcher(clock, max_wait_ms=500, batch_time_s=0.01)
+    busy(b, clock)
+    arrive(b, clock, "a")
+    assert b.next_batch(0, Takers()) is None
+    b.dispatch(clock())
+    b.woken()
+    clock.advance(0.01)
+    tight = arrive(b, clock, "tight", timeout_s=0.05)
+    assert b.woken()
+    next_due = b.dispatch(clock())
+    assert next_due is not None and next_due < tight.due
+    clock.advance(next_due - clock())
+    taken = Takers()
+    b._takers.clear()
+    b._takers.append(taken)
+    assert b.dispatch(clock()) is None
+    assert names(taken.got[0]) == ["a", "tight"] and taken.got[0].trigger == "deadline"

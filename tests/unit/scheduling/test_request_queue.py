@@ -351,3 +351,51 @@ def test_the_view_names_its_oldest_short_call_never_a_large_calls_remnant():
     singles = RequestQueue()
     singles.append(request(30))
     assert short_at(singles) == 30.0
+
+
+def due_of(q: RequestQueue) -> float:
+    """The earliest due the rule reads (`BucketView.due`), and linger_left's (`oldest_and_due`): the same."""
+    due = q.view(0, 0.0, 8, lambda n: 0.01, 0.02).due
+    assert q.oldest_and_due()[1] == due
+    return due
+
+
+def test_the_view_reads_the_earliest_due_of_every_waiting_request_not_only_the_heads():
+    """A tenant's request due before the ones ahead of it in its own queue (a tighter deadline than the
+    objective's) sets the bucket's due: the deadline trigger must see it, or it waits out their linger."""
+    q = RequestQueue()
+    lax, tight, later = request(0, due=10.0), request(1, due=3.0), request(2, due=12.0)
+    for r in (lax, tight, later):
+        q.append(r)
+    assert due_of(q) == 3.0
+    q.remove(tight, RequestState.CANCELLED)
+    assert due_of(q) == 10.0
+    assert ids(q.take(1, now=0)) == ["r0"]
+    assert due_of(q) == 12.0
+    q.take(1, now=0)
+    assert due_of(q) == float("inf")
+    q.append(request(3, due=20.0))  # emptied: in order again
+    q.append(request(4, due=25.0))
+    assert due_of(q) == 20.0
+
+
+def test_the_earliest_due_counts_a_batch_put_back_and_a_calls_inputs_behind_another_call():
+    q = RequestQueue()
+    q.append(request(0, due=5.0))
+    q.append(request(1, due=6.0))
+    first = q.take(1, now=0)
+    q.append(request(2, due=1.0))  # earlier than the one taken: out of order from here on
+    q.appendleft(first)
+    assert due_of(q) == 1.0
+    q.take(10, now=0)
+    q.append(request(3, due=9.0))
+    first = q.take(1, now=0)
+    q.append(request(4, due=30.0))
+    q.appendleft(first)  # (put back in front of a request due later: the heads are still enough)
+    assert due_of(q) == 9.0
+    q.take(10, now=0)
+    calls = RequestQueue()
+    for r in (*call_inputs("early", 3, 0, due=4.0), *call_inputs("late", 3, 10, due=8.0)):
+        calls.append(r)
+    calls.take(1, now=0)  # "early" gave one input and went behind "late" in its tenant's turns
+    assert due_of(calls) == 4.0
