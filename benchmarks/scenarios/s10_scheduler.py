@@ -20,6 +20,11 @@ each tier was served against its objective, to `S10_tier_objective.{md,json}`. W
 of capacity, 2.0 unless given), at that load instead, enterprise still 15% of it, and with `--model-slo-ms M`
 the model's objective M (free's; 300 unless given), to `S10_tier_objective_{L x 100}[_{M}].{md,json}`: at light
 load free's partial batches linger most of their objective, and enterprise's batches must go by its own.
+
+`--mixed-deadlines N` runs one step, N times on a fresh server each: one client at 5% of capacity under the
+model's objective of 1 s (`--load`, `--model-slo-ms` as above), a quarter of its requests sent with
+`"timeout_ms": 300`: their batches must go by their deadlines, though the requests ahead of them in the same
+client's queue could linger most of a second; to `S10_mixed_deadlines.{md,json}`.
 """
 
 from __future__ import annotations
@@ -93,16 +98,20 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 async def offered(url: str, classes: dict[str, tuple[float, str, dict[str, str]]], seconds: float,
-                  objective_ms: int = SLO_MS) -> dict[str, dict]:
+                  objective_ms: int = SLO_MS, bodies: dict[str, dict] | None = None) -> dict[str, dict]:
+    """Each class's open-loop stream: (rate, input template, headers); `bodies`: a class's other body fields."""
     stats = {name: {"lat": [], "status": Counter(), "refusal_ms": [], "prediction_error": [], "server_ms": []}
              for name in classes}
     loop = asyncio.get_running_loop()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                      timeout=aiohttp.ClientTimeout(total=30)) as session:
         async def stream(name: str, rate: float, template: str, headers: dict[str, str]) -> None:
+            extra = (bodies or {}).get(name, {})
+
             async def send(i: int, scheduled: float) -> None:
                 try:
-                    async with session.post(f"{url}/v1/inference", json={"input": template.format(i=i)}, headers=headers) as resp:
+                    async with session.post(f"{url}/v1/inference", json={"input": template.format(i=i), **extra},
+                                            headers=headers) as resp:
                         body = await resp.read()
                         status = resp.status
                         timing = timings(resp.headers.get("Server-Timing", ""))
@@ -181,6 +190,33 @@ def tier_objective(tree, seconds: float, runs: int, load: float = 2.0, model_slo
     return rows
 
 
+def mixed_deadlines(tree, seconds: float, runs: int, load: float, model_slo_ms: int) -> list[dict]:  # type: ignore[no-untyped-def]
+    """One client's requests at `load` of capacity, a quarter with a 300 ms deadline, `runs` times on a fresh server."""
+    kw = {"tree": tree} if tree else {}
+    rows = []
+    for _ in range(runs):
+        with inferd_server(config(slo_ms=model_slo_ms), **kw) as url:
+            rows.append(asyncio.run(offered(url, {"default deadline": (0.75 * load * CAPACITY, SHORT, {}),
+                                                  "300 ms deadline": (0.25 * load * CAPACITY, SHORT, {})},
+                                            seconds, model_slo_ms, bodies={"300 ms deadline": {"timeout_ms": 300}})))
+    return rows
+
+
+def write_mixed_deadlines(results: dict[str, list[dict]], out: Path, load: float, model_slo_ms: int) -> None:
+    lines = [f"### S10, one client's mixed deadlines at {load:.0%} of capacity (the model's objective {model_slo_ms} ms; "
+             "a fresh server each run)", "",
+             "| checkout | run | class | sent | served | 503 | 504 | p50 ms | p99 ms |", "|---|---|---|---|---|---|---|---|---|"]
+    for label, runs in results.items():
+        for i, row in enumerate(runs, 1):
+            for name, c in row.items():
+                lines.append(f"| {label} | {i} | {name} | {c['sent']} | {c['served']} | {c['503']} | {c['504']} | "
+                             f"{c['p50_ms']} | {c['p99_ms']} |")
+    (out / "S10_mixed_deadlines.json").write_text(json.dumps({"results": results, "load": load, "model_slo_ms": model_slo_ms,
+                                                             "note": __doc__}, indent=2) + "\n")
+    (out / "S10_mixed_deadlines.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def write_tier_objective(results: dict[str, list[dict]], out: Path, load: float = 2.0, model_slo_ms: int = SLO_MS) -> None:
     objective = {"enterprise-long": TIER_SLO_MS, "free-short": model_slo_ms}
     lines = [f"### S10, a tier's own objective at {load:.0%} of capacity (enterprise `slo_ms = {TIER_SLO_MS}`, the model's "
@@ -242,12 +278,19 @@ def table(label: str, rows: dict) -> str:
 
 if __name__ == "__main__":
     tier_runs = int(own_option("--tier-objective") or 0)
-    load = float(own_option("--load") or 2.0)
-    model_slo_ms = int(own_option("--model-slo-ms") or SLO_MS)
+    mixed_runs = int(own_option("--mixed-deadlines") or 0)
+    load = float(own_option("--load") or (0.05 if mixed_runs else 2.0))
+    model_slo_ms = int(own_option("--model-slo-ms") or (1000 if mixed_runs else SLO_MS))
     args = parse_args(__doc__, baseline=True)
     seconds = 3.0 if args.quick else 10.0
     out = Path(args.out_dir or RESULTS)
     out.mkdir(parents=True, exist_ok=True)
+    if mixed_runs:
+        mixed = {"inferd": mixed_deadlines(None, seconds, mixed_runs, load, model_slo_ms)}
+        if args.baseline_tree:
+            mixed["unchanged main"] = mixed_deadlines(args.baseline_tree, seconds, mixed_runs, load, model_slo_ms)
+        write_mixed_deadlines(mixed, out, load, model_slo_ms)
+        raise SystemExit(0)
     if tier_runs:
         tier_results = {"inferd": tier_objective(None, seconds, tier_runs, load, model_slo_ms)}
         if args.baseline_tree:
