@@ -12,6 +12,7 @@ behind its own earlier requests waited out their linger and expired in the queue
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Iterable
 
@@ -27,16 +28,17 @@ class DueHeap:
     __slots__ = ("_heap", "_joined")
 
     def __init__(self, waiting: Iterable[PendingRequest]) -> None:
-        self._joined = 0  # (each entry's place in joining order: equal dues never compare requests)
+        self._joined = itertools.count()  # (each entry's place in joining order: equal dues never compare requests)
         self._heap: list[tuple[float, int, PendingRequest]] = []
         self.rebuild(waiting)
 
     def rebuild(self, waiting: Iterable[PendingRequest]) -> None:
-        self._heap = [(r.due, self._next(), r) for r in waiting if r.state is _QUEUED]
+        joined = self._joined
+        self._heap = [(r.due, next(joined), r) for r in waiting if r.state is _QUEUED]
         heapq.heapify(self._heap)
 
     def add(self, request: PendingRequest) -> None:
-        heapq.heappush(self._heap, (request.due, self._next(), request))
+        heapq.heappush(self._heap, (request.due, next(self._joined), request))
 
     def __len__(self) -> int:
         return len(self._heap)
@@ -47,7 +49,3 @@ class DueHeap:
         while heap and heap[0][2].state is not _QUEUED:
             heapq.heappop(heap)
         return heap[0][0] if heap else math.inf
-
-    def _next(self) -> int:
-        self._joined += 1
-        return self._joined
