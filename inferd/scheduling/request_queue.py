@@ -164,6 +164,8 @@ class RequestQueue:
         request.state = new_state
         tier = self._by_name[request.tier]
         self._left(tier, request)
+        if not self.live:
+            self._latest_due, self._due_heap = -math.inf, None
         items = tier.tenants.get(request.tenant)
         if items is not None and len(items) > 64 and len(items) > 4 * tier.live:
             tier.tenants[request.tenant] = deque(e for e in items if isinstance(e, CallInputs) or e.state is _QUEUED)
@@ -264,6 +266,12 @@ class RequestQueue:
         Requests whose deadline passed are dropped, never run (their deadline timer answers 504).
         """
         batch = BatchFilling(limit, token_budget, now, curve, level, margin)
+        self._fill(batch, now)
+        if not self.live:  # (what the due heap holds is spent: free it now, not at the next arrival)
+            self._latest_due, self._due_heap = -math.inf, None
+        return batch.taken
+
+    def _fill(self, batch: BatchFilling, now: float) -> None:
         if self._promoting:
             self._take_promoted(batch, now)
         for tier in self._tiers:
@@ -279,14 +287,13 @@ class RequestQueue:
                 front = tier.tenants[tenant][0]  # (`head`'s entry: a call's, or `head` itself)
                 short = front.__class__ is CallInputs and front.short  # (an input of a call going whole)
                 if not batch.fits(head, short):
-                    return batch.taken
+                    return
                 tier.pop(tenant)
                 tier.turns.rotate(-1)
                 if self._claim(tier, head, now, batch) and short and len(tier.turns) == 1:
                     batch.carries_short_call()  # (one tenant's calls only: other tenants' turns share the batch as before)
             if not batch.open:
                 break
-        return batch.taken
 
     def _take_fifo(self, tier: TierQueue, now: float, batch: BatchFilling) -> None:
         """`take` from a tier with one tenant waiting: its FIFO in order, the counts settled once at the

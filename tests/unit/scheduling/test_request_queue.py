@@ -374,7 +374,8 @@ def test_the_view_reads_the_earliest_due_of_every_waiting_request_not_only_the_h
     assert due_of(q) == 12.0
     q.take(1, now=0)
     assert due_of(q) == float("inf")
-    q.append(request(3, due=20.0))  # emptied: in order again
+    assert q._due_heap is None  # emptied: the requests it held are not kept until the next arrival
+    q.append(request(3, due=20.0))  # in order again
     q.append(request(4, due=25.0))
     assert due_of(q) == 20.0
 
