@@ -285,17 +285,13 @@ if __name__ == "__main__":
     seconds = 3.0 if args.quick else 10.0
     out = Path(args.out_dir or RESULTS)
     out.mkdir(parents=True, exist_ok=True)
-    if mixed_runs:
-        mixed = {"inferd": mixed_deadlines(None, seconds, mixed_runs, load, model_slo_ms)}
+    if mixed_runs or tier_runs:  # one step, beside the baseline's
+        step, write = (mixed_deadlines, write_mixed_deadlines) if mixed_runs else (tier_objective, write_tier_objective)
+        options = (seconds, mixed_runs or tier_runs, load, model_slo_ms)
+        stepped = {"inferd": step(None, *options)}
         if args.baseline_tree:
-            mixed["unchanged main"] = mixed_deadlines(args.baseline_tree, seconds, mixed_runs, load, model_slo_ms)
-        write_mixed_deadlines(mixed, out, load, model_slo_ms)
-        raise SystemExit(0)
-    if tier_runs:
-        tier_results = {"inferd": tier_objective(None, seconds, tier_runs, load, model_slo_ms)}
-        if args.baseline_tree:
-            tier_results["unchanged main"] = tier_objective(args.baseline_tree, seconds, tier_runs, load, model_slo_ms)
-        write_tier_objective(tier_results, out, load, model_slo_ms)
+            stepped["unchanged main"] = step(args.baseline_tree, *options)
+        write(stepped, out, load, model_slo_ms)
         raise SystemExit(0)
     results = {"inferd": run_all(None, seconds), f"inferd, slo_ms = {SLO_MS}": run_with_objective(None, seconds)}
     if args.baseline_tree:
