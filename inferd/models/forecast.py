@@ -102,22 +102,36 @@ class Forecast:
         higher tiers leaves 1 - share_above of each batch for these; `sigmas`: count that many standard
         deviations more of the higher tiers' arrivals (a Poisson count), for a wait that holds at the
         tail rather than on average (what a burst of higher-tier work does to a lower tier)."""
+        return self.waits_s(ahead, bucket, healthy, first_free_s, share_above, sigmas, False)[0]
+
+    def waits_s(self, ahead: Mapping[int, int], bucket: int | None, healthy: int, first_free_s: float,
+                share_above: float, sigmas: float, alone: bool) -> tuple[float, float]:
+        """`wait_s`, and with `alone` beside it the wait were its bucket's partial batch a whole call too
+        (what `bucket` None reads: admission asks both of one queue, `Timeliness.refusal`; nan without
+        `alone`). One pass, each sum added in the order of its own call's, so either is the same number."""
         if healthy == 0:
-            return math.inf if any(ahead.values()) else 0.0
+            wait = math.inf if any(ahead.values()) else 0.0
+            return wait, wait
         room = 1.0 - share_above  # of each batch, what is left for this work (the rest: higher tiers arriving)
         if room <= 1.0 - MAX_SHARE:
-            return math.inf
-        work = 0.0
+            return math.inf, math.inf
+        costs, spread = self.costs, share_above and sigmas  # (no spread: count / slots, without the call)
+        work = every = 0.0  # `every`: with its own bucket's partial batch (`alone`)
         for b, count in ahead.items():
             if count:
-                size = self.costs.size_limit(b)
+                size = costs.size_limit(b)
                 slots = size * room
-                full = int(_batches_to_serve(count, slots, size * share_above * sigmas * sigmas))
+                full = int(_batches_to_serve(count, slots, size * share_above * sigmas * sigmas) if spread else count / slots)
                 if full:
-                    work += full * (self.costs.full_batch_s(b) or self.batch_s)
-                if count > full * slots and b != bucket:
-                    work += self.batch_cost_s(max(1, round(count - full * slots)), b)
-        return first_free_s + work / healthy
+                    cost = full * (costs.full_batch_s(b) or self.batch_s)
+                    work += cost
+                    every += cost
+                if count > full * slots and (b != bucket or alone):
+                    cost = self.batch_cost_s(max(1, round(count - full * slots)), b)
+                    every += cost
+                    if b != bucket:
+                        work += cost
+        return first_free_s + work / healthy, first_free_s + every / healthy if alone else math.nan
 
     def own_batch_s(self, ahead_in_bucket: int, bucket: int, joining: float = 0.0) -> float:
         """How long the request's own batch takes: it holds what is ahead of it in its bucket's partial

@@ -89,25 +89,30 @@ class Timeliness:
         Notes the predicted wait on it. `bucket` None: not prepared yet, so only what is surely ahead
         counts and its own batch is left out (a refusal is then certain; the exact check follows once
         it is prepared)."""
-        tier = request.tier
-        wait, ahead = self.wait_and_ahead(tier, now, request.tenant, bucket, call=request.call, due=request.due)
+        tier, tiered = request.tier, self._tiered
+        # Under an objective, also the wait as a batch of its own (`_as_its_own_batch`), from the same pass:
+        # with tiers, the tail's (below), as that judgement reads it.
+        as_own = tier in self._objective_tiers and bucket is not None
+        wait, alone, ahead = self._waits(tier, now, request.tenant, bucket, 0.0, request.call, None, request.due,
+                                         as_own and not tiered)
         lingering = 0.0  # a worker is free: its batch goes when the rule says it is due, never past its due
         if wait == 0.0 and bucket is not None:
             wait = lingering = self._batcher.linger_left(request, now)
         request.predicted_wait = wait
-        if self._tiered:  # for the decision, the wait that holds if the higher tiers send a burst meanwhile
-            wait = max(wait, self.wait_and_ahead(tier, now, request.tenant, bucket, TAIL_SIGMAS, request.call, due=request.due)[0])
+        if tiered:  # for the decision, the wait that holds if the higher tiers send a burst meanwhile
+            tail, alone, _ = self._waits(tier, now, request.tenant, bucket, TAIL_SIGMAS, request.call, None, request.due, as_own)
+            wait = max(wait, tail)
+        costs = self.costs
         own = 0.0
+        judged = wait  # the wait the decision reads: the predicted one, unless `_as_its_own_batch` says more
         if bucket is not None:
-            here = ahead.get(bucket, 0)
+            here, size = ahead.get(bucket, 0), costs.size_limit(bucket)
             joining = 0.0  # requests expected to join its batch before it is taken (none: it is full already)
-            if (here + 1) % self.costs.size_limit(bucket) and 0.0 < wait < math.inf:
+            if (here + 1) % size and 0.0 < wait < math.inf:
                 joining = self._batcher.arrival_rate(now) * wait
             own = self.forecast.own_batch_s(here, bucket, joining)
-        judged = wait  # the wait the decision reads: the predicted one, unless `_as_its_own_batch` says more
-        if tier in self._objective_tiers and bucket is not None and ahead.get(bucket, 0) % self.costs.size_limit(bucket):
-            judged = self._as_its_own_batch(request, now, bucket, wait, ahead)
-        costs = self.costs
+            if as_own and here % size:
+                judged = self._as_its_own_batch(now, bucket, wait, alone)
         costs.refresh_margins(now)
         predicted = judged + own  # from now to its answer (the lingering part is the rule's own, exact)
         work = predicted - lingering
@@ -134,22 +139,15 @@ class Timeliness:
                                  f"budget;dur={budget_ms:.3f}")
         return refused
 
-    def _as_its_own_batch(self, request: PendingRequest, now: float, bucket: int, wait: float,
-                          ahead: dict[int, int]) -> float:
+    def _as_its_own_batch(self, now: float, bucket: int, wait: float, alone: float) -> float:
         """The wait of a request joining its bucket's partial batch, judged as if its batch were its own,
-        after every waiting request of every bucket (that partial batch included), where other buckets
-        are busy. Why: a request of a bucket with nothing waiting pays a batch of its own, and one joining
-        a partial batch may go ahead of work that arrived before it; judged by its prediction alone, the
-        minority bucket of S10 (a tenth of the load) was refused 37% against the majority's 20% at 120%
-        of capacity with an objective, 86% against 57% at 200%. Judged alike, both face the work waiting
-        plus one batch."""
-        others = self._batcher.busy_buckets(now, self._busy_window_s)
-        if not any(key != bucket for key in others):
-            return wait
-        tier = request.tier
-        alike = self.wait_and_ahead(tier, now, request.tenant, None, TAIL_SIGMAS if self._tiered else 0.0, request.call,
-                                    ahead)[0]
-        return max(wait, alike)
+        after every waiting request of every bucket (that partial batch included: `alone`), where other
+        buckets are busy. Why: a request of a bucket with nothing waiting pays a batch of its own, and
+        one joining a partial batch may go ahead of work that arrived before it; judged by its prediction
+        alone, the minority bucket of S10 (a tenth of the load) was refused 37% against the majority's
+        20% at 120% of capacity with an objective, 86% against 57% at 200%. Judged alike, both face the
+        work waiting plus one batch."""
+        return max(wait, alone) if self._batcher.busy_besides(bucket, now, self._busy_window_s) else wait
 
     def _probe(self, now: float, fits_without_margin: bool, exact: bool) -> bool:
         """Whether a request the prediction refuses goes in all the same, as a probe: only while nothing
@@ -222,6 +220,14 @@ class Timeliness:
         multi-input call it is an input of (its tenant's calls take turns in the queue); `ahead`: what
         is ahead of it, where the caller has counted it already; `due`: its own due, which can make its
         bucket's partial batch go sooner than that batch's oldest request was predicted to."""
+        wait, _, ahead = self._waits(tier, now, tenant, bucket, sigmas, call, ahead, due, False)
+        return wait, ahead
+
+    def _waits(self, tier: str | None, now: float, tenant: str | None, bucket: int | None, sigmas: float,
+               call: str | None, ahead: dict[int, int] | None, due: float | None,
+               alone: bool) -> tuple[float, float, dict[int, int]]:
+        """`wait_and_ahead`, and with `alone` beside the wait the one `bucket` None reads of the same queue
+        (its bucket's partial batch a whole call too: `_as_its_own_batch`; nan without `alone`)."""
         batcher, forecast, pool = self._batcher, self.forecast, self._pool
         if ahead is None:  # (given: already counted for this request)
             ahead = batcher.ahead_by_bucket(tier, tenant, call)
@@ -242,7 +248,7 @@ class Timeliness:
                 forced = forecast.share_of(rate, healthy, max(0.0, slo_s - 2 * forecast.batch_s))
                 taken_s, taken_share = batcher.time_taken(rank, now)
                 share += max(forecast.share_of(rate, healthy), forced * taken_share, min(forced, taken_s / healthy))
-        wait = forecast.wait_s(ahead, bucket, healthy, first_free_s, share, sigmas)
+        wait, every = forecast.waits_s(ahead, bucket, healthy, first_free_s, share, sigmas, alone)
         if bucket is not None and 0 < ahead.get(bucket, 0) < self.costs.size_limit(bucket) and len(ahead) > 1:
             # It joins its bucket's partial batch, which goes when its oldest request's turn comes (work
             # of other buckets that arrived after that one goes after it): that request's predicted start.
@@ -252,9 +258,10 @@ class Timeliness:
                     start = min(start, latest_start(now, due, self.costs.safe_estimate(ahead[bucket] + 1, bucket)))
                 wait = max(start - now, first_free_s)
         promote_s = self._promote_after_s.get(tier) if tier is not None else None
-        if promote_s is not None:
-            wait = min(wait, promote_s + 2 * forecast.batch_s)  # promoted, it goes next
-        return wait, ahead
+        if promote_s is not None:  # promoted, it goes next
+            wait = min(wait, promote_s + 2 * forecast.batch_s)
+            every = min(every, promote_s + 2 * forecast.batch_s)
+        return wait, every, ahead
 
     def _running_s(self, batch: Batch) -> float:
         """How long a batch now running is expected to take in all."""

@@ -141,14 +141,25 @@ class BatchCosts:
         run in its own), the smallest that gets 95% of the best throughput there, and then as many more
         as cost no more than it (1%: a flat curve, or a GPU's padded shape, fills for free). Past it a
         batch adds latency for next to no throughput."""
-        if self.slo_s is None:
+        slo_s, level = self.slo_s, self.level
+        if slo_s is None:
             return self.max_batch_size
-        fits = [n for n in range(1, self.max_batch_size + 1) if 2 * curve[n] * self.level <= self.slo_s]
+        # (the curve never falls: the sizes that fit are 1..fits, and those within 1% of the knee's cost
+        # a run from the knee up; one pass each, asked after every batch)
+        fits, best = 0, 0.0
+        for n in range(1, self.max_batch_size + 1):
+            if 2 * curve[n] * level > slo_s:
+                break
+            fits = n
+            if n / curve[n] > best:
+                best = n / curve[n]
         if not fits:
             return 1
-        best = max(n / curve[n] for n in fits)
-        knee = next(n for n in fits if n / curve[n] >= (1 - KNEE_LOSS) * best)
-        return max(n for n in fits if curve[n] <= curve[knee] * 1.01)
+        knee = next(n for n in range(1, fits + 1) if n / curve[n] >= (1 - KNEE_LOSS) * best)
+        limit, bound = knee, curve[knee] * 1.01
+        while limit < fits and curve[limit + 1] <= bound:
+            limit += 1
+        return limit
 
     # ---- reading (any thread) --------------------------------------------------------------------
 

@@ -61,11 +61,15 @@ class QueueReadings:
             head = queue.oldest() if queue is not None and queue.live else None
         return None if head is None or head.predicted_wait is None else head.enqueued_at + head.predicted_wait
 
-    def busy_buckets(self, now: float, within_s: float) -> list[int]:
-        """The buckets with requests waiting or a batch taken within `within_s`: those whose requests
-        come now (admission judges them alike under an objective: `timeliness`)."""
-        return [key for key, queue in self._queues.items()
-                if queue.live or now - self._last_batch.get(key, -math.inf) <= within_s]
+    def busy_besides(self, bucket: int, now: float, within_s: float) -> bool:
+        """Whether a bucket other than `bucket` has requests waiting or took a batch within `within_s`:
+        one whose requests come now (admission judges the buckets alike then, under an objective:
+        `timeliness`)."""
+        last_batch = self._last_batch
+        for key, queue in self._queues.items():
+            if key != bucket and (queue.live or now - last_batch.get(key, -math.inf) <= within_s):
+                return True
+        return False
 
     def linger_left(self, request: PendingRequest, now: float) -> float:
         """How long `request`, queued now into its bucket with a worker free, would wait for its batch to

@@ -81,7 +81,10 @@ class RequestQueue:
 
     def has_calls(self) -> bool:
         """Whether a multi-input call waits here (without one, a tenant's requests go in FIFO order)."""
-        return any(t.calls for t in self._tiers)
+        for tier in self._tiers:  # (asked per bucket of every request admission asks: no generator)
+            if tier.calls:
+                return True
+        return False
 
     def tenant_live(self, tier: str) -> dict[str, int]:
         return self._by_name[tier].tenant_live
@@ -187,8 +190,13 @@ class RequestQueue:
 
     def oldest(self) -> PendingRequest | None:
         """The longest-waiting live request (its age drives the linger)."""
-        heads = [head for tier in self._tiers if tier.live for head in tier.heads()]
-        return min(heads, key=lambda r: r.enqueued_at) if heads else None
+        oldest = None
+        for tier in self._tiers:
+            if tier.live:
+                for head in tier.heads():
+                    if oldest is None or head.enqueued_at < oldest.enqueued_at:
+                        oldest = head
+        return oldest
 
     def oldest_age_by_tier(self, now: float) -> dict[str, float]:
         ages = {}

@@ -114,3 +114,18 @@ def test_an_own_batch_never_counts_more_joiners_than_the_largest_batch_of_its_bu
     f = Forecast(costs)
     assert f.own_batch_s(0, 5, joining=8 * 1.7) == pytest.approx(3.4)  # the 8 that ran, not 14
     assert f.own_batch_s(0, 5, joining=3.0) == pytest.approx(costs.estimate(4, 5))  # fewer: as expected
+
+
+@pytest.mark.parametrize("share_above, sigmas", [(0.0, 0.0), (0.3, 0.0), (0.3, 2.3)])
+def test_the_wait_beside_the_wait_as_a_batch_of_its_own_are_each_call_s_own_number(share_above, sigmas):
+    """Admission asks one pass for both (its bucket's partial batch its own, and a whole call): each is
+    the very number its own call gives, not one within rounding of it."""
+    costs = BatchCosts(8)
+    costs.measured([(0, 1, 0.011), (0, 8, 0.047), (1, 1, 0.031), (1, 8, 0.093)])
+    f = Forecast(costs)
+    for ahead in ({0: 3}, {0: 3, 1: 5}, {0: 17, 1: 0}, {0: 8, 1: 9}, {1: 2, 0: 21}):
+        for bucket in (0, 1):
+            joined, alone = f.waits_s(ahead, bucket, 1, 0.013, share_above, sigmas, True)
+            assert joined == f.wait_s(ahead, bucket, 1, 0.013, share_above, sigmas)
+            assert alone == f.wait_s(ahead, None, 1, 0.013, share_above, sigmas)
+            assert alone >= joined

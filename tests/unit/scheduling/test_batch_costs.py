@@ -90,6 +90,25 @@ def test_with_an_objective_the_batch_stops_at_the_largest_useful_size():
     assert BatchCosts(64).size_limit(0) == 64  # no objective: the largest allowed
 
 
+def test_the_useful_size_is_its_definition_on_any_measured_curve():
+    """Found in one pass (the curve never falls), the size is the one its definition names: among the
+    sizes whose batch takes at most half the objective, the smallest with 95% of their best throughput,
+    then every larger one costing at most 1% more than it."""
+    rng = random.Random(5)
+    for _ in range(300):
+        costs = BatchCosts(32, slo_s=rng.choice([0.05, 0.2, 0.5, 2.0]))
+        sizes = sorted(rng.sample(range(1, 33), rng.randint(1, 6)))
+        costs.measured([(0, n, rng.uniform(0.001, 0.4)) for n in sizes])
+        curve = [costs.estimate(n, 0) for n in range(33)]
+        fits = [n for n in range(1, 33) if 2 * curve[n] <= costs.slo_s]
+        if not fits:
+            assert costs.size_limit(0) == 1
+            continue
+        best = max(n / curve[n] for n in fits)
+        knee = next(n for n in fits if n / curve[n] >= 0.95 * best)
+        assert costs.size_limit(0) == max(n for n in fits if curve[n] <= curve[knee] * 1.01)
+
+
 def test_a_larger_batch_is_never_predicted_cheaper_and_wrong_figures_are_ignored():
     costs = BatchCosts(16)
     costs.measured([(0, 4, 0.04), (0, 8, 0.03), (0, 0, 1.0), (0, 99, 1.0), (0, 2, -1.0)])
