@@ -28,7 +28,6 @@ from ..messages import PendingRequest
 from .hpa import Hpa, HpaSettings
 from .replica import Device, Outcome, Replica, VirtualClock
 from .scaling import Sample, Scaling
-from .traces import Arrival
 
 # A policy's metrics, from the fleet's recent samples: name -> value (what its triggers read).
 Signals = Callable[["Fleet"], dict[str, float]]
@@ -165,7 +164,9 @@ class Fleet(Scaling):
 
     # ---- the run ---------------------------------------------------------------------------------
 
-    def run(self, arrivals: Iterable[Arrival], until_s: float, slo_s: float) -> FleetResult:
+    def run(self, arrivals: Iterable[tuple[float, int, str]], until_s: float, slo_s: float) -> FleetResult:
+        """Every arrival, (at, bucket, tier) each (an `Arrival`, or a tuple as `traces.drawn_beside` hands
+        them over), offered as it comes; then what was admitted last is answered or expires."""
         for _ in range(self.settings.initial_replicas):
             self._add(0.0)
         self._replicas_over_time.append((0.0, len(self.counted)))
@@ -181,15 +182,15 @@ class Fleet(Scaling):
         slo_of = {t.name: self._replicas[0].replica.timeliness.slo_s(t.name) for t in self._tiers} if self._replicas else {}
         clock = self.clock
         run_until = self._run_until
-        for number, arrival in enumerate(arrivals):
-            run_until(arrival.at)
-            clock.now = arrival.at
-            tier_slo = slo_of.get(arrival.tier, slo_due)
-            outcome = Outcome(arrival.at, slo_s if tier_slo is None or tier_slo == slo_due else tier_slo, arrival.tier)
+        for number, (at, bucket, tier) in enumerate(arrivals):
+            run_until(at)
+            clock.now = at
+            tier_slo = slo_of.get(tier, slo_due)
+            outcome = Outcome(at, slo_s if tier_slo is None or tier_slo == slo_due else tier_slo, tier)
             outcomes.append(outcome)
             self._arrived_since_sample += 1
             self._arrived_total += 1
-            self._offer(number, arrival, outcome, timeout_s, tier_slo)
+            self._offer(number, bucket, tier, outcome, timeout_s, tier_slo)
         run_until(max(until_s, clock.now + timeout_s + 1.0))  # (what was admitted last is answered or expires)
         # GPU time over the day itself, every replica from its ask to its removal (or the day's end)
         replica_s = sum(min(until_s, r.removed if r.removed is not None else until_s) - r.started
@@ -215,7 +216,7 @@ class Fleet(Scaling):
             clock.now = max(clock.now, when)
             what()
 
-    def _offer(self, number: int, arrival: Arrival, outcome: Outcome, timeout_s: float, slo_due: float | None) -> None:
+    def _offer(self, number: int, bucket: int, tier: str, outcome: Outcome, timeout_s: float, slo_due: float | None) -> None:
         ready = self.ready
         if not ready:
             outcome.refused = True
@@ -225,7 +226,7 @@ class Fleet(Scaling):
         deadline = now + timeout_s
         due = deadline if slo_due is None else min(deadline, now + slo_due)
         request = PendingRequest(f"q{number}", None, now, deadline, cast(Any, None), due=due,
-                                 slo_at=None if slo_due is None else now + slo_due, tier=arrival.tier, bucket=arrival.bucket)
+                                 slo_at=None if slo_due is None else now + slo_due, tier=tier, bucket=bucket)
         if target.offer(request, outcome):
             self._deadlines.append((deadline, next(self._seq), target, request))
 

@@ -18,7 +18,7 @@ from .fleet import Fleet, FleetResult, FleetSettings
 from .policies import SHIPPED_TARGET, Policy, oracle_replicas, policies
 from .recorded import RecordedDay, model_from_description, read_access_log
 from .replica import Device, SimDevice
-from .traces import DayTrace
+from .traces import DayTrace, drawn_beside
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,8 @@ def run_policy(settings: PlanSettings, trace: DayTrace | RecordedDay, policy: Po
         fleet.fixed, fleet.fixed_step_s = oracle, oracle_step_s
         fleet.settings.initial_replicas = oracle(0.0)
     began = time.perf_counter()
-    result = fleet.run(trace.arrivals(), trace.day_s, settings.slo_ms / 1000.0)
+    arrivals = drawn_beside(trace) if isinstance(trace, DayTrace) else trace.arrivals()
+    result = fleet.run(arrivals, trace.day_s, settings.slo_ms / 1000.0)
     return result, time.perf_counter() - began
 
 

@@ -3,12 +3,13 @@ rate itself draws."""
 
 from __future__ import annotations
 
+import multiprocessing
 import random
 from collections.abc import Iterator
 
 import pytest
 
-from inferd.planning.traces import Arrival, DayTrace
+from inferd.planning.traces import Arrival, DayTrace, drawn_beside
 
 
 def _thinned_by_the_rate(trace: DayTrace) -> Iterator[Arrival]:
@@ -44,3 +45,25 @@ def test_arrivals_follow_the_rate() -> None:
         expected = sum(trace.rate(start + i + 0.5) for i in range(100))
         assert drawn == pytest.approx(expected, rel=0.05)
     assert sum(1 for a in arrivals if 560.0 <= a.at < 660.0) > 3 * sum(1 for a in arrivals if 400.0 <= a.at < 500.0)
+
+
+@pytest.mark.parametrize("trace", [
+    DayTrace(day_s=120.0),
+    DayTrace(day_s=60.0, tiers=(("paid", 0.3), ("free", 0.7)), seed=3),
+])
+def test_arrivals_drawn_beside_the_fleet_are_the_trace_s_own_across_chunks(trace: DayTrace) -> None:
+    drawn = list(drawn_beside(trace, chunk=1000))
+    assert len(drawn) > 3000  # (several chunks, the last a partial one)
+    assert drawn == [tuple(a) for a in trace.arrivals()]
+
+
+def test_a_reader_stopping_early_ends_the_drawing_process() -> None:
+    arrivals = drawn_beside(DayTrace(day_s=3600.0), chunk=100)
+    assert next(arrivals)[0] > 0.0
+    arrivals.close()
+    assert not multiprocessing.active_children()
+
+
+def test_a_drawing_process_that_fails_is_an_error_not_a_hang() -> None:
+    with pytest.raises(RuntimeError, match="ended early"):
+        list(drawn_beside(DayTrace(day_s=10.0, peak_rps=0.0)))  # (no rate to draw at: it divides by zero)
