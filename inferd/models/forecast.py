@@ -35,6 +35,7 @@ class Forecast:
         self.loaded_batch = float(costs.max_batch_size)  # mean size of batches taken while more waited
         self.peak_capacity_rps = 0.0  # the best capacity noted: what rate limits are scaled against
         self.gaps_s: deque[float] = deque(maxlen=2048)  # a worker's turnarounds between back-to-back calls
+        self._lingers: dict[tuple[int, float], tuple[int, float]] = {}  # (bucket, slo_ms) -> (costs' revision, linger)
 
     def observe_batch(self, seconds: float, size: int = 0, bucket: int = 0, backlog: int = 0,
                       gap_s: float | None = None, at: float = 0.0) -> None:
@@ -90,8 +91,16 @@ class Forecast:
         times, each that bucket's useful batch as the cost model predicts it, with its slack)."""
         if slo_ms is None:
             return max_wait_ms / 1000.0
-        batch_s = self.batch_cost_s(self.costs.size_limit(bucket), bucket) * (1.0 + self.costs.slack)
-        return max(0.0, slo_ms / 1000.0 - 2 * batch_s)
+        costs = self.costs
+        made = self._lingers.get((bucket, slo_ms))  # (asked per decision and per request: made once a revision)
+        if made is not None and made[0] == costs.revision:
+            return made[1]
+        estimate = costs.estimate(costs.size_limit(bucket), bucket)
+        batch_s = (estimate or self.batch_s) * (1.0 + costs.slack)
+        linger = max(0.0, slo_ms / 1000.0 - 2 * batch_s)
+        if estimate:  # (else it reads the mean batch time, which moves without a revision)
+            self._lingers[(bucket, slo_ms)] = (costs.revision, linger)
+        return linger
 
     def wait_s(self, ahead: Mapping[int, int], bucket: int | None, healthy: int, first_free_s: float,
                share_above: float = 0.0, sigmas: float = 0.0) -> float:

@@ -171,7 +171,7 @@ class Timeliness:
         """Whether a prepared request is asked `refusal` (the exact question): wherever the bound below
         does not hold, and one in `ASKED_ANYWAY` of the others, so that predicted waits and their errors
         stay measured at light load too (Server-Timing's `predicted_queue`, `wait_error`)."""
-        if not self.surely_in_time(request, now):
+        if self._never_sure or not self.surely_in_time(request, now):
             return True
         self._unasked += 1
         if self._unasked < ASKED_ANYWAY:

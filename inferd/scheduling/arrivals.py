@@ -16,6 +16,7 @@ import math
 
 RATE_WINDOW_S = 1.0  # rates are counts decaying with this time constant...
 RATE_STEP_S = 0.05  # ...applied in steps this long (no exponential per event)
+_HALF_WINDOW_S = RATE_WINDOW_S / 2
 ECHO_SCORE_TO_HOLD = 0.5  # the moving average of "this cycle echoed" past which a free worker waits
 _ECHO_ALPHA = 0.3
 
@@ -45,8 +46,11 @@ class Rate:
         self.at = now
 
     def per_s(self, now: float) -> float:
-        span = min(RATE_WINDOW_S, max(RATE_WINDOW_S / 2, now - self.since))
-        return self.score * math.exp(min(0.0, self.at - now) / RATE_WINDOW_S) / span
+        # (min(W, max(W / 2, age)) and exp(min(0, at - now) / W) without the calls: read per request)
+        age = now - self.since
+        span = RATE_WINDOW_S if age >= RATE_WINDOW_S else age if age > _HALF_WINDOW_S else _HALF_WINDOW_S
+        behind = self.at - now
+        return self.score * (math.exp(behind / RATE_WINDOW_S) if behind < 0.0 else 1.0) / span
 
 
 class Echo:

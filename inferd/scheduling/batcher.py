@@ -99,6 +99,7 @@ class Batcher(QueueReadings):
         self._tier_rank = {name: len(self._tiers) - i for i, (name, _) in enumerate(self._tiers)}
         self._single_tier = len(self._tiers) == 1
         self._one_tenant: str | None = ""  # the only tenant seen so far ("": none yet; None: several)
+        self._calls_seen = False  # an input of a multi-input call was ever queued (until then, a tenant's queue is FIFO)
         self._arrivals = Rate()
         self._arrivals_by_rank: dict[int, Rate] | None = None if self._single_tier else {}
         # by tier rank, of the batches it was the highest tier in lately: (their time less what the lower
@@ -149,6 +150,8 @@ class Batcher(QueueReadings):
             one = self._one_tenant
             if one is not None and request.tenant != one:  # the first tenant seen, then None for good
                 self._one_tenant = request.tenant if one == "" else None
+            if request.call is not None:
+                self._calls_seen = True
             if self._takers:
                 # A new request can make its bucket full; a linger or deadline running out, or a lone
                 # request worth sending at once, is the batcher coroutine's to decide (it sleeps until

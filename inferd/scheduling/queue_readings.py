@@ -27,6 +27,7 @@ class QueueReadings:
     _queues: dict[int, RequestQueue]
     _single_tier: bool
     _one_tenant: str | None
+    _calls_seen: bool
     _last_batch: dict[int, float]
     _arrivals: Rate
     _arrivals_by_rank: dict[int, Rate] | None
@@ -46,10 +47,13 @@ class QueueReadings:
         """Requests a new request of `tier` (from `tenant`; an input of `call`, if one of a multi-input
         call's) would wait behind, per length bucket (see `RequestQueue.live_ahead_of`; `tier` None:
         everything waiting). One tier and one tenant without multi-input calls: all of it, in order."""
-        if tier is None:
-            return {key: q.live for key, q in self._queues.items()}
+        if tier is None or (self._single_tier and (tenant is None or (self._one_tenant is not None and not self._calls_seen))):
+            ahead = {}
+            for key, q in self._queues.items():  # (asked per request: a loop costs less than a comprehension)
+                ahead[key] = q.live
+            return ahead
         if self._single_tier and (tenant is None or self._one_tenant is not None):
-            return {key: q.live if tenant is None or not q.has_calls() else q.live_ahead_of(tier, tenant, call)
+            return {key: q.live if not q.has_calls() else q.live_ahead_of(tier, tenant, call)
                     for key, q in self._queues.items()}
         return {key: q.live_ahead_of(tier, tenant, call) for key, q in self._queues.items()}
 

@@ -129,3 +129,25 @@ def test_the_wait_beside_the_wait_as_a_batch_of_its_own_are_each_call_s_own_numb
             assert joined == f.wait_s(ahead, bucket, 1, 0.013, share_above, sigmas)
             assert alone == f.wait_s(ahead, None, 1, 0.013, share_above, sigmas)
             assert alone >= joined
+
+
+def test_the_linger_under_an_objective_follows_every_change_of_the_cost_model():
+    """Made once a revision of the cost model (it is read per decision): each batch that moves an
+    estimate, or a margin fading, moves it too."""
+    costs = BatchCosts(8, slo_s=1.0)
+    f = Forecast(costs)
+
+    def expected() -> float:
+        return max(0.0, 1.0 - 2 * (costs.estimate(costs.size_limit(0), 0) or f.batch_s) * (1.0 + costs.slack))
+
+    assert f.linger_s(10.0, None) == 0.01 and f.linger_s(10.0, 1000.0) == 1.0  # nothing measured yet
+    f.observe_batch(0.2)  # (no size: the mean batch time alone, read while nothing is measured)
+    assert f.linger_s(10.0, 1000.0) == expected() < 1.0
+    seen = []
+    for i, seconds in enumerate((0.1, 0.1, 0.1, 0.1, 0.3, 0.3, 0.3)):
+        f.observe_batch(seconds, 8, 0, at=float(i))
+        seen.append(f.linger_s(10.0, 1000.0))
+        assert seen[-1] == expected()
+    costs.refresh_margins(120.0)  # two minutes on: the margins have faded
+    assert f.linger_s(10.0, 1000.0) == expected()
+    assert len(set(seen)) > 2
