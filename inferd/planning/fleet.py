@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from ..config import ModelConfig, TierConfig
-from ..messages import PendingRequest
+from ..messages import PendingRequest, RequestState
 from .hpa import Hpa, HpaSettings
 from .replica import Device, Outcome, Replica, VirtualClock
 from .scaling import Sample, Scaling
@@ -79,7 +79,8 @@ class _SimReplica:
         self.busy_at_sample = 0.0
 
 
-_outstanding = operator.attrgetter("replica.outstanding")  # (leastconn's key, in C: asked over every ready replica)
+_TAKEN = RequestState.TAKEN
+_outstanding = operator.attrgetter("outstanding")  # (leastconn's key, in C: asked over every ready replica)
 
 
 class Fleet(Scaling):
@@ -106,6 +107,7 @@ class Fleet(Scaling):
         # The ready replicas, kept between the moments that change them (a replica added, ready, removed):
         # asked per request, and a day's fleet asks for tens of replicas ever.
         self._ready: list[_SimReplica] = []
+        self._serving: list[Replica] = []  # their replicas, in the same order: what leastconn picks among
         self._ready_until = math.inf  # when the next starting replica becomes ready
         self._names = itertools.count()
         self.hpa = Hpa(hpa) if hpa is not None else None
@@ -144,6 +146,7 @@ class Fleet(Scaling):
         now = self.clock.now
         counted = self.counted
         self._ready = [r for r in counted if r.ready_at <= now]
+        self._serving = [r.replica for r in self._ready]
         self._ready_until = min((r.ready_at for r in counted if r.ready_at > now), default=math.inf)
 
     def _add(self, start_s: float) -> None:
@@ -207,8 +210,9 @@ class Fleet(Scaling):
                 at = first[0]
                 if at <= until and (not events or at < events[0][0] or (at == events[0][0] and first[1] < events[0][1])):
                     deadlines.popleft()
-                    clock.now = max(clock.now, at)
-                    first[2].expire(first[3])
+                    if first[3].state is not _TAKEN:  # (most were taken into a batch: nothing to expire)
+                        clock.now = max(clock.now, at)
+                        first[2].expire(first[3])
                     continue
             if not events or events[0][0] > until:
                 return
@@ -217,16 +221,19 @@ class Fleet(Scaling):
             what()
 
     def _offer(self, number: int, bucket: int, tier: str, outcome: Outcome, timeout_s: float, slo_due: float | None) -> None:
-        ready = self.ready
-        if not ready:
+        now = self.clock.now
+        if now >= self._ready_until:
+            self._refresh_ready()
+        serving = self._serving
+        if not serving:
             outcome.refused = True
             return
-        target = min(ready, key=_outstanding).replica
-        now = self.clock.now
+        target = min(serving, key=_outstanding)
         deadline = now + timeout_s
         due = deadline if slo_due is None else min(deadline, now + slo_due)
-        request = PendingRequest(f"q{number}", None, now, deadline, cast(Any, None), due=due,
-                                 slo_at=None if slo_due is None else now + slo_due, tier=tier, bucket=bucket)
+        # (due and slo_at by position: a keyword costs more than the rest of the request's making)
+        request = PendingRequest(f"q{number}", None, now, deadline, cast(Any, None), due,
+                                 None if slo_due is None else now + slo_due, tier=tier, bucket=bucket)
         if target.offer(request, outcome):
             self._deadlines.append((deadline, next(self._seq), target, request))
 

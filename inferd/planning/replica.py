@@ -185,17 +185,16 @@ class Replica:
         self.stats.busy_s += compute
         self.stats.batches += 1
         self.forecast.observe_batch(compute, batch.size, batch.bucket, batch.backlog, None, now)
-        self.forecast.note_capacity(1)
+        # What delivery does that decides anything later: the lateness bounds admission's margin. (Not the
+        # wait error's histogram nor the capacity rate limits scale by: nothing here reads them.)
         for request in batch.requests:
             outcome = self._outcomes.pop(id(request), None)
             if outcome is not None:
                 outcome.done = now
                 self.outstanding -= 1
                 self.stats.answered += 1
-            if request.predicted_wait is not None:
-                self.timeliness.observe_wait_error(request.tier, batch.started_at - request.enqueued_at - request.predicted_wait)
-                if request.predicted_done is not None:
-                    self.timeliness.observe_lateness(now - request.predicted_done, now)
+            if request.predicted_done is not None and request.predicted_wait is not None:
+                self.timeliness.observe_lateness(now - request.predicted_done, now)
         self._finished = batch.size
         self._ask_for_work()
         self._tick()
