@@ -221,14 +221,11 @@ class Fleet(Scaling):
             what()
 
     def _offer(self, number: int, bucket: int, tier: str, outcome: Outcome, timeout_s: float, slo_due: float | None) -> None:
-        now = self.clock.now
-        if now >= self._ready_until:
-            self._refresh_ready()
-        serving = self._serving
-        if not serving:
+        if not self.ready:
             outcome.refused = True
             return
-        target = min(serving, key=_outstanding)
+        target = min(self._serving, key=_outstanding)
+        now = self.clock.now
         deadline = now + timeout_s
         due = deadline if slo_due is None else min(deadline, now + slo_due)
         # (due and slo_at by position: a keyword costs more than the rest of the request's making)
