@@ -121,6 +121,7 @@ def drawn_beside(trace: DayTrace, chunk: int = CHUNK) -> Iterator[tuple[float, i
     chunks: Queue[Chunk | None] = context.Queue(maxsize=CHUNKS_AHEAD)
     drawer = context.Process(target=_draw_into, args=(trace, chunks, chunk), name="inferd-trace", daemon=True)
     drawer.start()
+    complete = False  # every arrival read: the drawer is exiting on its own
     try:
         while True:
             try:
@@ -130,13 +131,14 @@ def drawn_beside(trace: DayTrace, chunk: int = CHUNK) -> Iterator[tuple[float, i
                     continue
                 raise RuntimeError(f"the process drawing the trace's arrivals ended early (exit code {drawer.exitcode})") from None
             if drawn is None:
+                complete = True
                 return
             times, buckets, tiers = drawn
             ats = array("d")
             ats.frombytes(times)
             yield from zip(ats, buckets, tiers if tiers is not None else repeat("default", len(ats)))
     finally:
-        if drawer.is_alive():  # (the reader stopped early)
+        if not complete and drawer.is_alive():  # (the reader stopped early, or was interrupted)
             drawer.terminate()
         drawer.join()
         chunks.close()
