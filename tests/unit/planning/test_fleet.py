@@ -4,9 +4,12 @@ adds replicas that take traffic only once started, and GPU time counts from the 
 
 from __future__ import annotations
 
+import gc
 from dataclasses import replace
 
-from inferd.planning.fleet import Fleet, FleetSettings
+import pytest
+
+from inferd.planning.fleet import Fleet, FleetSettings, collector_paused
 from inferd.planning.hpa import HpaSettings, Trigger
 from inferd.planning.plan import PlanSettings
 from inferd.planning.policies import oracle_replicas, policies
@@ -42,6 +45,31 @@ def test_above_capacity_admission_refuses_rather_than_queues_to_miss():
     assert 0.35 < len(refused) / len(result.outcomes) < 0.65  # about half of twice capacity
     assert sum(o.in_slo for o in answered) / len(answered) > 0.98  # what it takes, it answers in time
     assert len(answered) / 30.0 > 0.85 * CAPACITY  # and it keeps the device busy
+
+
+def test_a_run_pauses_the_cyclic_collector_and_leaves_it_as_it_found_it():
+    seen: list[bool] = []
+
+    class Watched(DayTrace):
+        def arrivals(self):  # type: ignore[no-untyped-def]
+            for arrival in super().arrivals():
+                seen.append(gc.isenabled())
+                yield arrival
+
+    assert gc.isenabled()
+    result = Fleet(SETTINGS.config(), SETTINGS.device(), None, None, FleetSettings(start_s=0.0)).run(
+        Watched(day_s=5.0, trough_rps=100.0, peak_rps=100.0, spikes=()).arrivals(), 5.0, SETTINGS.slo_ms / 1000.0)
+    assert len(result.outcomes) == len(seen) > 300 and not any(seen) and gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()  # (off before: off after)
+    finally:
+        gc.enable()
+    with pytest.raises(KeyError), collector_paused():
+        raise KeyError("a run that fails")
+    assert gc.isenabled()
 
 
 def test_an_autoscaler_adds_replicas_that_take_traffic_once_started():
