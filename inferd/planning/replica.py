@@ -187,14 +187,18 @@ class Replica:
         self.forecast.observe_batch(compute, batch.size, batch.bucket, batch.backlog, None, now)
         # What delivery does that decides anything later: the lateness bounds admission's margin. (Not the
         # wait error's histogram nor the capacity rate limits scale by: nothing here reads them.)
+        outcome_of, observe_lateness = self._outcomes.pop, self.timeliness.observe_lateness
+        answered = 0
         for request in batch.requests:
-            outcome = self._outcomes.pop(id(request), None)
+            outcome = outcome_of(id(request), None)
             if outcome is not None:
                 outcome.done = now
-                self.outstanding -= 1
-                self.stats.answered += 1
-            if request.predicted_done is not None and request.predicted_wait is not None:
-                self.timeliness.observe_lateness(now - request.predicted_done, now)
+                answered += 1
+            predicted_done = request.predicted_done
+            if predicted_done is not None and request.predicted_wait is not None:
+                observe_lateness(now - predicted_done, now)
+        self.outstanding -= answered
+        self.stats.answered += answered
         self._finished = batch.size
         self._ask_for_work()
         self._tick()
