@@ -48,6 +48,7 @@ class PredictionErrors:
         self._origin = 0.0
         self._made_at = -math.inf  # when `bias` and `spread` were made
         self._dirty = False
+        self._top = _EXACT_BIN  # the highest bin with any weight (the prior's, or the highest observed since)
         self.bias = 0.0  # the recent median excess, at least 0
         self.spread = MIN_EXCESS  # the 99th percentile's excess above `bias`, at least MIN_EXCESS (scheduling noise)
         self.observed = 0
@@ -62,6 +63,8 @@ class PredictionErrors:
             self._origin = at
         index = min(_BINS - 1, max(0, round((math.log(ratio) - _LOG_LO) / _BIN)))
         self._weights[index] += math.exp((at - self._origin) / self._tau)
+        if index > self._top:
+            self._top = index
         self.observed += 1
         self._dirty = True
 
@@ -76,7 +79,9 @@ class PredictionErrors:
         upper = 1.0 - QUANTILE  # the weight above the 99th percentile, then above the median
         quantile = median = None
         above = 0.0
-        for i in range(_BINS - 1, -1, -1):
+        # (from the highest bin with weight: the empty ones above it add nothing, and most batches of a
+        # steady model land in a bin or two about the prior's, so this is a few bins, not 81, per batch)
+        for i in range(self._top, -1, -1):
             above += weights[i] * scale + (PRIOR_WEIGHT if i == _EXACT_BIN else 0.0)
             if quantile is None and above > upper * total:
                 quantile = math.exp(_LOG_LO + i * _BIN) - 1.0

@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from inferd.scheduling import prediction_errors as module
 from inferd.scheduling.prediction_errors import HALF_LIFE_S, MIN_EXCESS, PredictionErrors
 
 
@@ -74,3 +75,31 @@ def test_a_bias_the_estimates_have_not_caught_up_with_counts_in_full():
     feed(errors, [1.5] * 300, 0.0)  # every batch 50% over its estimate
     assert errors.bias == pytest.approx(0.5, abs=0.03)
     assert errors.margin_s(10.0, 0.1) >= 0.5 * 10.0
+
+
+def _figures_over_every_bin(errors: PredictionErrors, now: float) -> tuple[float, float]:
+    """`refresh`'s bias and spread by its definition: the weight above each bin, over all 81 of them."""
+    scale = math.exp(-(now - errors._origin) / errors._tau)
+    total = module.PRIOR_WEIGHT + sum(errors._weights) * scale
+    above, quantile, median = 0.0, None, None
+    for i in range(module._BINS - 1, -1, -1):
+        above += errors._weights[i] * scale + (module.PRIOR_WEIGHT if i == module._EXACT_BIN else 0.0)
+        if quantile is None and above > (1.0 - module.QUANTILE) * total:
+            quantile = math.exp(module._LOG_LO + i * module._BIN) - 1.0
+        if above >= 0.5 * total:
+            median = math.exp(module._LOG_LO + i * module._BIN) - 1.0
+            break
+    bias = max(0.0, median or 0.0)
+    return bias, max(MIN_EXCESS, (quantile or 0.0) - bias)
+
+
+def test_the_figures_read_from_the_highest_bin_with_weight_are_those_of_every_bin():
+    rng = random.Random(11)
+    errors, at = PredictionErrors(), 0.0
+    for _ in range(60):  # spells of batches below, at and above their estimates, stalls among them
+        sigma, shift = rng.choice([0.0, 0.05, 0.3, 1.0]), rng.choice([-0.5, 0.0, 0.2, 1.5])
+        for _batch in range(rng.randrange(1, 40)):
+            errors.observe(math.exp(shift + rng.gauss(0.0, sigma)), at)
+            at += rng.choice([0.01, 0.2, 2.0])
+        errors.refresh(at)
+        assert (errors.bias, errors.spread) == _figures_over_every_bin(errors, at)
