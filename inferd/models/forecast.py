@@ -151,7 +151,10 @@ class Forecast:
         # Joiners beyond the largest batch this bucket has run are not counted: an arrival rate read in a
         # burst (8 closed-loop clients echoing a 3 s batch) once priced 14-input batches that could never
         # form, refusing requests with 10 s to spare. Larger batches, when they come, are learned as they run.
-        holds = max(holds, min(holds + int(joining), self.costs.largest_measured(bucket) or size))
+        if joining >= 1.0:  # (max(holds, min(holds + int(joining), largest or size)) without the calls)
+            largest = self.costs.largest_measured(bucket) or size
+            if holds < largest:
+                holds = min(holds + int(joining), largest)
         return (self.costs.full_batch_s(bucket) or self.batch_s) if holds >= size else self.batch_cost_s(holds, bucket)
 
     def batch_cost_s(self, size: int, bucket: int) -> float:

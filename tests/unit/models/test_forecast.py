@@ -116,6 +116,22 @@ def test_an_own_batch_never_counts_more_joiners_than_the_largest_batch_of_its_bu
     assert f.own_batch_s(0, 5, joining=3.0) == pytest.approx(costs.estimate(4, 5))  # fewer: as expected
 
 
+def test_an_own_batch_is_its_definition_for_every_count_ahead_and_joiners():
+    """max(holds, min(holds + int(joining), the largest measured or the size limit)), for each case."""
+    costs = BatchCosts(16)
+    costs.measured([(0, 1, 0.05), (0, 6, 0.08), (1, 1, 0.1), (1, 16, 0.4)])
+    f = Forecast(costs)
+    for bucket in (0, 1, 2):  # (2: never measured, it borrows)
+        size = costs.size_limit(bucket)
+        largest = costs.largest_measured(bucket) or size
+        for ahead in range(0, 40):
+            for joining in (0.0, 0.4, 0.999, 1.0, 1.5, 3.2, 7.0, 15.9, 40.0):
+                holds = ahead % size + 1
+                holds = max(holds, min(holds + int(joining), largest))
+                expected = (costs.full_batch_s(bucket) or f.batch_s) if holds >= size else f.batch_cost_s(holds, bucket)
+                assert f.own_batch_s(ahead, bucket, joining) == expected, (bucket, ahead, joining)
+
+
 @pytest.mark.parametrize("share_above, sigmas", [(0.0, 0.0), (0.3, 0.0), (0.3, 2.3)])
 def test_the_wait_beside_the_wait_as_a_batch_of_its_own_are_each_call_s_own_number(share_above, sigmas):
     """Admission asks one pass for both (its bucket's partial batch its own, and a whole call): each is
