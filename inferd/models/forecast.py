@@ -135,8 +135,8 @@ class Forecast:
                     cost = full * (costs.full_batch_s(b) or self.batch_s)
                     work += cost
                     every += cost
-                if count > full * slots and (b != bucket or alone):
-                    cost = self.batch_cost_s(max(1, round(count - full * slots)), b)
+                if count > full * slots and (b != bucket or alone):  # (a partial batch of at least one)
+                    cost = costs.estimate(round(count - full * slots) or 1, b) or self.batch_s
                     every += cost
                     if b != bucket:
                         work += cost
