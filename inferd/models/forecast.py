@@ -136,7 +136,7 @@ class Forecast:
                     work += cost
                     every += cost
                 if count > full * slots and (b != bucket or alone):  # (a partial batch of at least one)
-                    cost = costs.estimate(round(count - full * slots) or 1, b) or self.batch_s
+                    cost = self.batch_cost_s(round(count - full * slots) or 1, b)
                     every += cost
                     if b != bucket:
                         work += cost

@@ -34,7 +34,7 @@ from .scaling import Sample, Scaling
 
 @contextmanager
 def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for a run, as it was after. Why: a day keeps an outcome per
+    """Python's cyclic garbage collector off for a run, and after it as it was before. Why: a day keeps an outcome per
     request (16.2 M), and each full collection walks every one of them; the collector took ~6% of a
     3,600 s day, a share growing with the day. Next to nothing a run makes is cyclic (~13 objects per
     thousand requests, measured), and reference counting frees the rest as before."""
