@@ -11,7 +11,9 @@ server (`--hogs 1` and `--hogs 3`: busy processes per core, as other work on a s
 Workloads: `seed` (the seed's fixed-time batch, 100 ms for up to 24 inputs), `jitter` (the
 variable-cost sim: 40 ms + 2 ms a request, 30% jitter), `minilm` (all-MiniLM-L6-v2 on this CPU,
 single-input /v1/embeddings). Reported per step: share refused, false refusals (share of the refused
-whose twin was answered in time), share answered within the deadline, p99 of answered.
+whose twin was answered in time, and by the second of the run: where they fall), share answered within
+the deadline, p99 of answered. `--loads 1.5` (default 0.5,1.0,1.5): the loads to run, as shares of capacity;
+`--seconds 60` (default 12): each run's length (the onset of overload, its first seconds, weighs less in a longer run).
 
 `--closed ROUNDS`: the issue's own reproduction instead: MiniLM on ~400-token inputs, 8 closed-loop clients,
 the default 10 s deadlines, `--closed-s` seconds a run, with the last of `--hogs` CPU hogs per core;
@@ -124,7 +126,9 @@ def measure_capacity(url: str, path: str, body: str) -> float:
     return max(rates)
 
 
-def summary(outcomes: list[tuple[int, float]], twin: list[tuple[int, float]] | None) -> dict[str, Any]:
+def summary(outcomes: list[tuple[int, float]], twin: list[tuple[int, float]] | None, rate: float) -> dict[str, Any]:
+    """A run's figures; with its twin, the share of the refused the twin answered in time, and by the second
+    of the run (a request's second read from its index at `rate`, the schedule's mean): where they fall."""
     n = len(outcomes)
     statuses = Counter(s for s, _ in outcomes)
     answered = sorted(ms for s, ms in outcomes if s == 200)
@@ -140,6 +144,16 @@ def summary(outcomes: list[tuple[int, float]], twin: list[tuple[int, float]] | N
         would_have_met = sum(1 for i in refused if i < len(twin) and twin[i][0] == 200 and twin[i][1] <= DEADLINE_MS)
         row["false_refusal_share"] = round(would_have_met / len(refused), 4)
         row["really_missed_share"] = round(1 - would_have_met / len(refused), 4)
+        by_second: dict[int, list[int]] = {}  # second -> [sent, twin in time, refused, refused and twin in time]
+        for i, (status, _) in enumerate(outcomes):
+            counts = by_second.setdefault(int(i / rate), [0, 0, 0, 0])
+            twin_in_time = i < len(twin) and twin[i][0] == 200 and twin[i][1] <= DEADLINE_MS
+            counts[0] += 1
+            counts[1] += twin_in_time
+            if status == 503:
+                counts[2] += 1
+                counts[3] += twin_in_time
+        row["by_second"] = [[second, *counts] for second, counts in sorted(by_second.items())]
     return row
 
 
@@ -208,12 +222,13 @@ def main() -> None:
     workloads = (own_option("--workloads") or "seed,jitter").split(",")
     hog_levels = [int(h) for h in (own_option("--hogs") or "0,1").split(",")]
     closed, closed_s = own_option("--closed"), float(own_option("--closed-s") or 30)
+    loads = [float(load) for load in (own_option("--loads") or "0.5,1.0,1.5").split(",")]
+    seconds_option = own_option("--seconds")
     args = parse_args(__doc__ or "", baseline=True)
     if closed is not None:
         closed_main(args, closed_s, int(closed), hog_levels[-1])
         return
-    loads = [0.5, 1.0, 1.5]
-    seconds = 6.0 if args.quick else 12.0
+    seconds = float(seconds_option) if seconds_option else 6.0 if args.quick else 12.0
     variants: list[tuple[str, bool | None, Any]] = [("off", False, None), ("new", True, None)]
     if args.baseline_tree:
         variants.append(("base", None, args.baseline_tree))
@@ -242,7 +257,7 @@ def main() -> None:
                     stop_hogs(hog_procs)
                 for name, _, _ in variants:
                     row = {"workload": workload, "hogs_per_core": hogs, "load": load, "rate": round(rate, 1),
-                           "variant": name, **summary(runs[name], runs["off"] if name != "off" else None)}
+                           "variant": name, **summary(runs[name], runs["off"] if name != "off" else None, rate)}
                     steps.append(row)
                     print(row, flush=True)
     lines = ["| workload | hogs/core | load | variant | refused | of the refused, would have met (twin `off`) | answered in time | p99 ms |",
@@ -251,6 +266,12 @@ def main() -> None:
         false = r.get("false_refusal_share")
         lines.append(f"| {r['workload']} | {r['hogs_per_core']} | {r['load']:.0%} | {r['variant']} | {r['refused_share']:.1%} | "
                      f"{'' if false is None else f'{false:.1%}'} | {r['in_time_share']:.1%} | {r['p99_ms']} |")
+    split = [r for r in steps if r.get("by_second") and r["refused_share"]]
+    if split:
+        lines += ["", "Refused (of them, answered in time by the twin `off`) in each second of the run, by arrival:", ""]
+        lines += [f"- {r['workload']}, {r['hogs_per_core']} hogs/core, {r['load']:.0%}, {r['variant']}: "
+                  + ", ".join(f"{second}: {refused} ({false})" for second, _, _, refused, false in r["by_second"])
+                  for r in split]
     title = (f"False refusals: open loop, {DEADLINE_MS} ms deadlines, {seconds:.0f} s a run; `new` this tree, "
              "`off` deadlines only (refuse_early = false), `base` the baseline tree")
     save_table("false_refusals", title, steps, lines, args.out_dir or RESULTS)
