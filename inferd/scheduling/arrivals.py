@@ -23,7 +23,9 @@ _ECHO_ALPHA = 0.3
 
 class Rate:
     """An event rate: a count that decays exponentially with `RATE_WINDOW_S` (a steady rate r holds
-    about r x RATE_WINDOW_S), the decay applied every `RATE_STEP_S` rather than at every event. Until a
+    about r x RATE_WINDOW_S), the decay applied every `RATE_STEP_S` rather than at every event; an event
+    between two decays is weighed as the score stands, as of the last one (counted as if it came then, a busy
+    steady rate read itself 2-3% low). Until a
     window has passed since its first event, the count is over the time since then, but at least half
     a window (a first event or two are not a rate): a rate that starts is known twice as soon."""
 
@@ -35,11 +37,16 @@ class Rate:
         self.since = -math.inf  # its first event
 
     def add(self, now: float, amount: float = 1.0) -> None:
-        if now - self.at >= RATE_STEP_S:
+        since_decay = now - self.at
+        if since_decay >= RATE_STEP_S:
             if self.since == -math.inf:
                 self.since = now
             self.decay(now)
-        self.score += amount
+            self.score += amount
+        elif since_decay > 0.0:  # (weighed as at `at`, where the score stands: e^(since_decay / W), within 0.13% as 1 + x)
+            self.score += amount * (1.0 + since_decay / RATE_WINDOW_S)
+        else:  # (an arrival stamped before the last decay: prepared late, say)
+            self.score += amount
 
     def decay(self, now: float) -> None:
         self.score *= math.exp((self.at - now) / RATE_WINDOW_S)
