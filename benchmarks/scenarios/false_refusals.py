@@ -141,18 +141,19 @@ def summary(outcomes: list[tuple[int, float]], twin: list[tuple[int, float]] | N
         "statuses": dict(statuses),
     }
     if twin is not None and refused:
-        would_have_met = sum(1 for i in refused if i < len(twin) and twin[i][0] == 200 and twin[i][1] <= DEADLINE_MS)
+        twin_in_time = [s == 200 and ms <= DEADLINE_MS for s, ms in twin]
+        would_have_met = sum(1 for i in refused if i < len(twin) and twin_in_time[i])
         row["false_refusal_share"] = round(would_have_met / len(refused), 4)
         row["really_missed_share"] = round(1 - would_have_met / len(refused), 4)
         by_second: dict[int, list[int]] = {}  # second -> [sent, twin in time, refused, refused and twin in time]
         for i, (status, _) in enumerate(outcomes):
             counts = by_second.setdefault(int(i / rate), [0, 0, 0, 0])
-            twin_in_time = i < len(twin) and twin[i][0] == 200 and twin[i][1] <= DEADLINE_MS
+            met = i < len(twin) and twin_in_time[i]
             counts[0] += 1
-            counts[1] += twin_in_time
+            counts[1] += met
             if status == 503:
                 counts[2] += 1
-                counts[3] += twin_in_time
+                counts[3] += met
         row["by_second"] = [[second, *counts] for second, counts in sorted(by_second.items())]
     return row
 

@@ -24,10 +24,10 @@ _ECHO_ALPHA = 0.3
 class Rate:
     """An event rate: a count that decays exponentially with `RATE_WINDOW_S` (a steady rate r holds
     about r x RATE_WINDOW_S), the decay applied every `RATE_STEP_S` rather than at every event; an event
-    between two decays is weighed as the score stands, as of the last one (counted as if it came then, a busy
-    steady rate read itself 2-3% low). Until a
-    window has passed since its first event, the count is over the time since then, but at least half
-    a window (a first event or two are not a rate): a rate that starts is known twice as soon."""
+    between two decays is weighed as the score stands, as of the last one (counted as if it came then, a
+    busy steady rate read itself 2-3% low). Until a window has passed since its first event, the count is
+    over the time since then, but at least half a window (a first event or two are not a rate): a rate
+    that starts is known twice as soon."""
 
     __slots__ = ("score", "at", "since")
 
