@@ -42,11 +42,11 @@ class Rate:
             if self.since == -math.inf:
                 self.since = now
             self.decay(now)
-            self.score += amount
-        elif since_decay > 0.0:  # (weighed as at `at`, where the score stands: e^(since_decay / W), within 0.13% as 1 + x)
-            self.score += amount * (1.0 + since_decay / RATE_WINDOW_S)
-        else:  # (an arrival stamped before the last decay: prepared late, say)
-            self.score += amount
+        elif since_decay > 0.0:
+            # weighed as at `at`, where the score stands: e^(since_decay / W), within 0.13% as 1 + x (an arrival
+            # stamped before the last decay, prepared late, counts as it is)
+            amount *= 1.0 + since_decay / RATE_WINDOW_S
+        self.score += amount
 
     def decay(self, now: float) -> None:
         self.score *= math.exp((self.at - now) / RATE_WINDOW_S)
