@@ -23,7 +23,10 @@ teach their cell alone (their mean: `SETTLING_RUNS`), and a later one moves the 
 at most a factor of two; a real change is followed within a few batches all the same. How far settled
 cells' batches ran from their estimates is kept apart (`prediction_errors`): it makes the margin
 predictions add, calibrated on what happened and fading with time (an unsettled cell's errors are its
-own learning, not noise).
+own learning, not noise). Nor may a size that looked slow stay unmeasured for good: where a bucket's
+batches stop short of `max_batch_size` without an objective, the batcher lets one in `PROBE_EVERY` grow
+past the limit, and a batch past it moves its cell half way to what it took (the cell is stale, not
+noisy: neither the level nor a margin learns from it).
 
 Thread-safety: written on the event loop only; read by the batcher under its lock from worker threads.
 Readers see either a bucket's old curve or its new one (each is replaced whole), never half of one.
@@ -42,7 +45,8 @@ LEVEL_ALPHA = 0.3  # how fast the level follows (a 2x slowdown: within 10% in ab
 CELL_ALPHA = 0.05  # how fast a cell's shape moves once it has 20 observations (before: their mean)
 MAX_STEP = math.log(2.0)  # one observation moves the level, or its cell, by at most 2x
 SETTLING_RUNS = 3  # a cell's first observations teach it alone; the level learns from the later ones
-KNEE_LOSS = 0.05  # the useful batch: the smallest with 95% of the best throughput in the objective
+THROUGHPUT_LOSS = 0.05  # the most a useful batch size gives up against the best throughput
+PROBE_STEP = 0.5  # a batch past the size limit moves its (stale) cell half way to what it took
 
 
 @dataclass(slots=True)
@@ -54,8 +58,8 @@ class _Cell:
 class BatchCosts:
     """The cost of a batch of `size` requests of length bucket `bucket`, for one model version.
 
-    `slo_s`: the model's latency objective, if any; it makes `size_limit` the largest *useful* batch
-    (see `useful_size`) instead of `max_batch_size`."""
+    `slo_s`: the model's latency objective, if any: `size_limit` is the largest *useful* batch (see
+    `_useful_size`), which with an objective fits in it and trades 5% of throughput for latency."""
 
     def __init__(self, max_batch_size: int, slo_s: float | None = None) -> None:
         self.max_batch_size = max_batch_size
@@ -104,6 +108,8 @@ class BatchCosts:
         cell.runs += 1
         if cell.runs <= SETTLING_RUNS:  # still settling: the mean of its observations, wrong on its own account
             cell.shape += (seconds / self.level - cell.shape) / cell.runs
+        elif size > self._limits.get(bucket, size):  # a probe past the limit: its cell is stale, not noise
+            cell.shape += PROBE_STEP * (_within_step(seconds, expected) / self.level - cell.shape)
         else:  # settled: how far it ran from its estimate is the noise a margin covers
             self.errors.observe(seconds / expected, at)
             error = max(-MAX_STEP, min(MAX_STEP, math.log(seconds / expected)))
@@ -130,20 +136,34 @@ class BatchCosts:
         self._largest[bucket] = sizes[-1]
         curve = _floor_curve(sizes, [cells[n].shape for n in sizes], self.max_batch_size)
         self._curves[bucket] = curve  # (replaced whole: see the module docstring)
-        limit = self._limits[bucket] = self._useful_size(curve)
+        limit = self._limits[bucket] = self._flat_top(cells) if self.slo_s is None else self._useful_size(curve, self.slo_s)
         self._full[bucket] = curve[limit]
         self._costliest = max(self._full.values())
         self.revision += 1
 
-    def _useful_size(self, curve: list[float]) -> int:
-        """Without an objective, the largest batch allowed. With one, the largest useful batch: among the
-        sizes whose call takes at most half the objective (a request may wait for one batch and then
-        run in its own), the smallest that gets 95% of the best throughput there, and then as many more
-        as cost no more than it (1%: a flat curve, or a GPU's padded shape, fills for free). Past it a
-        batch adds latency for next to no throughput."""
-        slo_s, level = self.slo_s, self.level
-        if slo_s is None:
+    def _flat_top(self, cells: dict[int, _Cell]) -> int:
+        """Without an objective, the largest useful batch is the largest size with 95% of the best
+        throughput: past it a larger batch does fewer inputs a second, not more (a CPU's caches: a
+        cross-encoder's 64 pairs of 128 tokens take 15% longer a pair than 16-32), so it adds only
+        latency, and the batch running is what a short call arriving waits for. A curve still rising
+        or flat (a GPU's, the seed's function) fills as before. Read from settled cells only
+        (`SETTLING_RUNS` batches each, at least two of them), so one noisy call (a warm-up's) cuts
+        nothing; the batcher's probes past the limit (`Batcher._grow_to`) measure the sizes above it
+        again."""
+        settled = [n for n in sorted(cells) if cells[n].runs >= SETTLING_RUNS]
+        if len(settled) < 2:
             return self.max_batch_size
+        curve = _floor_curve(settled, [cells[n].shape for n in settled], self.max_batch_size)
+        best = max(n / curve[n] for n in range(1, self.max_batch_size + 1))
+        return next(n for n in range(self.max_batch_size, 0, -1) if n / curve[n] >= (1 - THROUGHPUT_LOSS) * best)
+
+    def _useful_size(self, curve: list[float], slo_s: float) -> int:
+        """With an objective, the largest useful batch: among the sizes whose call takes at most half the
+        objective (a request may wait for one batch and then run in its own), the smallest that gets
+        95% of the best throughput there, and then as many more as cost no more than it (1%: a flat
+        curve, or a GPU's padded shape, fills for free). Past it a batch adds latency for next to no
+        throughput."""
+        level = self.level
         # (the curve never falls: the sizes that fit are 1..fits, and those within 1% of the knee's cost
         # a run from the knee up; one pass each, asked after every batch)
         fits, best = 0, 0.0
@@ -155,7 +175,7 @@ class BatchCosts:
                 best = n / curve[n]
         if not fits:
             return 1
-        knee = next(n for n in range(1, fits + 1) if n / curve[n] >= (1 - KNEE_LOSS) * best)
+        knee = next(n for n in range(1, fits + 1) if n / curve[n] >= (1 - THROUGHPUT_LOSS) * best)
         limit, bound = knee, curve[knee] * 1.01
         while limit < fits and curve[limit + 1] <= bound:
             limit += 1
@@ -205,8 +225,8 @@ class BatchCosts:
         return self._costliest * self.level
 
     def size_limit(self, bucket: int) -> int:
-        """Where a batch of `bucket` stops growing: `max_batch_size`, or with an objective the largest
-        useful batch (a bucket never measured: the one whose curve it borrows)."""
+        """Where a batch of `bucket` stops growing: its largest useful batch (nothing measured:
+        `max_batch_size`; a bucket never measured: the one whose curve it borrows)."""
         limit = self._limits.get(bucket)
         if limit is None:
             return self._limits[self._nearest(bucket)] if self._limits else self.max_batch_size

@@ -27,36 +27,41 @@ class BatchFilling:
     noise must not cut batches short; one whose due is past the largest batch's end never can.)
 
     A batch carrying a short call (`carries_short_call`: one going whole in its turn) takes the whole call,
-    and grows past it only while its time stays within `SHORT_CALL_GROWTH` of that: free where a
+    past its size limit if need be (up to `max_size`, the backend's own: the limit is the cost model's
+    useful size, which on a CPU may be below a short call's inputs, and a call split over two batches
+    ends with the second), and grows past it only while its time stays within `SHORT_CALL_GROWTH` of that: free where a
     batch's time hardly grows with its size (a GPU's), two or three more inputs where it grows with each
     (a CPU's). Why: on a CPU a 10-document call beside 100-document ones of its tenant went in a batch
     filled to the limit with their pairs (p50 1.5-1.7 s against ~0.2 s alone; 1.0 s since, S15). Only
     among one tenant's calls (`request_queue.take`): where several tenants wait, their turns share the
     batch as before, or one tenant's stream of short calls would take the others' slots on a CPU."""
 
-    __slots__ = ("taken", "limit", "tokens_left", "now", "curve", "level", "margin", "horizon", "tightest", "short_end",
-                 "stopped")
+    __slots__ = ("taken", "limit", "max_size", "tokens_left", "now", "curve", "level", "margin", "horizon", "tightest", "short_end",
+                 "short_call", "stopped")
 
     def __init__(self, limit: int, token_budget: int | None, now: float, curve: Sequence[float] | None,
-                 level: float, margin: float = 1.0) -> None:
+                 level: float, margin: float = 1.0, max_size: int | None = None) -> None:
         self.taken: list[PendingRequest] = []
         self.limit = limit
+        self.max_size = max(limit, max_size or limit)
         self.tokens_left = math.inf if token_budget is None else token_budget
         self.now, self.curve, self.level, self.margin = now, curve, level, margin
         self.horizon = -math.inf if curve is None else now + curve[limit] * level  # when the largest batch ends
         self.tightest = math.inf  # the earliest due among members that will meet it
         self.short_end = math.inf  # with a short call aboard, the most its shape may grow to (level 1.0)
+        self.short_call: tuple[str, str | None] | None = None  # (tenant, call) of the short call aboard: it may pass `limit`
         self.stopped = False
 
     @property
     def open(self) -> bool:
-        return not self.stopped and len(self.taken) < self.limit
+        return not self.stopped and len(self.taken) < (self.limit if self.short_call is None else self.max_size)
 
     def fits(self, request: PendingRequest, short_call: bool = False) -> bool:
         """Whether `request` may join; when it may not, the batch is closed. `short_call`: it is an input
         of a short call (which goes whole: the bound of a short call aboard does not stop it)."""
         n = len(self.taken)  # (without a curve neither bound is ever set: both stay inf)
-        if n and (tokens_of(request) > self.tokens_left
+        if n and ((n >= self.limit and not (short_call and (request.tenant, request.call) == self.short_call))
+                  or tokens_of(request) > self.tokens_left
                   or (self.tightest < math.inf and self.now + self.curve[n + 1] * self.level > self.tightest)  # type: ignore[index]
                   or (self.short_end < math.inf and not short_call and self.curve[n + 1] > self.short_end)):  # type: ignore[index]
             self.stopped = True
@@ -66,6 +71,8 @@ class BatchFilling:
     def carries_short_call(self) -> None:
         """The input just added is one of a short call's (which goes whole): the batch may now grow only by
         `SHORT_CALL_GROWTH` of its time (see the class docstring; without a measured curve, as it likes)."""
+        last = self.taken[-1]
+        self.short_call = (last.tenant, last.call)
         if self.curve is not None:
             self.short_end = self.curve[len(self.taken)] * (1.0 + SHORT_CALL_GROWTH)
 

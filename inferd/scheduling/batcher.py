@@ -53,6 +53,7 @@ from .request_queue import RequestQueue
 from .shedding import choose_victim
 
 SHORT_JUMP_WINDOW, SHORT_JUMPS_MAX = 8, 6  # short calls may jump the oldest (policy's rule 3) in 6 of 8 batches
+PROBE_EVERY = 16  # a batch in this many, cut at a size limit, grows past it (`_grow_to`)
 
 
 class QueueFull(Exception):
@@ -116,6 +117,7 @@ class Batcher(QueueReadings):
         self._hold_until = 0.0  # a free worker waits for an echo until then
         # of the last batches, which went before the oldest for a short call (policy's rule 3)
         self._short_jumps: deque[bool] = deque(maxlen=SHORT_JUMP_WINDOW)
+        self._at_limit: dict[int, int] = {}  # by bucket: batches taken at a cut size limit since the last probe
 
     # ---- event loop side -------------------------------------------------------------------------
 
@@ -335,8 +337,8 @@ class Batcher(QueueReadings):
             return None
         costs = self.costs
         live = queue.live
-        requests = queue.take(costs.size_limit(bucket), now, self.max_batch_tokens, costs.curve(bucket), costs.level,
-                              1.0 + costs.slack)
+        requests = queue.take(self._grow_to(bucket, live), now, self.max_batch_tokens, costs.curve(bucket), costs.level,
+                              1.0 + costs.slack, costs.max_batch_size)
         self._depth -= live - queue.live  # taken, and any found expired on the way
         if not requests:
             return None  # everything due had expired
@@ -347,6 +349,22 @@ class Batcher(QueueReadings):
         if self._time_by_rank is not None:
             self._note_time(self._time_by_rank, requests, bucket, now)
         return Batch(next(self._batch_ids), requests, trigger, now, backlog=self._depth)
+
+    def _grow_to(self, bucket: int, waiting: int) -> int:
+        """Where this batch of `bucket` stops growing: its size limit, except that without an objective,
+        where the limit is below `max_batch_size` because larger batches were measured slower, one batch
+        in `PROBE_EVERY` that has more waiting than the limit grows to twice it. The sizes above the
+        limit then run again now and then, so a measurement that made them look slow (one warm-up call
+        on a noisy host) is corrected instead of cutting throughput for good."""
+        costs = self.costs
+        limit = costs.size_limit(bucket)
+        if costs.slo_s is not None or limit >= costs.max_batch_size or waiting <= limit:
+            return limit
+        taken = self._at_limit[bucket] = self._at_limit.get(bucket, 0) + 1
+        if taken < PROBE_EVERY:
+            return limit
+        self._at_limit[bucket] = 0
+        return min(costs.max_batch_size, 2 * limit)
 
     def _note_time(self, time_by_rank: dict[int, tuple[Rate, Rate]], requests: list[PendingRequest], bucket: int,
                    now: float) -> None:

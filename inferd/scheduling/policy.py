@@ -3,7 +3,7 @@ across length buckets, tiers and tenants (tiers and tenants order requests insid
 `request_queue`). Pure: it reads a view of each bucket and a few figures, and decides.
 
 A bucket is *due* when
-- it is full: its size limit (`max_batch_size`, or with a latency objective its largest useful batch:
+- it is full: its size limit (its largest useful batch, up to `max_batch_size`:
   `batch_costs`) or `max_batch_tokens` tokens;
 - its oldest request has lingered its `linger_s` (or the echo hold has ended, whichever is later);
 - lingering on would make one of its requests miss a due (its deadline, or sooner its objective) it can

@@ -264,16 +264,16 @@ class RequestQueue:
                           batch_s(min(self.live, size_limit)), linger_s, short_at)
 
     def take(self, limit: int, now: float, token_budget: int | None = None, curve: Sequence[float] | None = None,
-             level: float = 1.0, margin: float = 1.0) -> list[PendingRequest]:
-        """Pop up to `limit` live requests, within `token_budget` (the first always goes): promoted ones,
-        then tier by tier with tenants in turn. With `curve` (`curve[n] x level`: the seconds a batch of
-        n takes; `margin`: the estimate's, 1 + its slack), the batch also stops growing before a size that
-        would make one of its members miss its due (deadline or objective) when the smaller batch would
-        not (see `BatchFilling`).
+             level: float = 1.0, margin: float = 1.0, max_size: int | None = None) -> list[PendingRequest]:
+        """Pop up to `limit` live requests (a short call going whole: up to `max_size`), within
+        `token_budget` (the first always goes): promoted ones, then tier by tier with tenants in turn.
+        With `curve` (`curve[n] x level`: the seconds a batch of n takes; `margin`: the estimate's, 1 + its
+        slack), the batch also stops growing before a size that would make one of its members miss its
+        due (deadline or objective) when the smaller batch would not (see `BatchFilling`).
 
         Requests whose deadline passed are dropped, never run (their deadline timer answers 504).
         """
-        batch = BatchFilling(limit, token_budget, now, curve, level, margin)
+        batch = BatchFilling(limit, token_budget, now, curve, level, margin, max_size)
         self._fill(batch, now)
         if not self.live:  # (what the due heap holds is spent: free it now, not at the next arrival)
             self._latest_due, self._due_heap = -math.inf, None

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from inferd.backends.sim import SimulatedGPU
-from inferd.scheduling.batch_costs import BatchCosts
+from inferd.scheduling.batch_costs import SETTLING_RUNS, BatchCosts
 from inferd.scheduling.prediction_errors import MIN_EXCESS
 
 
@@ -87,24 +87,71 @@ def test_with_an_objective_the_batch_stops_at_the_largest_useful_size():
     flat = BatchCosts(64, slo_s=0.3)
     flat.measured([(0, 1, 0.05)])
     assert flat.size_limit(0) == 64  # the seed's function: the fuller the better
-    assert BatchCosts(64).size_limit(0) == 64  # no objective: the largest allowed
+    assert BatchCosts(64).size_limit(0) == 64  # nothing measured: the largest allowed
+
+
+def settled(costs: BatchCosts, shapes: list[tuple[int, int, float]]) -> BatchCosts:
+    """`costs` with each (bucket, size, seconds) run `SETTLING_RUNS` times (its cell settled)."""
+    costs.measured(shapes)
+    for _ in range(SETTLING_RUNS - 1):
+        for bucket, size, seconds in shapes:
+            costs.observe(bucket, size, seconds, 1.0)
+    return costs
+
+
+CPU = [(0, 1, 0.0206), (0, 2, 0.0299), (0, 4, 0.0599), (0, 8, 0.1108), (0, 16, 0.2164), (0, 32, 0.4554),
+       (0, 64, 1.0246)]  # a cross-encoder on two CPU cores: 128-token pairs at 1-64 a batch (measured)
+
+
+def test_without_an_objective_the_batch_stops_where_throughput_stops_growing():
+    """The cross-encoder on a CPU: past 16-32 a pair costs more, not less, and the batch running is what a
+    newly arrived short call waits for. Without an objective nothing is traded for latency: where
+    throughput keeps growing, the batch fills; and one noisy call (a warm-up's) cuts nothing."""
+    cpu = settled(BatchCosts(64), CPU)
+    curve = [0.0] + [cpu.estimate(n, 0) for n in range(1, 65)]
+    best = max(n / curve[n] for n in range(1, 65))
+    assert cpu.size_limit(0) == max(n for n in range(1, 65) if n / curve[n] >= 0.95 * best)
+    assert 24 <= cpu.size_limit(0) <= 40 and cpu.estimate(cpu.size_limit(0), 0) < 0.6  # not 64's 1.02 s
+    device = sim()  # 5 ms a call, 1 ms an input: the fuller, the more a second
+    linear = settled(BatchCosts(64), [(0, n, device.call_s(texts(n, 60))) for n in (1, 2, 4, 8, 16, 32, 64)])
+    assert linear.size_limit(0) == 64
+    assert settled(BatchCosts(64), [(0, 1, 0.05), (0, 64, 0.0502)]).size_limit(0) == 64  # flat
+    once = BatchCosts(64)
+    once.measured(CPU)  # measured once each (warm-up): not yet evidence
+    assert once.size_limit(0) == 64
+
+
+def test_a_batch_past_the_limit_teaches_its_stale_cell_alone():
+    """A probe past the limit (the batcher's, one batch in `PROBE_EVERY`) finds 64 faster than its
+    cell says: the cell moves half way, the limit with it; neither the level nor a margin moves."""
+    cpu = settled(BatchCosts(64), CPU)
+    limit, level, slack = cpu.size_limit(0), cpu.level, cpu.slack
+    cpu.observe(0, 64, 0.60, 2.0)  # (its cell: 1.02 s)
+    assert cpu.estimate(64, 0) == pytest.approx((1.0246 + 0.60) / 2)
+    assert cpu.level == level and cpu.slack == slack and cpu.size_limit(0) > limit
 
 
 def test_the_useful_size_is_its_definition_on_any_measured_curve():
     """Found in one pass (the curve never falls), the size is the one its definition names: among the
-    sizes whose batch takes at most half the objective, the smallest with 95% of their best throughput,
-    then every larger one costing at most 1% more than it."""
+    sizes whose batch takes at most half the objective, the smallest with 95% of their best throughput
+    then every larger one costing at most 1% more than it; without an objective (settled cells), the
+    largest with 95% of the best."""
     rng = random.Random(5)
-    for _ in range(300):
-        costs = BatchCosts(32, slo_s=rng.choice([0.05, 0.2, 0.5, 2.0]))
+    for _ in range(400):
+        slo_s = rng.choice([0.05, 0.2, 0.5, 2.0, None])
+        costs = BatchCosts(32, slo_s=slo_s)
         sizes = sorted(rng.sample(range(1, 33), rng.randint(1, 6)))
-        costs.measured([(0, n, rng.uniform(0.001, 0.4)) for n in sizes])
+        settled(costs, [(0, n, rng.uniform(0.001, 0.4)) for n in sizes])
         curve = [costs.estimate(n, 0) for n in range(33)]
-        fits = [n for n in range(1, 33) if 2 * curve[n] <= costs.slo_s]
+        fits = [n for n in range(1, 33) if slo_s is None or 2 * curve[n] <= slo_s]
         if not fits:
             assert costs.size_limit(0) == 1
             continue
         best = max(n / curve[n] for n in fits)
+        if slo_s is None:
+            expected = max(n for n in fits if n / curve[n] >= 0.95 * best) if len(sizes) > 1 else 32
+            assert costs.size_limit(0) == expected
+            continue
         knee = next(n for n in fits if n / curve[n] >= 0.95 * best)
         assert costs.size_limit(0) == max(n for n in fits if curve[n] <= curve[knee] * 1.01)
 

@@ -11,9 +11,10 @@ import pytest
 
 from inferd.messages import Batch, PendingRequest, RequestState
 from inferd.scheduling.batch_costs import BatchCosts
-from inferd.scheduling.batcher import Batcher, QueueFull
+from inferd.scheduling.batcher import PROBE_EVERY, Batcher, QueueFull
 
 from ...helpers import FakeClock
+from .test_batch_costs import settled
 
 
 class Takers:
@@ -368,3 +369,30 @@ def test_a_tenants_request_due_before_its_own_lingering_requests_goes_by_its_due
     b._takers.append(taken)
     assert b.dispatch(clock()) is None
     assert names(taken.got[0]) == ["a", "tight"] and taken.got[0].trigger == "deadline"
+
+
+def test_a_size_limit_cut_by_a_measurement_is_probed_past_and_lifted_when_the_measurement_was_wrong(clock):
+    """Without an objective a bucket's batch stops where larger batches were measured slower (a CPU's
+    curve). One warm-up call of 8 on a noisy host read 80 ms where 8 take 30: the limit fell to 4, and
+    no batch of 8 would ever run to correct it. One batch in `PROBE_EVERY` with more waiting grows to
+    twice the limit, and the sizes it measures lift the limit back."""
+    costs = settled(BatchCosts(16), [(0, 1, 0.010), (0, 4, 0.020), (0, 8, 0.080), (0, 16, 0.160)])
+    assert costs.size_limit(0) == 4
+    b = batcher(clock, max_batch_size=16, max_queue=1000, costs=costs)
+    busy(b, clock)
+    sizes: list[int] = []
+    while costs.size_limit(0) < 16 and len(sizes) < PROBE_EVERY * 40:
+        while b.depth < 100:
+            arrive(b, clock, f"r{len(sizes)}.{b.depth}")
+        batch = b.next_batch(0, Takers())
+        assert batch is not None
+        sizes.append(len(batch.requests))
+        costs.observe(0, len(batch.requests), 0.015 + 0.002 * len(batch.requests), clock())  # the truth
+        clock.advance(0.01)
+    assert sizes[:PROBE_EVERY] == [4] * (PROBE_EVERY - 1) + [8]  # the limit, and once in PROBE_EVERY twice it
+    assert costs.size_limit(0) == 16  # lifted step by step (8, then 16, measured again), within 40 probes
+    with_objective = settled(BatchCosts(16, slo_s=1.0), [(0, 1, 0.010), (0, 4, 0.020), (0, 8, 0.080), (0, 16, 0.160)])
+    b = batcher(clock, max_batch_size=16, max_queue=1000, costs=with_objective)  # (its own trade: no probes)
+    for i in range(400):
+        arrive(b, clock, f"o{i}")
+    assert {len(b.next_batch(0, Takers()).requests) for _ in range(PROBE_EVERY * 2)} == {with_objective.size_limit(0)}  # type: ignore[union-attr]

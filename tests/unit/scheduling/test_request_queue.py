@@ -400,3 +400,23 @@ def test_the_earliest_due_counts_a_batch_put_back_and_a_calls_inputs_behind_anot
         calls.append(r)
     calls.take(1, now=0)  # "early" gave one input and went behind "late" in its tenant's turns
     assert due_of(calls) == 4.0
+
+
+def test_a_short_call_whose_turn_comes_at_the_size_limit_goes_whole_past_it_and_nothing_else_does():
+    """The size limit is the cost model's useful batch, which on a CPU may be fewer than a short call's
+    inputs: split over two batches, the call would end with the second. It goes whole, up to the
+    backend's own `max_size`; the next call's inputs (short or not) wait for the next batch."""
+    def queue() -> RequestQueue:
+        q = RequestQueue(whole_call=8)
+        for r in (*call_inputs("big1", 40, 0, call_size=40), *call_inputs("big2", 40, 100, call_size=40),
+                  *call_inputs("small", 6, 200, call_size=6), *call_inputs("next", 3, 300, call_size=3)):
+            q.append(r)
+        return q
+
+    whole = ["big1.0", "big2.0"] + [f"small.{i}" for i in range(6)]
+    assert ids(queue().take(4, now=0, max_size=32)) == whole
+    assert ids(queue().take(4, now=0, max_size=7)) == whole[:7]  # never past the backend's own limit
+    assert ids(queue().take(4, now=0)) == whole[:4]  # no room named: the limit holds
+    q = queue()
+    q.take(4, now=0, max_size=32)
+    assert ids(q.take(4, now=0, max_size=32)) == ["next.0", "next.1", "next.2", "big1.1"]
