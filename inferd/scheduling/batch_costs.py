@@ -136,24 +136,19 @@ class BatchCosts:
         self._largest[bucket] = sizes[-1]
         curve = _floor_curve(sizes, [cells[n].shape for n in sizes], self.max_batch_size)
         self._curves[bucket] = curve  # (replaced whole: see the module docstring)
-        limit = self._limits[bucket] = self._flat_top(cells) if self.slo_s is None else self._useful_size(curve, self.slo_s)
+        limit = self._limits[bucket] = self._flat_top(curve) if self.slo_s is None else self._useful_size(curve, self.slo_s)
         self._full[bucket] = curve[limit]
         self._costliest = max(self._full.values())
         self.revision += 1
 
-    def _flat_top(self, cells: dict[int, _Cell]) -> int:
+    def _flat_top(self, curve: list[float]) -> int:
         """Without an objective, the largest useful batch is the largest size with 95% of the best
         throughput: past it a larger batch does fewer inputs a second, not more (a CPU's caches: a
         cross-encoder's 64 pairs of 128 tokens take 15% longer a pair than 16-32), so it adds only
         latency, and the batch running is what a short call arriving waits for. A curve still rising
-        or flat (a GPU's, the seed's function) fills as before. Read from settled cells only
-        (`SETTLING_RUNS` batches each, at least two of them), so one noisy call (a warm-up's) cuts
-        nothing; the batcher's probes past the limit (`Batcher._grow_to`) measure the sizes above it
-        again."""
-        settled = [n for n in sorted(cells) if cells[n].runs >= SETTLING_RUNS]
-        if len(settled) < 2:
-            return self.max_batch_size
-        curve = _floor_curve(settled, [cells[n].shape for n in settled], self.max_batch_size)
+        or flat (a GPU's, the seed's function) fills as before. A size that looked slower than it is (a
+        warm-up's one call on a noisy host) is measured again: the batcher's probes past the limit
+        (`Batcher._grow_to`) move its cell half way each time."""
         best = max(n / curve[n] for n in range(1, self.max_batch_size + 1))
         return next(n for n in range(self.max_batch_size, 0, -1) if n / curve[n] >= (1 - THROUGHPUT_LOSS) * best)
 

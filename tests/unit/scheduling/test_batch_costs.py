@@ -106,19 +106,20 @@ CPU = [(0, 1, 0.0206), (0, 2, 0.0299), (0, 4, 0.0599), (0, 8, 0.1108), (0, 16, 0
 def test_without_an_objective_the_batch_stops_where_throughput_stops_growing():
     """The cross-encoder on a CPU: past 16-32 a pair costs more, not less, and the batch running is what a
     newly arrived short call waits for. Without an objective nothing is traded for latency: where
-    throughput keeps growing, the batch fills; and one noisy call (a warm-up's) cuts nothing."""
-    cpu = settled(BatchCosts(64), CPU)
+    throughput keeps growing, the batch fills."""
+    cpu = BatchCosts(64)
+    cpu.measured(CPU)  # (at warm-up: from then on)
     curve = [0.0] + [cpu.estimate(n, 0) for n in range(1, 65)]
     best = max(n / curve[n] for n in range(1, 65))
     assert cpu.size_limit(0) == max(n for n in range(1, 65) if n / curve[n] >= 0.95 * best)
     assert 24 <= cpu.size_limit(0) <= 40 and cpu.estimate(cpu.size_limit(0), 0) < 0.6  # not 64's 1.02 s
     device = sim()  # 5 ms a call, 1 ms an input: the fuller, the more a second
-    linear = settled(BatchCosts(64), [(0, n, device.call_s(texts(n, 60))) for n in (1, 2, 4, 8, 16, 32, 64)])
+    linear = BatchCosts(64)
+    linear.measured([(0, n, device.call_s(texts(n, 60))) for n in (1, 2, 4, 8, 16, 32, 64)])
     assert linear.size_limit(0) == 64
-    assert settled(BatchCosts(64), [(0, 1, 0.05), (0, 64, 0.0502)]).size_limit(0) == 64  # flat
-    once = BatchCosts(64)
-    once.measured(CPU)  # measured once each (warm-up): not yet evidence
-    assert once.size_limit(0) == 64
+    flat = BatchCosts(64)
+    flat.measured([(0, 1, 0.05), (0, 64, 0.0502)])
+    assert flat.size_limit(0) == 64
 
 
 def test_a_batch_past_the_limit_teaches_its_stale_cell_alone():
@@ -134,8 +135,8 @@ def test_a_batch_past_the_limit_teaches_its_stale_cell_alone():
 def test_the_useful_size_is_its_definition_on_any_measured_curve():
     """Found in one pass (the curve never falls), the size is the one its definition names: among the
     sizes whose batch takes at most half the objective, the smallest with 95% of their best throughput
-    then every larger one costing at most 1% more than it; without an objective (settled cells), the
-    largest with 95% of the best."""
+    then every larger one costing at most 1% more than it; without an objective, the largest with 95%
+    of the best."""
     rng = random.Random(5)
     for _ in range(400):
         slo_s = rng.choice([0.05, 0.2, 0.5, 2.0, None])
@@ -149,8 +150,7 @@ def test_the_useful_size_is_its_definition_on_any_measured_curve():
             continue
         best = max(n / curve[n] for n in fits)
         if slo_s is None:
-            expected = max(n for n in fits if n / curve[n] >= 0.95 * best) if len(sizes) > 1 else 32
-            assert costs.size_limit(0) == expected
+            assert costs.size_limit(0) == max(n for n in fits if n / curve[n] >= 0.95 * best)
             continue
         knee = next(n for n in fits if n / curve[n] >= 0.95 * best)
         assert costs.size_limit(0) == max(n for n in fits if curve[n] <= curve[knee] * 1.01)
