@@ -149,8 +149,11 @@ class BatchCosts:
         or flat (a GPU's, the seed's function) fills as before. A size that looked slower than it is (a
         warm-up's one call on a noisy host) is measured again: the batcher's probes past the limit
         (`Batcher._grow_to`) move its cell half way each time."""
-        best = max(n / curve[n] for n in range(1, self.max_batch_size + 1))
-        return next(n for n in range(self.max_batch_size, 0, -1) if n / curve[n] >= (1 - THROUGHPUT_LOSS) * best)
+        rates = [n / curve[n] for n in range(1, self.max_batch_size + 1)]  # (one pass and a max: ~3 us a batch)
+        floor, n = (1 - THROUGHPUT_LOSS) * max(rates), len(rates)
+        while rates[n - 1] < floor:
+            n -= 1
+        return n
 
     def _useful_size(self, curve: list[float], slo_s: float) -> int:
         """With an objective, the largest useful batch: among the sizes whose call takes at most half the
