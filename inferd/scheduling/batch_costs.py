@@ -58,8 +58,9 @@ class _Cell:
 class BatchCosts:
     """The cost of a batch of `size` requests of length bucket `bucket`, for one model version.
 
-    `slo_s`: the model's latency objective, if any: `size_limit` is the largest *useful* batch (see
-    `_useful_size`), which with an objective fits in it and trades 5% of throughput for latency."""
+    `slo_s`: the model's latency objective, if any. `size_limit` is the largest *useful* batch: without
+    an objective where throughput stops growing (`_flat_top`), with one the size that fits it and gives
+    up at most 5% of throughput for latency (`_useful_size`)."""
 
     def __init__(self, max_batch_size: int, slo_s: float | None = None) -> None:
         self.max_batch_size = max_batch_size
@@ -136,7 +137,8 @@ class BatchCosts:
         self._largest[bucket] = sizes[-1]
         curve = _floor_curve(sizes, [cells[n].shape for n in sizes], self.max_batch_size)
         self._curves[bucket] = curve  # (replaced whole: see the module docstring)
-        limit = self._limits[bucket] = self._flat_top(curve) if self.slo_s is None else self._useful_size(curve, self.slo_s)
+        slo_s = self.slo_s
+        limit = self._limits[bucket] = self._flat_top(curve) if slo_s is None else self._useful_size(curve, slo_s)
         self._full[bucket] = curve[limit]
         self._costliest = max(self._full.values())
         self.revision += 1

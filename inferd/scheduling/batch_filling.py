@@ -27,17 +27,18 @@ class BatchFilling:
     noise must not cut batches short; one whose due is past the largest batch's end never can.)
 
     A batch carrying a short call (`carries_short_call`: one going whole in its turn) takes the whole call,
-    past its size limit if need be (up to `max_size`, the backend's own: the limit is the cost model's
-    useful size, which on a CPU may be below a short call's inputs, and a call split over two batches
-    ends with the second), and grows past it only while its time stays within `SHORT_CALL_GROWTH` of that: free where a
-    batch's time hardly grows with its size (a GPU's), two or three more inputs where it grows with each
-    (a CPU's). Why: on a CPU a 10-document call beside 100-document ones of its tenant went in a batch
-    filled to the limit with their pairs (p50 1.5-1.7 s against ~0.2 s alone; 1.0 s since, S15). Only
-    among one tenant's calls (`request_queue.take`): where several tenants wait, their turns share the
-    batch as before, or one tenant's stream of short calls would take the others' slots on a CPU."""
+    past its size limit if need be, up to `max_size` (the backend's own): the limit is the cost model's
+    useful size, on a CPU perhaps below a short call's inputs, and a call split over two batches ends
+    with the second. It grows past the call only while its time stays within `SHORT_CALL_GROWTH` of
+    that: free where a batch's time hardly grows with its size (a GPU's), two or three more inputs where
+    it grows with each (a CPU's). Why: on a CPU a 10-document call beside 100-document ones of its
+    tenant went in a batch filled to the limit with their pairs (p50 1.5-1.7 s against ~0.2 s alone;
+    1.0 s since, S15). Only among one tenant's calls (`request_queue.take`): where several tenants
+    wait, their turns share the batch as before, or one tenant's stream of short calls would take the
+    others' slots on a CPU."""
 
-    __slots__ = ("taken", "limit", "max_size", "tokens_left", "now", "curve", "level", "margin", "horizon", "tightest", "short_end",
-                 "short_call", "stopped")
+    __slots__ = ("taken", "limit", "max_size", "tokens_left", "now", "curve", "level", "margin", "horizon", "tightest",
+                 "short_end", "short_call", "stopped")
 
     def __init__(self, limit: int, token_budget: int | None, now: float, curve: Sequence[float] | None,
                  level: float, margin: float = 1.0, max_size: int | None = None) -> None:
@@ -49,7 +50,7 @@ class BatchFilling:
         self.horizon = -math.inf if curve is None else now + curve[limit] * level  # when the largest batch ends
         self.tightest = math.inf  # the earliest due among members that will meet it
         self.short_end = math.inf  # with a short call aboard, the most its shape may grow to (level 1.0)
-        self.short_call: tuple[str, str | None] | None = None  # (tenant, call) of the short call aboard: it may pass `limit`
+        self.short_call: tuple[str, str | None] | None = None  # (tenant, call) of a short call aboard: may pass `limit`
         self.stopped = False
 
     @property
