@@ -13,13 +13,13 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from aiohttp import web
 
 from ..admission.admission import Admission
 from ..admission.rate_limits import Identity
-from ..messages import PendingRequest, RequestState
+from ..messages import Batch, PendingRequest, RequestState
 from ..models.batch_model import BatchModel
 from ..observability.outcomes import Call, Outcomes
 from ..observability.tracing import Tracing
@@ -105,15 +105,17 @@ class BatchCalls:
 
 
 def call_timing(items: Sequence[PendingRequest], held_s: float) -> str:
-    """A multi-input call's `Server-Timing`: how long the server held it, its slowest input's queue and
-    compute (an input answered from the cache or another's computation has neither), and how many of
-    its inputs the result cache answered."""
+    """A multi-input call's `Server-Timing`: how long the server held it, the queue and compute of its
+    input answered last (the one its answer waited for; an input answered from the cache or another's
+    computation has neither), and how many of its inputs the result cache answered. (The largest queue
+    and the largest compute of any of its inputs, as it once said, could come from two batches of a
+    call split over them and add up to more than the call's total.)"""
     computed = [item for item in items if item.batch is not None]
     timing = f"total;dur={held_s * 1000:.3f}"
     if computed:
-        queue = max(item.batch.queue_s(item) for item in computed)  # type: ignore[union-attr]
-        compute = max(item.batch.compute_s for item in computed)  # type: ignore[union-attr]
-        timing += f", queue;dur={queue * 1000:.3f}, compute;dur={compute * 1000:.3f}"
+        last = max(computed, key=lambda item: item.batch.finished_at)  # type: ignore[union-attr]
+        batch = cast(Batch, last.batch)
+        timing += f", queue;dur={batch.queue_s(last) * 1000:.3f}, compute;dur={batch.compute_s * 1000:.3f}"
     hits = sum(1 for item in items if item.state is RequestState.CACHED)
     if hits:  # (as /v1/inference marks its own: the inputs answered from the result cache)
         timing += f', cache;desc="hit {hits} of {len(items)}"'
