@@ -99,6 +99,7 @@ def describe(model: BatchModel) -> dict[str, Any]:
             "capacity_rps": round(model.forecast.capacity_rps(pool.healthy), 1), "queue_depth": model.batcher.depth,
             "predicted_wait_ms": round(min(model.predicted_wait_s(), 1e9) * 1000, 3),
             "flushes": dict(model.batcher.flushes), "echo_holds": model.batcher.echo.holds, "shed_for_room": model.batcher.shed,
+            "size_probes": model.batcher.size_probes,
             "busy_gap_ms_p50": model.forecast.gap_p50_ms(),
             "batch_sizes": {str(size): n for size, n in sorted(model.stats.batch_sizes.items())},
             "preprocess_calls": preprocessor.calls if preprocessor else 0,

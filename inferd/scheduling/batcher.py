@@ -118,6 +118,7 @@ class Batcher(QueueReadings):
         # of the last batches, which went before the oldest for a short call (policy's rule 3)
         self._short_jumps: deque[bool] = deque(maxlen=SHORT_JUMP_WINDOW)
         self._at_limit: dict[int, int] = {}  # by bucket: batches taken at a cut size limit since the last probe
+        self.size_probes = 0  # batches grown past a cut size limit (`_grow_to`): `GET /v1/models` shows it
 
     # ---- event loop side -------------------------------------------------------------------------
 
@@ -364,6 +365,7 @@ class Batcher(QueueReadings):
         if taken < PROBE_EVERY:
             return limit
         self._at_limit[bucket] = 0
+        self.size_probes += 1
         return min(costs.max_batch_size, 2 * limit)
 
     def _note_time(self, time_by_rank: dict[int, tuple[Rate, Rate]], requests: list[PendingRequest], bucket: int,

@@ -390,6 +390,7 @@ def test_a_size_limit_cut_by_a_measurement_is_probed_past_and_lifted_when_the_me
         costs.observe(0, len(batch.requests), 0.015 + 0.002 * len(batch.requests), clock())  # the truth
         clock.advance(0.01)
     assert sizes[:PROBE_EVERY] == [4] * (PROBE_EVERY - 1) + [8]  # the limit, and once in PROBE_EVERY twice it
+    assert b.size_probes == len(sizes) // PROBE_EVERY  # (every batch was taken at a cut limit)
     assert costs.size_limit(0) == 16  # lifted step by step (8, then 16, measured again), within 40 probes
     with_objective = settled(BatchCosts(16, slo_s=1.0), [(0, 1, 0.010), (0, 4, 0.020), (0, 8, 0.080), (0, 16, 0.160)])
     b = batcher(clock, max_batch_size=16, max_queue=1000, costs=with_objective)  # (its own trade: no probes)
