@@ -109,7 +109,7 @@ class BatchCosts:
         cell.runs += 1
         if cell.runs <= SETTLING_RUNS:  # still settling: the mean of its observations, wrong on its own account
             cell.shape += (seconds / self.level - cell.shape) / cell.runs
-        elif size > self._limits.get(bucket, size):  # a probe past the limit: its cell is stale, not noise
+        elif size > self._limits.get(bucket, size):  # past the limit (a probe, a short call whole): stale, not noise
             cell.shape += PROBE_STEP * (_within_step(seconds, expected) / self.level - cell.shape)
         else:  # settled: how far it ran from its estimate is the noise a margin covers
             self.errors.observe(seconds / expected, at)
