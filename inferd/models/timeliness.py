@@ -116,7 +116,8 @@ class Timeliness:
         costs.refresh_margins(now)
         predicted = judged + own  # from now to its answer (the lingering part is the rule's own, exact)
         work = predicted - lingering
-        margin = costs.margin_s(work, max(own, costs.costliest_batch_s())) if work < math.inf else 0.0
+        margin = (costs.margin_s(work, self._largest_batch_s(ahead, own))
+                  if work < math.inf else 0.0)
         if margin > MIN_EXCESS * work and self._lateness:  # never more than recent answers were late, at least the floor
             margin = max(MIN_EXCESS * work, min(margin, self._latest_lateness(now)))
         request.predicted_done = now + wait + own
@@ -138,6 +139,24 @@ class Timeliness:
         refused.server_timing = (f"predicted;dur={predicted * 1000:.3f}, margin;dur={margin * 1000:.3f}, "
                                  f"budget;dur={budget_ms:.3f}")
         return refused
+
+    def _largest_batch_s(self, ahead: dict[int, int], own: float) -> float:
+        """The longest single batch a prediction is made of, for its margin (errors of n batches add up
+        as sqrt(n)): its own, each bucket's ahead of it (a full one, or the partial one), those running.
+        With tiers the costliest of any bucket: higher tiers' arrivals may bring any. (The costliest for
+        all once made the margin of two 3 s batches grow linearly, as 32-input batches that never formed
+        took 15 s: it refused requests predicted at 6.5 s of a 10 s deadline they would have met.)"""
+        costs = self.costs
+        if self._tiered:
+            return max(own, costs.costliest_batch_s())
+        largest = own
+        for b, count in ahead.items():
+            if count:
+                size = costs.size_limit(b)
+                largest = max(largest, costs.full_batch_s(b) if count >= size else costs.estimate(count, b))
+        for batch in self._pool.running():
+            largest = max(largest, self._running_s(batch))
+        return largest
 
     def _as_its_own_batch(self, now: float, bucket: int, wait: float, alone: float) -> float:
         """The wait of a request joining its bucket's partial batch, judged as if its batch were its own,

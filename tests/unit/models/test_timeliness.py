@@ -308,6 +308,34 @@ async def test_a_margin_never_exceeds_how_late_recent_answers_came():
     assert admitted.predicted_done is not None and admitted.predicted_done - clock() < 0.4
 
 
+def noisy_errors(served: BatchModel, clock: FakeClock, exact: int, slow: int) -> None:
+    """Batches lately: `exact` ran as estimated, `slow` three times their estimate."""
+    for ratio in [1.0] * exact + [3.0] * slow:
+        served.costs.errors.observe(ratio, clock())
+    served.costs.refresh_margins(clock())
+
+
+async def test_a_margin_counts_the_batches_its_prediction_is_made_of_not_a_costlier_bucket_s():
+    """Errors of n batches add up as sqrt(n): four 50 ms batches ahead and its own have a margin of
+    ~0.22 s at a 2x excess. Taken on the costliest batch of any bucket (a long bucket's full batch of
+    1.5 s, none of it waiting), the margin grew with the whole prediction (0.5 s) and refused requests
+    with the time they needed (the issue's MiniLM case: 32-input batches that never formed, at 15 s)."""
+    clock = FakeClock()
+    served = model(clock, timeout_ms=10_000)
+    FakeDevice(served, clock, SimulatedGPU(latency_ms=50, max_batch_size=32))
+    served.costs.measured([(1, 32, 1.5)])  # a long bucket, nothing of it waiting
+    for i in range(32 * 4):
+        served.submit(f"r{i}", f"r {i}", 10.0)
+    noisy_errors(served, clock, exact=10, slow=3)  # both percentiles 2x over
+    assert served.costs.costliest_batch_s() == pytest.approx(1.5)
+    admitted = served.submit("fits", "fits", 0.6)  # 250 ms predicted, ~220 ms margin
+    assert admitted.predicted_done is not None and admitted.predicted_done - clock() == pytest.approx(0.25, abs=0.01)
+    with pytest.raises(ServiceOverloaded) as refused:
+        served.submit("tight", "tight", 0.4)
+    margin = re.search(r"plus a (\d+) ms margin", refused.value.message)
+    assert margin is not None and 150 <= int(margin.group(1)) <= 260, refused.value.message
+
+
 @pytest.mark.parametrize("load", [1.2, 2.0])
 async def test_under_an_objective_a_minority_bucket_is_refused_no_more_than_the_majority(load):
     """S10's mix on the fake clock: a tenth of the requests in a second length bucket. Judged by its own
