@@ -116,7 +116,7 @@ class Timeliness:
         costs.refresh_margins(now)
         predicted = judged + own  # from now to its answer (the lingering part is the rule's own, exact)
         work = predicted - lingering
-        margin = (costs.margin_s(work, self._largest_batch_s(ahead, own))
+        margin = (costs.margin_s(work, self._largest_batch_s(ahead, own), tier not in self._objective_tiers)
                   if work < math.inf else 0.0)
         if margin > MIN_EXCESS * work and self._lateness:  # never more than recent answers were late, at least the floor
             margin = max(MIN_EXCESS * work, min(margin, self._latest_lateness(now)))

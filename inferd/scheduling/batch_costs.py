@@ -208,10 +208,10 @@ class BatchCosts:
         """What a batch may take, for decisions that must not be late: `estimate` with one batch's margin."""
         return self.estimate(size, bucket) * (1.0 + self.errors.batch_excess)
 
-    def margin_s(self, total_s: float, batch_s: float) -> float:
+    def margin_s(self, total_s: float, batch_s: float, deadline: bool = False) -> float:
         """What a prediction of `total_s` seconds of batches (each up to `batch_s`) adds to hold at the
-        99th percentile (`PredictionErrors.margin_s`)."""
-        return self.errors.margin_s(total_s, batch_s)
+        99th percentile, or for a `deadline` alone the 90th (`PredictionErrors.margin_s`)."""
+        return self.errors.margin_s(total_s, batch_s, deadline)
 
     def full_batch_s(self, bucket: int) -> float:
         """What a batch of `bucket` at its size limit is expected to take (0.0: nothing measured)."""

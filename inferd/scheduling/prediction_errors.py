@@ -11,11 +11,14 @@ calibrated on what happened:
   estimated;
 - a prediction of `total` seconds made of batches of up to `batch` seconds adds the recent median excess
   (a bias the estimates have not caught up with yet; the median, so that one stall is not every
-  batch's) times `total`, plus the 99th percentile's distance
-  above that mean times sqrt(total x batch): the errors of independent batches add up as their
-  variances do, so the margin of n batches grows as sqrt(n), not n. One batch's margin is the 99th
-  percentile of one batch's excess; never more than that times `total` (what the recent batches
-  justify);
+  batch's) times `total`, plus a high percentile's distance above that median times sqrt(total x
+  batch): the errors of independent batches add up as their variances do, so the margin of n batches
+  grows as sqrt(n), not n. One batch's margin is that percentile of one batch's excess; never more
+  than that times `total` (what the recent batches justify);
+- which percentile is the refusal's purpose: the 99th for a latency objective (it is a p99), the 90th
+  for a deadline alone. A request refused for its deadline is lost at once, while one admitted that
+  then misses ends in a 504 no later than it, and is never computed once expired: at the 99th a
+  deadline refused requests with up to a 99% chance of being answered in time;
 - a stall (a collector, a preempted process) is one large excess: it widens the margin while it is
   among the recent batches, and fades as newer batches outweigh it or as time passes, batches or none,
   so a model that refuses everything is not held there by a figure nothing can correct.
@@ -31,7 +34,8 @@ import math
 HALF_LIFE_S = 3.0
 MIN_EXCESS = 0.1  # the least a batch's margin is: scheduling noise, the response's own time
 PRIOR_WEIGHT = 1.0  # the prior (a batch that ran as estimated) counts as this many batches
-QUANTILE = 0.99
+QUANTILE = 0.99  # a latency objective's margin (and one batch's, for decisions that must not be late)
+DEADLINE_QUANTILE = 0.9  # a deadline's alone (see the module docstring)
 TICK_S = 0.25  # the margin's figures are made again at most this often (and after each batch)
 _LOG_LO, _LOG_HI, _BIN = -1.0, 3.0, 0.05  # ratio bins from e^-1 (0.37x) to e^3 (20x), 5% wide
 _BINS = int((_LOG_HI - _LOG_LO) / _BIN) + 1
@@ -51,6 +55,7 @@ class PredictionErrors:
         self._top = _EXACT_BIN  # the highest bin with any weight (the prior's, or the highest observed since)
         self.bias = 0.0  # the recent median excess, at least 0
         self.spread = MIN_EXCESS  # the 99th percentile's excess above `bias`, at least MIN_EXCESS (scheduling noise)
+        self.deadline_spread = MIN_EXCESS  # the same of the 90th percentile (`DEADLINE_QUANTILE`)
         self.observed = 0
 
     def observe(self, ratio: float, at: float) -> None:
@@ -76,22 +81,25 @@ class PredictionErrors:
         scale = math.exp(-(now - self._origin) / self._tau)
         weights = self._weights
         total = PRIOR_WEIGHT + sum(weights) * scale
-        upper = 1.0 - QUANTILE  # the weight above the 99th percentile, then above the median
-        quantile = median = None
+        upper, lower = (1.0 - QUANTILE) * total, (1.0 - DEADLINE_QUANTILE) * total  # the weight above each
+        quantile = deadline_quantile = median = None
         above = 0.0
         # (from the highest bin with weight: the empty ones above it add nothing, and most batches of a
         # steady model land in a bin or two about the prior's, so this is a few bins, not 81, per batch)
         for i in range(self._top, -1, -1):
             above += weights[i] * scale + (PRIOR_WEIGHT if i == _EXACT_BIN else 0.0)
-            if quantile is None and above > upper * total:
+            if quantile is None and above > upper:
                 quantile = math.exp(_LOG_LO + i * _BIN) - 1.0
+            if deadline_quantile is None and above > lower:
+                deadline_quantile = math.exp(_LOG_LO + i * _BIN) - 1.0
             if above >= 0.5 * total:
                 median = math.exp(_LOG_LO + i * _BIN) - 1.0
                 break
         bias = max(0.0, median or 0.0)
         spread = max(MIN_EXCESS, (quantile or 0.0) - bias)
-        changed = bias != self.bias or spread != self.spread
-        self.bias, self.spread = bias, spread
+        deadline_spread = max(MIN_EXCESS, (deadline_quantile or 0.0) - bias)
+        changed = bias != self.bias or spread != self.spread or deadline_spread != self.deadline_spread
+        self.bias, self.spread, self.deadline_spread = bias, spread, deadline_spread
         return changed
 
     @property
@@ -99,12 +107,14 @@ class PredictionErrors:
         """What one batch may take beyond its estimate, as a share of it: the 99th percentile."""
         return self.bias + self.spread
 
-    def margin_s(self, total_s: float, batch_s: float) -> float:
+    def margin_s(self, total_s: float, batch_s: float, deadline: bool = False) -> float:
         """What a prediction of `total_s` seconds, in batches of up to `batch_s`, adds to stay on the safe
-        side at the 99th percentile (see the module docstring)."""
+        side at the 99th percentile, or with `deadline` at the 90th (see the module docstring)."""
         if total_s <= 0.0:
             return 0.0
-        return self.bias * total_s + self.spread * math.sqrt(total_s * min(batch_s, total_s))
+        spread = self.deadline_spread if deadline else self.spread
+        return self.bias * total_s + spread * math.sqrt(total_s * min(batch_s, total_s))
 
     def describe(self) -> dict[str, float]:
-        return {"bias": round(self.bias, 4), "spread": round(self.spread, 4), "batches": self.observed}
+        return {"bias": round(self.bias, 4), "spread": round(self.spread, 4),
+                "deadline_spread": round(self.deadline_spread, 4), "batches": self.observed}

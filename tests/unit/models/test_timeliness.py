@@ -336,6 +336,22 @@ async def test_a_margin_counts_the_batches_its_prediction_is_made_of_not_a_costl
     assert margin is not None and 150 <= int(margin.group(1)) <= 260, refused.value.message
 
 
+async def test_a_deadline_alone_is_refused_at_the_90th_percentile_of_errors_not_the_99th():
+    """Two batches in thirty lately ran 3x their estimates: the 99th percentile's margin (~0.22 s here)
+    would refuse a request with 0.4 s left for 0.25 s of predicted work; nine in ten batches run as
+    estimated, so for its deadline it is admitted. A refusal for a deadline loses the request at once;
+    an admitted one that misses gets its 504 by its deadline."""
+    clock = FakeClock()
+    served = model(clock, timeout_ms=10_000)
+    FakeDevice(served, clock, SimulatedGPU(latency_ms=50, max_batch_size=32))
+    for i in range(32 * 4):
+        served.submit(f"r{i}", f"r {i}", 10.0)
+    noisy_errors(served, clock, exact=30, slow=2)
+    assert served.costs.margin_s(0.25, 0.05) > 0.15  # at the 99th: 0.25 + 0.22 > 0.4, refused
+    admitted = served.submit("deadline", "deadline", 0.4)
+    assert admitted.predicted_wait is not None and admitted.predicted_done is not None
+
+
 @pytest.mark.parametrize("load", [1.2, 2.0])
 async def test_under_an_objective_a_minority_bucket_is_refused_no_more_than_the_majority(load):
     """S10's mix on the fake clock: a tenth of the requests in a second length bucket. Judged by its own

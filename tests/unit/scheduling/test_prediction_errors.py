@@ -77,20 +77,31 @@ def test_a_bias_the_estimates_have_not_caught_up_with_counts_in_full():
     assert errors.margin_s(10.0, 0.1) >= 0.5 * 10.0
 
 
-def _figures_over_every_bin(errors: PredictionErrors, now: float) -> tuple[float, float]:
-    """`refresh`'s bias and spread by its definition: the weight above each bin, over all 81 of them."""
+def test_a_deadline_alone_holds_the_90th_percentile_and_an_objective_the_99th():
+    errors = PredictionErrors()
+    rng = random.Random(7)
+    feed(errors, [math.exp(rng.gauss(0.0, 0.3)) for _ in range(2000)], 0.0)  # ~30% either way
+    assert 0.35 < errors.deadline_spread < 0.6  # e^(1.28 x 0.3) - 1 = 0.47
+    assert 0.8 < errors.spread < 1.25  # e^(2.33 x 0.3) - 1 = 1.01
+    assert errors.margin_s(1.0, 0.1, deadline=True) < 0.6 * errors.margin_s(1.0, 0.1)
+
+
+def _figures_over_every_bin(errors: PredictionErrors, now: float) -> tuple[float, float, float]:
+    """`refresh`'s bias and spreads by their definition: the weight above each bin, over all 81 of them."""
     scale = math.exp(-(now - errors._origin) / errors._tau)
     total = module.PRIOR_WEIGHT + sum(errors._weights) * scale
-    above, quantile, median = 0.0, None, None
+    above, quantiles, median = 0.0, {}, None
     for i in range(module._BINS - 1, -1, -1):
         above += errors._weights[i] * scale + (module.PRIOR_WEIGHT if i == module._EXACT_BIN else 0.0)
-        if quantile is None and above > (1.0 - module.QUANTILE) * total:
-            quantile = math.exp(module._LOG_LO + i * module._BIN) - 1.0
+        for q in (module.QUANTILE, module.DEADLINE_QUANTILE):
+            if q not in quantiles and above > (1.0 - q) * total:
+                quantiles[q] = math.exp(module._LOG_LO + i * module._BIN) - 1.0
         if above >= 0.5 * total:
             median = math.exp(module._LOG_LO + i * module._BIN) - 1.0
             break
     bias = max(0.0, median or 0.0)
-    return bias, max(MIN_EXCESS, (quantile or 0.0) - bias)
+    spread, deadline = (max(MIN_EXCESS, quantiles.get(q, 0.0) - bias) for q in (module.QUANTILE, module.DEADLINE_QUANTILE))
+    return bias, spread, deadline
 
 
 def test_the_figures_read_from_the_highest_bin_with_weight_are_those_of_every_bin():
@@ -102,4 +113,4 @@ def test_the_figures_read_from_the_highest_bin_with_weight_are_those_of_every_bi
             errors.observe(math.exp(shift + rng.gauss(0.0, sigma)), at)
             at += rng.choice([0.01, 0.2, 2.0])
         errors.refresh(at)
-        assert (errors.bias, errors.spread) == _figures_over_every_bin(errors, at)
+        assert (errors.bias, errors.spread, errors.deadline_spread) == _figures_over_every_bin(errors, at)
