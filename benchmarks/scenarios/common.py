@@ -228,6 +228,7 @@ def save(name: str, title: str, steps: list[dict[str, Any]], out_dir: str, **kw:
 def save_table(name: str, title: str, rows: list[dict[str, Any]], lines: list[str], out_dir: str | Path) -> None:
     """A scenario's own table: its rows as JSON and its lines as markdown under its title, in `out_dir`."""
     out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps({"title": title, "machine": _machine(), "rows": rows}, indent=1) + "\n")
     (out / f"{name}.md").write_text(f"### {title}\n\n" + "\n".join(lines) + "\n")
     print("\n".join(lines))
