@@ -6,13 +6,9 @@ busy host's CPU model: batch times vary threefold, and a margin that multiplied 
 by its worst case refused 96% of requests with ten times the time they needed). So the margin is
 calibrated on what happened:
 
-- every batch's excess over its estimate (actual / estimated - 1) is kept, its weight halved by every
-  `HALF_LIFE_BATCHES` newer batches and by every `HALF_LIFE_S` of age, beside a prior that never fades:
-  one batch that ran exactly as estimated. By batches, so that a percentile is read from some thirty
-  of them whatever a batch takes (faded by 3 s alone, a model of 1-3 s batches read its 90th
-  percentile from two or three, the largest of them: one single-input batch at twice its estimate
-  refused requests with 4 s to spare); by time too, so that a model whose margin refuses everything is
-  not held there by a figure nothing corrects;
+- every batch's excess over its estimate (actual / estimated - 1) is kept, weighted by its age (half of
+  its weight gone every `HALF_LIFE_S`), beside a prior that never fades: one batch that ran exactly as
+  estimated;
 - a prediction of `total` seconds made of batches of up to `batch` seconds adds the recent median excess
   (a bias the estimates have not caught up with yet; the median, so that one stall is not every
   batch's) times `total`, plus a high percentile's distance above that median times sqrt(total x
@@ -24,7 +20,8 @@ calibrated on what happened:
   then misses ends in a 504 no later than it, and is never computed once expired: at the 99th a
   deadline refused requests with up to a 99% chance of being answered in time;
 - a stall (a collector, a preempted process) is one large excess: it widens the margin while it is
-  among the recent batches, and fades as newer batches outweigh it or as time passes, batches or none.
+  among the recent batches, and fades as newer batches outweigh it or as time passes, batches or none,
+  so a model that refuses everything is not held there by a figure nothing can correct.
 
 Excess is kept in fixed bins of its logarithm, so a batch costs O(1) and a question O(bins), asked at
 most once per `TICK_S` (then kept). Written and read on the event loop.
@@ -34,8 +31,7 @@ from __future__ import annotations
 
 import math
 
-HALF_LIFE_BATCHES = 32.0  # a batch's weight halves with every this many newer batches...
-HALF_LIFE_S = 30.0  # ...and with every this many seconds of age
+HALF_LIFE_S = 3.0
 MIN_EXCESS = 0.1  # the least a batch's margin is: scheduling noise, the response's own time
 PRIOR_WEIGHT = 1.0  # the prior (a batch that ran as estimated) counts as this many batches
 QUANTILE = 0.99  # a latency objective's margin (and one batch's, for decisions that must not be late)
@@ -44,15 +40,15 @@ TICK_S = 0.25  # the margin's figures are made again at most this often (and aft
 _LOG_LO, _LOG_HI, _BIN = -1.0, 3.0, 0.05  # ratio bins from e^-1 (0.37x) to e^3 (20x), 5% wide
 _BINS = int((_LOG_HI - _LOG_LO) / _BIN) + 1
 _EXACT_BIN = round(-_LOG_LO / _BIN)  # the bin of batches that ran as estimated, where the prior sits
-_PER_SECOND, _PER_BATCH = math.log(2) / HALF_LIFE_S, math.log(2) / HALF_LIFE_BATCHES  # fading, in e-folds
-_RESCALE = 20.0  # weights are kept as exp(fading since an origin), the origin moved on this many e-folds
+_RESCALE_S = 30 * HALF_LIFE_S  # weights are kept as exp(age / tau) from an origin moved on this often
 
 
 class PredictionErrors:
     """The recent distribution of batches' actual time against their estimate, for one model version."""
 
     def __init__(self) -> None:
-        self._weights = [0.0] * _BINS  # by bin of log(actual / estimated), in units of exp(`_faded` - origin)
+        self._tau = HALF_LIFE_S / math.log(2)
+        self._weights = [0.0] * _BINS  # by bin of log(actual / estimated), in units of exp((t - origin) / tau)
         self._origin = 0.0
         self._made_at = -math.inf  # when `bias` and `spread` were made
         self._dirty = False
@@ -66,28 +62,23 @@ class PredictionErrors:
         """A batch took `ratio` times its estimate, at `at` (seconds, the model's clock)."""
         if not ratio > 0:
             return
-        self.observed += 1
-        faded = self._faded(at)
-        if faded - self._origin > _RESCALE:
-            shrink = math.exp(self._origin - faded)
+        if at - self._origin > _RESCALE_S:
+            shrink = math.exp(-(at - self._origin) / self._tau)
             self._weights = [w * shrink for w in self._weights]
-            self._origin = faded
+            self._origin = at
         index = min(_BINS - 1, max(0, round((math.log(ratio) - _LOG_LO) / _BIN)))
-        self._weights[index] += math.exp(faded - self._origin)
+        self._weights[index] += math.exp((at - self._origin) / self._tau)
         if index > self._top:
             self._top = index
+        self.observed += 1
         self._dirty = True
-
-    def _faded(self, at: float) -> float:
-        """How far weights have faded by `at`, in e-folds: by the seconds and by the batches observed."""
-        return at * _PER_SECOND + self.observed * _PER_BATCH
 
     def refresh(self, now: float) -> bool:
         """Make `bias` and `spread` again if a batch came in or a tick passed since; True if they changed."""
         if not self._dirty and now - self._made_at < TICK_S:
             return False
         self._made_at, self._dirty = now, False
-        scale = math.exp(self._origin - self._faded(now))
+        scale = math.exp(-(now - self._origin) / self._tau)
         weights = self._weights
         total = PRIOR_WEIGHT + sum(weights) * scale
         upper, lower = (1.0 - QUANTILE) * total, (1.0 - DEADLINE_QUANTILE) * total  # the weight above each
