@@ -80,7 +80,7 @@ class Delivery:
             if request.predicted_wait is not None:
                 self.timeliness.observe_wait_error(request.tier, waited - request.predicted_wait)
                 if request.predicted_done is not None:
-                    self.timeliness.observe_lateness(batch.finished_at - request.predicted_done, batch.finished_at)
+                    self.timeliness.lateness.observe(batch.finished_at - request.predicted_done, batch.finished_at)
         if self.tracing is not None:
             self.tracing.batch(batch, self.name)
         if batch.error is None:

@@ -21,7 +21,6 @@ for a batch.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Sequence
 
 from .. import errors
@@ -34,14 +33,13 @@ from ..scheduling.batcher import Batcher
 from ..scheduling.policy import latest_start
 from ..scheduling.prediction_errors import MIN_EXCESS
 from .forecast import Forecast
+from .lateness import Lateness
 
 TAIL_SIGMAS = 2.3  # a lower tier is admitted on the wait that holds unless the higher ones send a 1-in-100 burst
 EXACT_S = 0.001  # a linger the rule ends just in time for the request's own batch ends at its due exactly
 ASKED_ANYWAY = 16  # of the requests the bound admits, one in this many is asked all the same: predictions stay measured
 PROBE_EVERY_S = 1.0  # a model with nothing to do, refusing all it is sent, admits one request this often (`_probe`)
 PROBE_AFTER_REFUSALS = 10  # ...once it has refused more than this many since the last
-LATENESS_WINDOW_S = 30.0  # the margin is bounded by how late the answers of this window came...
-LATENESS_SAMPLES = 8  # ...once there are this many of them
 BUSY_WINDOW_S = 1.0  # a bucket that ran a batch within this (or twice the objective) has requests coming
 
 
@@ -72,8 +70,7 @@ class Timeliness:
         self._unasked = 0  # requests the bound admitted since one was asked all the same
         self._probed_at = -math.inf  # when a request the prediction refused last went in as a probe
         self._refused_since_probe = 0
-        self._lateness: deque[tuple[float, float]] = deque(maxlen=256)  # (when, how late after its prediction) of answers
-        self._lateness_bound: tuple[float, float] | None = None  # (made at, `_latest_lateness`) until an answer comes
+        self.lateness = Lateness()  # how late recent answers came: what bounds the margin
         self._bound_revision = -1  # the cost model's revision the bound's terms were made at
         self._bound_terms = (0.0, 0.0)  # the bound with nothing waiting, and what each waiting request adds
         # With tiers, or under the model's objective (its linger bound is the objective itself), the bound
@@ -118,8 +115,8 @@ class Timeliness:
         work = predicted - lingering
         margin = (costs.margin_s(work, self._largest_batch_s(ahead, own), tier not in self._objective_tiers)
                   if work < math.inf else 0.0)
-        if margin > MIN_EXCESS * work and self._lateness:  # never more than recent answers were late, at least the floor
-            margin = max(MIN_EXCESS * work, min(margin, self._latest_lateness(now)))
+        if margin > MIN_EXCESS * work and self.lateness:  # never more than recent answers were late, at least the floor
+            margin = max(MIN_EXCESS * work, min(margin, self.lateness.bound_s(now)))
         request.predicted_done = now + wait + own
         if not self._refuses_early or now + predicted + margin <= request.due + EXACT_S or self._probe(
                 now, now + predicted <= request.due + EXACT_S, exact=bucket is not None):
@@ -285,24 +282,6 @@ class Timeliness:
     def _running_s(self, batch: Batch) -> float:
         """How long a batch now running is expected to take in all."""
         return self.forecast.batch_cost_s(batch.size, batch.bucket)
-
-    def observe_lateness(self, lateness_s: float, at: float) -> None:
-        """An admitted request was answered `lateness_s` after its predicted answer (negative: before)."""
-        self._lateness.append((at, lateness_s))
-        self._lateness_bound = None
-
-    def _latest_lateness(self, now: float) -> float:
-        """The most a recent answer came after its prediction (at least 0): what bounds the margin, once
-        `LATENESS_SAMPLES` answers of the last `LATENESS_WINDOW_S` say so (a busy host's batch times
-        varying threefold made a margin of twice the prediction where no answer came late at all).
-        Made again after a batch's answers or a second, not per request (up to 256 to look through)."""
-        kept = self._lateness_bound
-        if kept is not None and now - kept[0] < 1.0:
-            return kept[1]
-        recent = [late for at, late in self._lateness if now - at <= LATENESS_WINDOW_S]
-        bound = max(0.0, max(recent)) if len(recent) >= LATENESS_SAMPLES else math.inf
-        self._lateness_bound = (now, bound)
-        return bound
 
     def observe_wait_error(self, tier: str, error_s: float) -> None:
         """A request waited `error_s` longer (or shorter: negative) than predicted when it was queued."""

@@ -187,7 +187,7 @@ class Replica:
         self.forecast.observe_batch(compute, batch.size, batch.bucket, batch.backlog, None, now)
         # What delivery does that decides anything later: the lateness bounds admission's margin. (Not the
         # wait error's histogram nor the capacity rate limits scale by: nothing here reads them.)
-        outcome_of, observe_lateness = self._outcomes.pop, self.timeliness.observe_lateness
+        outcome_of, observe_lateness = self._outcomes.pop, self.timeliness.lateness.observe
         answered = 0
         for request in batch.requests:
             outcome = outcome_of(id(request), None)

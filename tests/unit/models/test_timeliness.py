@@ -303,7 +303,7 @@ async def test_a_margin_never_exceeds_how_late_recent_answers_came():
     with pytest.raises(ServiceOverloaded):
         served.submit("tight", "tight", 0.4)  # ~250 ms predicted, margin ~2x: refused
     for _ in range(8):  # answers came 20 ms before their predictions
-        served.timeliness.observe_lateness(-0.02, clock())
+        served.timeliness.lateness.observe(-0.02, clock())
     admitted = served.submit("tight again", "tight again", 0.4)
     assert admitted.predicted_done is not None and admitted.predicted_done - clock() < 0.4
 
