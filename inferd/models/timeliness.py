@@ -141,8 +141,8 @@ class Timeliness:
         """The longest single batch a prediction is made of, for its margin (errors of n batches add up
         as sqrt(n)): its own, each bucket's ahead of it (a full one, or the partial one), those running.
         With tiers the costliest of any bucket: higher tiers' arrivals may bring any. (The costliest for
-        all once made the margin of two 3 s batches grow linearly, as 32-input batches that never formed
-        took 15 s: it refused requests predicted at 6.5 s of a 10 s deadline they would have met.)"""
+        all once made the margin of two 3 s batches grow linearly, on 32-input batches priced at 15 s that
+        never formed: it refused requests predicted at 6.5 s of a 10 s deadline they would have met.)"""
         costs = self.costs
         if self._tiered:
             return max(own, costs.costliest_batch_s())
