@@ -7,8 +7,11 @@ by its worst case refused 96% of requests with ten times the time they needed). 
 calibrated on what happened:
 
 - every batch's excess over its estimate (actual / estimated - 1) is kept, weighted by its age (half of
-  its weight gone every `HALF_LIFE_S`), beside a prior that never fades: one batch that ran exactly as
-  estimated;
+  its weight gone every `HALF_LIFE_S`), beside a prior that never fades: batches that ran exactly as
+  estimated, one of them, or as many as the recent batches weigh less than `EVIDENCE` (a model of
+  1-3 s batches has two or three in a half-life: read alone, one single-input batch at 2.1x its
+  estimate set the 90th percentile, and an onset's first settled batch set the median, refusing requests
+  that had 3 s to spare);
 - a prediction of `total` seconds made of batches of up to `batch` seconds adds the recent median excess
   (a bias the estimates have not caught up with yet; the median, so that one stall is not every
   batch's) times `total`, plus a high percentile's distance above that median times sqrt(total x
@@ -33,7 +36,8 @@ import math
 
 HALF_LIFE_S = 3.0
 MIN_EXCESS = 0.1  # the least a batch's margin is: scheduling noise, the response's own time
-PRIOR_WEIGHT = 1.0  # the prior (a batch that ran as estimated) counts as this many batches
+PRIOR_WEIGHT = 1.0  # the prior (a batch that ran as estimated) counts as this many batches...
+EVIDENCE = 10.0  # ...or as many as the recent batches' weight falls short of this
 QUANTILE = 0.99  # a latency objective's margin (and one batch's, for decisions that must not be late)
 DEADLINE_QUANTILE = 0.9  # a deadline's alone (see the module docstring)
 TICK_S = 0.25  # the margin's figures are made again at most this often (and after each batch)
@@ -80,14 +84,16 @@ class PredictionErrors:
         self._made_at, self._dirty = now, False
         scale = math.exp(-(now - self._origin) / self._tau)
         weights = self._weights
-        total = PRIOR_WEIGHT + sum(weights) * scale
+        observed = sum(weights) * scale
+        prior = max(PRIOR_WEIGHT, EVIDENCE - observed)
+        total = prior + observed
         upper, lower = (1.0 - QUANTILE) * total, (1.0 - DEADLINE_QUANTILE) * total  # the weight above each
         quantile = deadline_quantile = median = None
         above = 0.0
         # (from the highest bin with weight: the empty ones above it add nothing, and most batches of a
         # steady model land in a bin or two about the prior's, so this is a few bins, not 81, per batch)
         for i in range(self._top, -1, -1):
-            above += weights[i] * scale + (PRIOR_WEIGHT if i == _EXACT_BIN else 0.0)
+            above += weights[i] * scale + (prior if i == _EXACT_BIN else 0.0)
             if quantile is None and above > upper:
                 quantile = math.exp(_LOG_LO + i * _BIN) - 1.0
             if deadline_quantile is None and above > lower:

@@ -77,6 +77,22 @@ def test_a_bias_the_estimates_have_not_caught_up_with_counts_in_full():
     assert errors.margin_s(10.0, 0.1) >= 0.5 * 10.0
 
 
+def test_a_percentile_is_not_read_from_two_or_three_batches_until_recent_ones_weigh_ten():
+    """A model of 1-3 s batches keeps two or three of them in a half-life: one single-input batch at 2.1x
+    its estimate set the 90th percentile, and an onset's first settled batch (2.6x) the median, refusing
+    requests with 3 s of a 10 s deadline to spare. Until recent batches weigh `EVIDENCE`, batches as
+    estimated make up the rest; the 99th (an objective's) still holds the one slow batch."""
+    errors = PredictionErrors()
+    feed(errors, [2.6], 0.0, every_s=2.0)
+    assert errors.bias == 0.0 and errors.deadline_spread == MIN_EXCESS
+    assert errors.spread == pytest.approx(1.6, rel=0.05)
+    feed(errors, [1.0, 2.1, 1.0], 2.0, every_s=2.0)  # a few more: the 90th still is not one batch's
+    assert errors.deadline_spread == MIN_EXCESS
+    busy = PredictionErrors()  # as many slow batches, among enough batches to read the 90th from
+    feed(busy, [1.0] * 16 + [2.1] * 4, 0.0)
+    assert errors.bias == busy.bias == 0.0 and busy.deadline_spread == pytest.approx(1.1, rel=0.05)
+
+
 def test_a_deadline_alone_holds_the_90th_percentile_and_an_objective_the_99th():
     errors = PredictionErrors()
     rng = random.Random(7)
@@ -89,10 +105,12 @@ def test_a_deadline_alone_holds_the_90th_percentile_and_an_objective_the_99th():
 def _figures_over_every_bin(errors: PredictionErrors, now: float) -> tuple[float, float, float]:
     """`refresh`'s bias and spreads by their definition: the weight above each bin, over all 81 of them."""
     scale = math.exp(-(now - errors._origin) / errors._tau)
-    total = module.PRIOR_WEIGHT + sum(errors._weights) * scale
+    observed = sum(errors._weights) * scale
+    prior = max(module.PRIOR_WEIGHT, module.EVIDENCE - observed)
+    total = prior + observed
     above, quantiles, median = 0.0, {}, None
     for i in range(module._BINS - 1, -1, -1):
-        above += errors._weights[i] * scale + (module.PRIOR_WEIGHT if i == module._EXACT_BIN else 0.0)
+        above += errors._weights[i] * scale + (prior if i == module._EXACT_BIN else 0.0)
         for q in (module.QUANTILE, module.DEADLINE_QUANTILE):
             if q not in quantiles and above > (1.0 - q) * total:
                 quantiles[q] = math.exp(module._LOG_LO + i * module._BIN) - 1.0
