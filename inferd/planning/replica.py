@@ -184,6 +184,7 @@ class Replica:
         compute = batch.compute_s
         self.stats.busy_s += compute
         self.stats.batches += 1
+        expected_s = self.timeliness.settled_batch_s(batch)  # (as delivery: lateness against the batch that formed)
         self.forecast.observe_batch(compute, batch.size, batch.bucket, batch.backlog, None, now)
         # What delivery does that decides anything later: the lateness bounds admission's margin. (Not the
         # wait error's histogram nor the capacity rate limits scale by: nothing here reads them.)
@@ -194,9 +195,9 @@ class Replica:
             if outcome is not None:
                 outcome.done = now
                 answered += 1
-            predicted_done = request.predicted_done
-            if predicted_done is not None and request.predicted_wait is not None:
-                observe_lateness(now - predicted_done, now)
+            predicted_start = request.predicted_start
+            if predicted_start is not None and expected_s is not None and request.predicted_wait is not None:
+                observe_lateness(now - (predicted_start + expected_s), now)
         self.outstanding -= answered
         self.stats.answered += answered
         self._finished = batch.size

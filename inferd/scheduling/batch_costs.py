@@ -204,6 +204,14 @@ class BatchCosts:
             return 0.0
         return curve[size if 0 < size <= self.max_batch_size else max(1, min(size, self.max_batch_size))] * self.level
 
+    def learning(self, size: int, bucket: int) -> bool:
+        """Whether the cost of a batch of `size` requests of `bucket` is still being learned: a shape never
+        run, or in its first `SETTLING_RUNS` (from warm-up too). How far such a batch runs from its estimate
+        is its cell's own lesson, not the noise a margin covers (`observe`)."""
+        cells = self._cells.get(bucket)
+        cell = cells.get(size) if cells else None
+        return cell is None or cell.runs < SETTLING_RUNS
+
     def safe_estimate(self, size: int, bucket: int) -> float:
         """What a batch may take, for decisions that must not be late: `estimate` with one batch's margin."""
         return self.estimate(size, bucket) * (1.0 + self.errors.batch_excess)

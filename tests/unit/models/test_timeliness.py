@@ -17,6 +17,7 @@ from inferd.errors import ServiceOverloaded
 from inferd.messages import Batch
 from inferd.models.batch_model import BatchModel
 from inferd.observability.metrics import RequestMetrics
+from inferd.scheduling.batch_costs import SETTLING_RUNS
 
 from ...helpers import FakeClock
 
@@ -305,7 +306,56 @@ async def test_a_margin_never_exceeds_how_late_recent_answers_came():
     for _ in range(8):  # answers came 20 ms before their predictions
         served.timeliness.lateness.observe(-0.02, clock())
     admitted = served.submit("tight again", "tight again", 0.4)
-    assert admitted.predicted_done is not None and admitted.predicted_done - clock() < 0.4
+    assert admitted.predicted_start is not None and admitted.predicted_start - clock() < 0.4
+
+
+def run_until_idle(served: BatchModel, device: FakeDevice, clock: FakeClock) -> None:
+    """Step the device until nothing waits or runs."""
+    while served.batcher.depth or device.worker.current is not None:
+        device.step()
+        clock.advance(0.001)
+
+
+async def test_an_answer_s_lateness_is_against_the_batch_that_formed_not_the_one_it_expected():
+    """A request that expected a batch of its own, joined by seven that came after it, is answered when
+    a batch of eight ends: later than predicted, yet every batch ran as estimated. Counted as late, what
+    bounds the margin held the size the prediction could not know (a closed loop's first request of a
+    cycle joins the other seven each time), and no timing error at all."""
+    clock = FakeClock()
+    served = model(clock, timeout_ms=10_000)
+    gpu = SimulatedGPU(latency_ms=50, per_item_ms=20, max_batch_size=32)
+    device = FakeDevice(served, clock, gpu)
+    for size in (1, 8):  # both shapes settled, as the device runs them
+        for _ in range(SETTLING_RUNS + 1):
+            served.costs.observe(0, size, gpu.call_s(["x"] * size), clock())
+    served.submit("ahead", "ahead", 0.6)  # (deadlines a full batch of 32 would miss: every request is asked)
+    while device.worker.current is None:  # running: what the next request waits for
+        device.step()
+        clock.advance(0.001)
+    first = served.submit("first", "first", 0.6)
+    assert first.predicted_start is not None
+    for i in range(7):
+        served.submit(f"joins {i}", f"joins {i}", 0.6)
+    run_until_idle(served, device, clock)
+    assert first.batch is not None and first.batch.size == 8
+    assert first.predicted_wait is not None and first.predicted_wait < gpu.call_s(["x"])  # it went next, as predicted
+    assert len(served.timeliness.lateness) == 9 and served.timeliness.lateness.bound_s(clock()) < 0.03  # (and "ahead"; not 0.14)
+
+
+async def test_a_shape_still_learned_says_nothing_of_how_late_answers_come():
+    """On a host slowed 30x since its warm-up, a shape's first batches run far past estimates still
+    made of the warm-up: that is its cell's to learn (the margin's errors leave them out too), not how
+    far predictions of known batches run off. Held, that onset bounded the margin at 3 s for 30 s."""
+    clock = FakeClock()
+    served = model(clock, timeout_ms=60_000, slo_ms=30_000)
+    device = FakeDevice(served, clock, SimulatedGPU(latency_ms=1500, max_batch_size=32))  # warm-up: 50 ms
+    for i in range(SETTLING_RUNS - 1):  # with the warm-up's, the shape's first runs
+        served.submit(f"r{i}", f"r {i}", 60.0)
+        run_until_idle(served, device, clock)
+    assert len(served.timeliness.lateness) == 0
+    served.submit("settled", "settled", 60.0)
+    run_until_idle(served, device, clock)
+    assert len(served.timeliness.lateness) == 1
 
 
 def noisy_errors(served: BatchModel, clock: FakeClock, exact: int, slow: int) -> None:
@@ -329,7 +379,7 @@ async def test_a_margin_counts_the_batches_its_prediction_is_made_of_not_a_costl
     noisy_errors(served, clock, exact=10, slow=3)  # both percentiles 2x over
     assert served.costs.costliest_batch_s() == pytest.approx(1.5)
     admitted = served.submit("fits", "fits", 0.6)  # 250 ms predicted, ~220 ms margin
-    assert admitted.predicted_done is not None and admitted.predicted_done - clock() == pytest.approx(0.25, abs=0.01)
+    assert admitted.predicted_start is not None and admitted.predicted_start - clock() == pytest.approx(0.20, abs=0.01)  # after the four ahead
     with pytest.raises(ServiceOverloaded) as refused:
         served.submit("tight", "tight", 0.4)
     margin = re.search(r"plus a (\d+) ms margin", refused.value.message)
@@ -349,7 +399,7 @@ async def test_a_deadline_alone_is_refused_at_the_90th_percentile_of_errors_not_
     noisy_errors(served, clock, exact=30, slow=2)
     assert served.costs.margin_s(0.25, 0.05) > 0.15  # at the 99th: 0.25 + 0.22 > 0.4, refused
     admitted = served.submit("deadline", "deadline", 0.4)
-    assert admitted.predicted_wait is not None and admitted.predicted_done is not None
+    assert admitted.predicted_wait is not None and admitted.predicted_start is not None
 
 
 @pytest.mark.parametrize("load", [1.2, 2.0])
