@@ -77,11 +77,16 @@ def test_a_bias_the_estimates_have_not_caught_up_with_counts_in_full():
     assert errors.margin_s(10.0, 0.1) >= 0.5 * 10.0
 
 
-def test_a_percentile_is_not_read_from_two_or_three_batches_until_recent_ones_weigh_ten():
+def test_a_percentile_is_not_read_from_two_or_three_batches_until_recent_ones_weigh_twelve():
     """A model of 1-3 s batches keeps two or three of them in a half-life: one single-input batch at 2.1x
     its estimate set the 90th percentile, and an onset's first settled batch (2.6x) the median, refusing
     requests with 3 s of a 10 s deadline to spare. Until recent batches weigh `EVIDENCE`, batches as
     estimated make up the rest; the 99th (an objective's) still holds the one slow batch."""
+    errors = PredictionErrors()
+    errors.observe(3.2, 0.0)
+    errors.refresh(0.0)  # (read the instant it is observed: its whole weight)
+    assert errors.bias == 0.0 and errors.deadline_spread == MIN_EXCESS
+    assert errors.spread == pytest.approx(2.2, rel=0.05)
     errors = PredictionErrors()
     feed(errors, [2.6], 0.0, every_s=2.0)
     assert errors.bias == 0.0 and errors.deadline_spread == MIN_EXCESS
