@@ -1,8 +1,10 @@
 """How late a batch model's recent answers came after their predicted time.
 
 Admission's margin (`timeliness`) is never more than the latest of these: on a busy host, batch times
-varying threefold made a margin of twice the prediction where no answer came late at all. Written and
-read on the event loop.
+varying threefold made a margin of twice the prediction where no answer came late at all. An answer's
+predicted time is its predicted start plus the batch that really formed, as estimated: the timing
+errors a margin covers, not a batch larger than the request expected (delivery measures it,
+`Timeliness.settled_batch_s`). Written and read on the event loop.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ class Lateness:
         return len(self._answers)
 
     def observe(self, lateness_s: float, at: float) -> None:
-        """An admitted request was answered `lateness_s` after its predicted answer (negative: before)."""
+        """An admitted request was answered `lateness_s` after its predicted time (negative: before)."""
         self._answers.append((at, lateness_s))
         self._bound = None
 

@@ -287,7 +287,7 @@ class Timeliness:
         """How long a batch just done (not learned from yet) was expected to take, against which its
         answers' lateness is measured; None while its shape is still learned, as the margin's errors leave
         it out: on a host slowed fourfold since its warm-up, the first batches ran 30x their estimates, and
-        that onset held the bound at 3 s for the next 30 s, above every later answer's lateness (0.6 s)."""
+        that onset held the bound at 3 s for the next 30 s, above every later answer's lateness (0.6-1.8 s)."""
         if self.costs.learning(batch.size, batch.bucket):
             return None
         return self.forecast.batch_cost_s(batch.size, batch.bucket)

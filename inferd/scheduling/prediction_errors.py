@@ -38,8 +38,8 @@ HALF_LIFE_S = 3.0
 MIN_EXCESS = 0.1  # the least a batch's margin is: scheduling noise, the response's own time
 PRIOR_WEIGHT = 1.0  # the prior (a batch that ran as estimated) counts as this many batches...
 EVIDENCE = 12.0  # ...or as many as the recent batches' weight falls short of this (over ten: one batch
-# alone is never a tenth of the weight, so never the 90th percentile; at ten exactly, a batch observed
-# that instant weighs 1.0000000000000002 and was, refusing a closed loop's requests for a tick)
+# alone is never a tenth of the weight, so never the 90th percentile; at ten exactly, a batch read the
+# instant it was observed weighed 1.0000000000000002 and was the 90th alone, refusing for a tick)
 QUANTILE = 0.99  # a latency objective's margin (and one batch's, for decisions that must not be late)
 DEADLINE_QUANTILE = 0.9  # a deadline's alone (see the module docstring)
 TICK_S = 0.25  # the margin's figures are made again at most this often (and after each batch)
