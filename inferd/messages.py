@@ -46,7 +46,8 @@ class PendingRequest:
     due: float = math.inf  # when its answer is wanted: its deadline, or sooner its latency objective (set by its model)
     slo_at: float | None = None  # when its latency objective ends (None: it has none)
     predicted_wait: float | None = None  # the wait predicted when it was queued (seconds), for the error
-    predicted_start: float | None = None  # when its batch was predicted to start, for the margin's bound (`Lateness`)
+    predicted_start: float | None = None  # when its batch was predicted to start, and...
+    predicted_done: float = 0.0  # ...its answer (without the margin): for the margin's bound (`Lateness`)
     state: RequestState = RequestState.QUEUED
     attempts: int = 0  # backend runs it was part of (a hung or dead worker's batch runs again)
     batch: Batch | None = None  # set when taken, for the response's timing and logs

@@ -65,8 +65,8 @@ class Delivery:
 
     def _answer(self, batch: Batch) -> None:
         compute = batch.compute_s
-        # An answer's lateness is against its predicted start plus the batch that really formed, as estimated
-        # before it is learned from: what the margin covers (a batch larger than predicted is not its error).
+        # An answer's lateness is against the later of its predicted answer and its predicted start plus the
+        # batch that really formed, as estimated before it is learned from (`Lateness`).
         expected_s = self.timeliness.settled_batch_s(batch)
         # (a failed batch's time holds its bisection's extra calls: it says nothing of what a batch costs)
         self.forecast.observe_batch(compute, batch.size if batch.error is None else 0, batch.bucket,
@@ -83,8 +83,8 @@ class Delivery:
             if request.predicted_wait is not None:
                 self.timeliness.observe_wait_error(request.tier, waited - request.predicted_wait)
                 if request.predicted_start is not None and expected_s is not None:
-                    self.timeliness.lateness.observe(batch.finished_at - (request.predicted_start + expected_s),
-                                                     batch.finished_at)
+                    predicted = max(request.predicted_done, request.predicted_start + expected_s)
+                    self.timeliness.lateness.observe(batch.finished_at - predicted, batch.finished_at)
         if self.tracing is not None:
             self.tracing.batch(batch, self.name)
         if batch.error is None:

@@ -117,7 +117,7 @@ class Timeliness:
                   if work < math.inf else 0.0)
         if margin > MIN_EXCESS * work and self.lateness:  # never more than recent answers were late, at least the floor
             margin = max(MIN_EXCESS * work, min(margin, self.lateness.bound_s(now)))
-        request.predicted_start = now + wait
+        request.predicted_start, request.predicted_done = now + wait, now + wait + own
         if not self._refuses_early or now + predicted + margin <= request.due + EXACT_S or self._probe(
                 now, now + predicted <= request.due + EXACT_S, exact=bucket is not None):
             limit = self._wait_limit_s.get(tier)

@@ -197,7 +197,7 @@ class Replica:
                 answered += 1
             predicted_start = request.predicted_start
             if predicted_start is not None and expected_s is not None and request.predicted_wait is not None:
-                observe_lateness(now - (predicted_start + expected_s), now)
+                observe_lateness(now - max(request.predicted_done, predicted_start + expected_s), now)
         self.outstanding -= answered
         self.stats.answered += answered
         self._finished = batch.size
