@@ -112,3 +112,27 @@ async def test_a_given_up_batch_runs_again_within_its_attempts():
     assert rerun.requests == [again]
     served.delivery.batch_done(rerun)
     assert await again.future == "IN0"
+
+
+async def test_lateness_is_against_the_later_of_the_predicted_answer_and_the_batch_that_formed():
+    """Eight requests answered by a batch of eight that ran 20 ms over its estimate. Those that expected
+    a larger batch (40 ms more) came early: slack their prediction held, no lateness. Those that
+    expected a batch of one (10 ms) are late by the 20 ms alone: the seven who joined them are not a
+    timing error the margin covers."""
+    for larger, bound_s in ((True, 0.0), (False, 0.020)):
+        served = model()
+        served.costs.measured([(0, 1, 0.010)])
+        for _ in range(6):  # a settled shape
+            served.costs.observe(0, 8, 0.040, time.monotonic())
+        requests = [served.submit(f"r{i}", f"in {i}", 5.0) for i in range(8)]
+        batch = take(served)
+        estimate = served.timeliness.settled_batch_s(batch)
+        assert batch.size == 8 and estimate is not None
+        start = time.monotonic()
+        for request in requests:
+            done = start + estimate + 0.040 if larger else start + 0.010
+            request.predicted_wait, request.predicted_start, request.predicted_done = 0.0, start, done
+        batch.finished_at = start + estimate + 0.020
+        batch.outputs = [r.input for r in batch.requests]
+        served.delivery.batch_done(batch)
+        assert served.timeliness.lateness.bound_s(batch.finished_at + 1.0) == pytest.approx(bound_s, abs=0.001)
