@@ -67,7 +67,7 @@ class Delivery:
         compute = batch.compute_s
         # An answer's lateness is against the later of its predicted answer and its predicted start plus the
         # batch that really formed, as estimated before it is learned from (`Lateness`).
-        expected_s = self.timeliness.settled_batch_s(batch)
+        expected_s = self.forecast.settled_batch_cost_s(batch.size, batch.bucket)
         # (a failed batch's time holds its bisection's extra calls: it says nothing of what a batch costs)
         self.forecast.observe_batch(compute, batch.size if batch.error is None else 0, batch.bucket,
                                      batch.backlog, batch.gap_s, batch.finished_at)

@@ -161,6 +161,15 @@ class Forecast:
         """A batch's time as the cost model has it, or the mean batch time while it has nothing."""
         return self.costs.estimate(size, bucket) or self.batch_s
 
+    def settled_batch_cost_s(self, size: int, bucket: int) -> float | None:
+        """`batch_cost_s` of a batch just done (not learned from yet), against which its answers' lateness
+        is measured (`Lateness`); None while its shape is still learned, as the margin's errors leave it
+        out: on a host slowed fourfold since its warm-up, the first batches ran 30x their estimates, and
+        that onset held the bound at 3 s for the next 30 s, above every later answer's lateness (0.6-1.8 s)."""
+        if self.costs.learning(size, bucket):
+            return None
+        return self.costs.estimate(size, bucket) or self.batch_s
+
 
 def _batches_to_serve(count: int, slots: float, spread: float) -> float:
     """How many batches pass before `count` requests are served, `slots` of each batch being theirs on

@@ -3,7 +3,7 @@
 Admission's margin (`timeliness`) is never more than the latest of these: on a busy host, batch times
 varying threefold made a margin of twice the prediction where no answer came late at all. An answer's
 predicted time is the later of its predicted answer and its predicted start plus the batch that really
-formed, as estimated (delivery measures it, `Timeliness.settled_batch_s`). More requests joining its
+formed, as estimated (delivery measures it, `Forecast.settled_batch_cost_s`). More requests joining its
 batch than it expected are not a timing error a margin covers: it cannot know arrivals after it (a
 closed loop's first request of each cycle joined by seven came 2-3.5 s after its prediction every
 cycle, every batch as estimated). Fewer are slack its own prediction held: it came early (an open

@@ -152,7 +152,7 @@ class Timeliness:
                 size = costs.size_limit(b)
                 largest = max(largest, costs.full_batch_s(b) if count >= size else costs.estimate(count, b))
         for batch in self._pool.running():
-            largest = max(largest, self.batch_s(batch))
+            largest = max(largest, self._running_s(batch))
         return largest
 
     def _as_its_own_batch(self, now: float, bucket: int, wait: float, alone: float) -> float:
@@ -247,7 +247,7 @@ class Timeliness:
         batcher, forecast, pool = self._batcher, self.forecast, self._pool
         if ahead is None:  # (given: already counted for this request)
             ahead = batcher.ahead_by_bucket(tier, tenant, call)
-        healthy, first_free_s = pool.healthy, pool.first_free_s(now, self.batch_s)
+        healthy, first_free_s = pool.healthy, pool.first_free_s(now, self._running_s)
         share = 0.0  # of each batch, what the higher tiers' requests arriving meanwhile take
         if self._tiered and tier is not None and healthy:
             for rank, rate in batcher.arrival_rates_above(tier, now):
@@ -279,17 +279,8 @@ class Timeliness:
             every = min(every, promote_s + 2 * forecast.batch_s)
         return wait, every, ahead
 
-    def batch_s(self, batch: Batch) -> float:
+    def _running_s(self, batch: Batch) -> float:
         """How long a batch now running is expected to take in all."""
-        return self.forecast.batch_cost_s(batch.size, batch.bucket)
-
-    def settled_batch_s(self, batch: Batch) -> float | None:
-        """How long a batch just done (not learned from yet) was expected to take, against which its
-        answers' lateness is measured; None while its shape is still learned, as the margin's errors leave
-        it out: on a host slowed fourfold since its warm-up, the first batches ran 30x their estimates, and
-        that onset held the bound at 3 s for the next 30 s, above every later answer's lateness (0.6-1.8 s)."""
-        if self.costs.learning(batch.size, batch.bucket):
-            return None
         return self.forecast.batch_cost_s(batch.size, batch.bucket)
 
     def observe_wait_error(self, tier: str, error_s: float) -> None:

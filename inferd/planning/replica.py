@@ -184,7 +184,7 @@ class Replica:
         compute = batch.compute_s
         self.stats.busy_s += compute
         self.stats.batches += 1
-        expected_s = self.timeliness.settled_batch_s(batch)  # (as delivery: what lateness is against)
+        expected_s = self.forecast.settled_batch_cost_s(batch.size, batch.bucket)  # (as delivery: what lateness is against)
         self.forecast.observe_batch(compute, batch.size, batch.bucket, batch.backlog, None, now)
         # What delivery does that decides anything later: the lateness bounds admission's margin. (Not the
         # wait error's histogram nor the capacity rate limits scale by: nothing here reads them.)

@@ -126,7 +126,7 @@ async def test_lateness_is_against_the_later_of_the_predicted_answer_and_the_bat
             served.costs.observe(0, 8, 0.040, time.monotonic())
         requests = [served.submit(f"r{i}", f"in {i}", 5.0) for i in range(8)]
         batch = take(served)
-        estimate = served.timeliness.settled_batch_s(batch)
+        estimate = served.forecast.settled_batch_cost_s(batch.size, batch.bucket)
         assert batch.size == 8 and estimate is not None
         start = time.monotonic()
         for request in requests:
