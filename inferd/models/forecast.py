@@ -166,9 +166,7 @@ class Forecast:
         is measured (`Lateness`); None while its shape is still learned, as the margin's errors leave it
         out: on a host slowed fourfold since its warm-up, the first batches ran 30x their estimates, and
         that onset held the bound at 3 s for the next 30 s, above every later answer's lateness (0.6-1.8 s)."""
-        if self.costs.learning(size, bucket):
-            return None
-        return self.costs.estimate(size, bucket) or self.batch_s
+        return None if self.costs.learning(size, bucket) else self.batch_cost_s(size, bucket)
 
 
 def _batches_to_serve(count: int, slots: float, spread: float) -> float:
