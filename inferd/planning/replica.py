@@ -196,7 +196,7 @@ class Replica:
                 outcome.done = now
                 answered += 1
             predicted_start = request.predicted_start
-            if predicted_start is not None and expected_s is not None and request.predicted_wait is not None:
+            if predicted_start is not None and expected_s is not None:  # (set with the predicted wait)
                 observe_lateness(now - max(request.predicted_done, predicted_start + expected_s), now)
         self.outstanding -= answered
         self.stats.answered += answered
