@@ -8,6 +8,9 @@ stale when a worker frees. When most of a finished batch's requests come back wi
 (`max_wait_ms`) of it and the rest of the cycle is quiet, the cycle "echoed"; past a score, a worker
 that frees with a stale, partial queue waits for the echo of the batch it just finished, so the groups
 merge. Open-loop traffic arrives at the same rate inside and outside that window, so it is never held.
+
+The call mix: whether short calls (a single request, or a call of a few inputs) come beside large ones,
+for which the batcher keeps batches short (`CallMix`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ RATE_STEP_S = 0.05  # ...applied in steps this long (no exponential per event)
 _HALF_WINDOW_S = RATE_WINDOW_S / 2
 ECHO_SCORE_TO_HOLD = 0.5  # the moving average of "this cycle echoed" past which a free worker waits
 _ECHO_ALPHA = 0.3
+BESIDE_S = 30.0  # short calls are beside large ones while an input of each came within this long
 
 
 class Rate:
@@ -95,3 +99,22 @@ class Echo:
     def expected(self) -> bool:
         """Closed-loop clients echo the batches: a stale, partial queue is worth holding for them."""
         return self.score >= ECHO_SCORE_TO_HOLD
+
+
+class CallMix:
+    """When an input of a short call, and of a large one, last came: short calls are beside large ones
+    while both came within `BESIDE_S` (a short call every half a minute keeps it so; bulk work alone
+    for that long ends it)."""
+
+    __slots__ = ("short_at", "large_at")
+
+    def __init__(self) -> None:
+        self.short_at = self.large_at = -math.inf
+
+    def beside(self, short: bool, now: float) -> bool:
+        """Note an input of a `short` call (else a large one's) at `now`; whether both kinds come now."""
+        if short:
+            self.short_at = now
+        else:
+            self.large_at = now
+        return now - self.large_at < BESIDE_S and now - self.short_at < BESIDE_S

@@ -28,8 +28,17 @@ batches stop short of `max_batch_size` without an objective, the batcher lets on
 past the limit, and a batch past it moves its cell half way to what it took (the cell is stale, not
 noisy: neither the level nor a margin learns from it).
 
+While short calls share the model with large ones (the batcher says so: `set_short_calls_beside_large`),
+a batch without an objective stops at the *smallest* size with 95% of the best throughput instead of
+the largest: the same bound on throughput, and the batch running, which a short call arriving waits
+for, as short as that bound allows (S15's cross-encoder on a CPU: ~10 long pairs, 0.15 s, where the
+largest was ~30, 0.45 s). Bulk work alone still fills to the largest.
+
 Thread-safety: written on the event loop only; read by the batcher under its lock from worker threads.
 Readers see either a bucket's old curve or its new one (each is replaced whole), never half of one.
+
+Why one module: the cells, the curves made from them and the size limits read off the curves change
+together after every batch, under one revision that every reader's derived figures key on.
 """
 
 from __future__ import annotations
@@ -59,8 +68,9 @@ class BatchCosts:
     """The cost of a batch of `size` requests of length bucket `bucket`, for one model version.
 
     `slo_s`: the model's latency objective, if any. `size_limit` is the largest *useful* batch: without
-    an objective where throughput stops growing (`_flat_top`), with one the size that fits it and gives
-    up at most 5% of throughput for latency (`_useful_size`)."""
+    an objective where throughput stops growing (`_sizes_without_objective`; while short calls come
+    beside large ones, where it reaches 95% of the best), with one the size that fits it and gives up at
+    most 5% of throughput for latency (`_useful_size`)."""
 
     def __init__(self, max_batch_size: int, slo_s: float | None = None) -> None:
         self.max_batch_size = max_batch_size
@@ -70,8 +80,15 @@ class BatchCosts:
         self.errors = PredictionErrors()  # how far batches ran from their estimates: the margins
         self._cells: dict[int, dict[int, _Cell]] = {}
         self._curves: dict[int, list[float]] = {}  # by bucket: shape by size (index 0: 0.0), at level 1.0
-        self._limits: dict[int, int] = {}  # by bucket: the size a batch stops at
-        self._full: dict[int, float] = {}  # by bucket: the shape of a batch of that size
+        # by bucket: the size a batch stops at, and the shape of a batch of that size; each kept for bulk
+        # work alone (`_top_*`) and for short calls beside large ones (`_knee_*`), `_limits` and `_full`
+        # being the pair in force (`set_short_calls_beside_large`)
+        self._top_limits: dict[int, int] = {}
+        self._top_full: dict[int, float] = {}
+        self._knee_limits: dict[int, int] = {}
+        self._knee_full: dict[int, float] = {}
+        self._limits, self._full = self._top_limits, self._top_full
+        self.short_calls_beside_large = False
         self._largest: dict[int, int] = {}  # by bucket: the largest size measured
         self._costliest = 0.0  # the largest of `_full`
         self.revision = 0  # moves on whenever an estimate may have changed (what readers derive holds until then)
@@ -109,7 +126,7 @@ class BatchCosts:
         cell.runs += 1
         if cell.runs <= SETTLING_RUNS:  # still settling: the mean of its observations, wrong on its own account
             cell.shape += (seconds / self.level - cell.shape) / cell.runs
-        elif size > self._limits.get(bucket, size):  # past the limit (a probe, a short call whole): stale, not noise
+        elif size > self._top_limits.get(bucket, size):  # past the limit (a probe, a short call whole): stale, not noise
             cell.shape += PROBE_STEP * (_within_step(seconds, expected) / self.level - cell.shape)
         else:  # settled: how far it ran from its estimate is the noise a margin covers
             self.errors.observe(seconds / expected, at)
@@ -126,6 +143,15 @@ class BatchCosts:
         if self.errors.refresh(now):
             self.revision += 1
 
+    def set_short_calls_beside_large(self, on: bool) -> None:
+        """Whether short calls now share the model with large ones: batches without an objective stop
+        at the smallest size with 95% of the best throughput (`on`) or the largest (see the module
+        docstring). Every estimate derived from the limits moves with it (the revision)."""
+        self.short_calls_beside_large = on
+        self._limits, self._full = (self._knee_limits, self._knee_full) if on else (self._top_limits, self._top_full)
+        self._costliest = max(self._full.values(), default=0.0)
+        self.revision += 1
+
     @property
     def slack(self) -> float:
         """What one batch may take beyond its estimate, as a share of it (the 99th percentile, recently)."""
@@ -138,24 +164,35 @@ class BatchCosts:
         curve = _floor_curve(sizes, [cells[n].shape for n in sizes], self.max_batch_size)
         self._curves[bucket] = curve  # (replaced whole: see the module docstring)
         slo_s = self.slo_s
-        limit = self._limits[bucket] = self._flat_top(curve) if slo_s is None else self._useful_size(curve, slo_s)
-        self._full[bucket] = curve[limit]
+        if slo_s is None:
+            top, knee = self._sizes_without_objective(curve)
+        else:
+            top = knee = self._useful_size(curve, slo_s)
+        self._top_limits[bucket], self._knee_limits[bucket] = top, knee
+        self._top_full[bucket], self._knee_full[bucket] = curve[top], curve[knee]
         self._costliest = max(self._full.values())
         self.revision += 1
 
-    def _flat_top(self, curve: list[float]) -> int:
-        """Without an objective, the largest useful batch is the largest size with 95% of the best
-        throughput: past it a larger batch does fewer inputs a second, not more (a CPU's caches: a
-        cross-encoder's 64 pairs of 128 tokens take 15% longer a pair than 16-32), so it adds only
-        latency, and the batch running is what a short call arriving waits for. A curve still rising
-        or flat (a GPU's, the seed's function) fills as before. A size that looked slower than it is (a
-        warm-up's one call on a noisy host) is measured again: the batcher's probes past the limit
-        (`Batcher._grow_to`) move its cell half way each time."""
+    def _sizes_without_objective(self, curve: list[float]) -> tuple[int, int]:
+        """Without an objective, the largest useful batch for bulk work is the largest size with 95% of
+        the best throughput: past it a larger batch does fewer inputs a second, not more (a CPU's caches:
+        a cross-encoder's 64 pairs of 128 tokens take 15% longer a pair than 16-32), so it adds only
+        latency. A curve still rising or flat (a GPU's, the seed's function) fills as before. A size
+        that looked slower than it is (a warm-up's one call on a noisy host) is measured again: the
+        batcher's probes past the limit (`Batcher._grow_to`) move its cell half way each time.
+        Beside short calls, the smallest size with 95% of the best throughput, and then as many more
+        as cost no more than it (1%: a flat curve fills): (largest, smallest)."""
         rates = [n / curve[n] for n in range(1, self.max_batch_size + 1)]  # (one pass and a max: ~3 us a batch)
-        floor, n = (1 - THROUGHPUT_LOSS) * max(rates), len(rates)
-        while rates[n - 1] < floor:
-            n -= 1
-        return n
+        floor, top = (1 - THROUGHPUT_LOSS) * max(rates), len(rates)
+        while rates[top - 1] < floor:
+            top -= 1
+        knee = 1
+        while rates[knee - 1] < floor:
+            knee += 1
+        bound = curve[knee] * 1.01
+        while knee < top and curve[knee + 1] <= bound:
+            knee += 1
+        return top, knee
 
     def _useful_size(self, curve: list[float], slo_s: float) -> int:
         """With an objective, the largest useful batch: among the sizes whose call takes at most half the
@@ -247,10 +284,10 @@ class BatchCosts:
 
     def describe(self) -> dict[str, Any]:
         """The curve as `GET /v1/models` shows it: per bucket, the estimate (ms) and runs of every measured
-        size, and the size a batch stops at."""
+        size, and the size a batch stops at (now: beside short calls, or not)."""
         return {
             "level": round(self.level, 4), "slack": round(self.slack, 4), "margin": self.errors.describe(),
-            "batches": self.batches,
+            "batches": self.batches, "short_calls_beside_large": self.short_calls_beside_large,
             "buckets": {
                 str(bucket): {
                     "size_limit": self.size_limit(bucket),

@@ -32,7 +32,8 @@ Among due buckets:
    inside one, so a 10-document call beside 100-document ones waits for the batch running and its own,
    not for a turn of every bucket the large calls fill. In at most 6 of the last 8 batches (`short_jumps`,
    kept by the batcher): short calls alone saturating the model still leave a quarter of the batches to
-   the other buckets (and a short call's batch is mostly the large calls' inputs of its bucket).
+   the other buckets. Within that budget the batcher also begins a bucket's batch with its oldest short
+   call, wherever the call's turn stands (`RequestQueue.take`), and the batches it begins so count.
 The bounds: a higher tier's request is held behind lower tiers' work at most `age_gap_s` (plus the
 batch in progress), and never past a due it could meet; under saturation the buckets of one tier are
 all served, and their oldest requests' waits stay within `age_gap_s` (plus a batch time) of each other,

@@ -49,7 +49,7 @@ class TierQueue:
         self.promote_after_s = promote_after_s
         self.tenants: dict[str, deque[PendingRequest | CallInputs]] = {}  # a call's entry is in its tenant's deque
         self.turns: deque[str] = deque()  # tenants with (possibly) waiting requests, in turn order
-        self.calls: dict[tuple[str, str], CallInputs] = {}  # (tenant, call) -> its entry, while in the deque
+        self.calls: dict[tuple[str, str], CallInputs] = {}  # (tenant, call) -> its entry, until it is spent
         self.live = 0
         self.tenant_live: dict[str, int] = {}  # waiting requests per tenant
 
@@ -62,7 +62,7 @@ class TierQueue:
                 request = first.head()
                 if request is not None:
                     return request
-                del self.calls[(tenant, first.call)]
+                self.forget(tenant, first)
             elif first.state is _QUEUED:
                 return first
             items.popleft()
@@ -86,6 +86,13 @@ class TierQueue:
             del self.calls[(tenant, first.call)]
         return request
 
+    def forget(self, tenant: str, entry: CallInputs) -> None:
+        """`entry` is spent: its call is no longer mapped to it (unless a later input of the call, come
+        after it was taken whole out of turn, already made a new entry)."""
+        key = (tenant, entry.call)
+        if self.calls.get(key) is entry:
+            del self.calls[key]
+
     def newest(self, tenant: str) -> PendingRequest | None:
         """The request the tenant's turn order reaches last (a spent call at the back is dropped)."""
         items = self.tenants.get(tenant)
@@ -95,7 +102,7 @@ class TierQueue:
                 request = last.newest()
                 if request is not None:
                     return request
-                del self.calls[(tenant, last.call)]
+                self.forget(tenant, last)
             elif last.state is _QUEUED:
                 return last
             items.pop()
@@ -132,6 +139,15 @@ class TierQueue:
         if in_calls < self.live:  # single requests wait too: the oldest head stands for them (close enough)
             short = min(short, oldest.enqueued_at)
         return short
+
+    def oldest_short_call(self) -> tuple[str, CallInputs | None]:
+        """(tenant, entry) of the short call here whose next input waited longest; ("", None): none."""
+        oldest: tuple[str, CallInputs | None] = ("", None)
+        oldest_at = math.inf
+        for (tenant, _), entry in self.calls.items():
+            if entry.short and entry.live and (head := entry.head()) is not None and head.enqueued_at < oldest_at:
+                oldest, oldest_at = (tenant, entry), head.enqueued_at
+        return oldest
 
     def unlink(self, request: PendingRequest) -> None:
         """Take a queued `request` out of wherever it sits (linear: only for the rare promotion)."""

@@ -165,3 +165,26 @@ async def test_calls_naming_no_model_go_to_the_first_model_of_their_kind(http, c
         assert status == 200 and cohere["model"] == "rr"
         status, answer, _ = await infer(http, srv.url, {"input": "still the default's"})  # (/v1/inference: the default)
         assert status == 200, answer
+
+
+async def test_a_short_call_beside_large_ones_is_scored_right_and_batches_are_kept_short_for_it(http, cross_encoder):
+    """A one-document call among five-document calls (a quarter of a 4-pair batch or fewer is short),
+    every pair distinct (identical pairs would share one computation): the model says short calls now
+    come beside large ones (its batches stop at the smallest size with 95% of the best throughput), and
+    every pair still gets its own score."""
+    calls = [{"query": QUERY, "documents": [f"{d} ({n})" for d in DOCUMENTS]} for n in range(3)]
+    calls.append({"query": QUERY, "documents": ["a short call of its own"]})
+    documents = [d for body in calls for d in body["documents"]]
+    expected = dict(zip(documents, (sigmoid(x) for x in direct_logits(cross_encoder, QUERY, documents, 48)), strict=True))
+    async with running_server(reranker(cross_encoder)) as srv:
+        async with http.get(f"{srv.url}/v1/models/rr") as resp:
+            before = (await resp.json())["cost_model"]["short_calls_beside_large"]
+        answers = await asyncio.gather(*(post(http, srv.url, "/v1/rerank", body) for body in calls))
+        async with http.get(f"{srv.url}/v1/models/rr") as resp:
+            after = (await resp.json())["cost_model"]["short_calls_beside_large"]
+    assert (before, after) == (False, True)
+    for (status, answer), body in zip(answers, calls, strict=True):
+        assert status == 200, answer
+        assert sorted(r["index"] for r in answer["results"]) == list(range(len(body["documents"])))
+        for result in answer["results"]:
+            assert result["relevance_score"] == pytest.approx(expected[body["documents"][result["index"]]], abs=1e-5)

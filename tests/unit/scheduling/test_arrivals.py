@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from inferd.scheduling.arrivals import RATE_WINDOW_S, Rate
+from inferd.scheduling.arrivals import BESIDE_S, RATE_WINDOW_S, CallMix, Rate
 
 
 def test_a_steady_rate_reads_about_itself_and_fades_once_arrivals_stop() -> None:
@@ -52,3 +52,13 @@ def test_the_rate_read_is_the_formula_s_own_number() -> None:
             continue
         span = min(RATE_WINDOW_S, max(RATE_WINDOW_S / 2, now - rate.since))
         assert rate.per_s(now) == rate.score * math.exp(min(0.0, rate.at - now) / RATE_WINDOW_S) / span
+
+
+def test_short_calls_are_beside_large_ones_while_both_came_within_the_window():
+    mix = CallMix()
+    assert not mix.beside(True, 0.0)  # short calls alone
+    assert not mix.beside(True, 100.0)
+    assert mix.beside(False, 100.0 + BESIDE_S / 2)  # a large one: both within the window
+    assert mix.beside(False, 100.0 + BESIDE_S * 0.99)
+    assert not mix.beside(False, 100.0 + BESIDE_S)  # bulk work alone for the window: no longer
+    assert mix.beside(True, 100.0 + BESIDE_S * 1.5)

@@ -122,6 +122,42 @@ def test_without_an_objective_the_batch_stops_where_throughput_stops_growing():
     assert flat.size_limit(0) == 64
 
 
+def test_beside_short_calls_a_batch_stops_at_the_smallest_size_with_95_percent_of_the_best_throughput():
+    """Short calls beside large ones wait for the batch running. The cross-encoder on a CPU does 95% of
+    its best at 6 pairs (86 ms) as at 32 (455 ms): beside short calls the batch stops at the smaller, and
+    every figure read from the limit follows; bulk work alone fills to the larger again."""
+    cpu = BatchCosts(64)
+    cpu.measured(CPU)
+    curve = [0.0] + [cpu.estimate(n, 0) for n in range(1, 65)]
+    best = max(n / curve[n] for n in range(1, 65))
+    top, revision = cpu.size_limit(0), cpu.revision
+    cpu.set_short_calls_beside_large(True)
+    knee = min(n for n in range(1, 65) if n / curve[n] >= 0.95 * best)
+    assert cpu.size_limit(0) == knee < top and cpu.estimate(knee, 0) < 0.1 and cpu.revision > revision
+    assert cpu.full_batch_s(0) == cpu.estimate(knee, 0) == cpu.costliest_batch_s()
+    cpu.set_short_calls_beside_large(False)
+    assert cpu.size_limit(0) == top and cpu.costliest_batch_s() == cpu.estimate(top, 0)
+    flat = BatchCosts(64)  # (a GPU's fixed time a call, the seed's function: a batch fills either way)
+    flat.measured([(0, 1, 0.05), (0, 64, 0.0502)])
+    flat.set_short_calls_beside_large(True)
+    assert flat.size_limit(0) == 64
+    with_objective = BatchCosts(64, slo_s=0.5)  # (an objective's own trade already is the smallest)
+    with_objective.measured(CPU)
+    limit = with_objective.size_limit(0)
+    with_objective.set_short_calls_beside_large(True)
+    assert with_objective.size_limit(0) == limit
+
+
+def test_beside_short_calls_sizes_between_the_two_limits_still_teach_the_level():
+    """Sizes up to the bulk limit are the ones that run; beside short calls those past the smaller limit
+    are not stale probes (moved half way, teaching nothing else): the level learns from them as before."""
+    cpu = settled(BatchCosts(64), CPU)
+    cpu.set_short_calls_beside_large(True)
+    level = cpu.level
+    cpu.observe(0, 16, 0.2164 * 1.5, 2.0)
+    assert cpu.level > level
+
+
 def test_a_batch_past_the_limit_teaches_its_stale_cell_alone():
     """A probe past the limit (the batcher's, one batch in `PROBE_EVERY`) finds 64 faster than its
     cell says: the cell moves half way, the limit with it; neither the level nor a margin moves."""

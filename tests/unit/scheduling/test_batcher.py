@@ -10,11 +10,12 @@ import time
 import pytest
 
 from inferd.messages import Batch, PendingRequest, RequestState
+from inferd.scheduling.arrivals import BESIDE_S
 from inferd.scheduling.batch_costs import BatchCosts
 from inferd.scheduling.batcher import PROBE_EVERY, Batcher, QueueFull
 
 from ...helpers import FakeClock
-from .test_batch_costs import settled
+from .test_batch_costs import CPU, settled
 
 
 class Takers:
@@ -397,3 +398,26 @@ def test_a_size_limit_cut_by_a_measurement_is_probed_past_and_lifted_when_the_me
     for i in range(400):
         arrive(b, clock, f"o{i}")
     assert {len(b.next_batch(0, Takers()).requests) for _ in range(PROBE_EVERY * 2)} == {with_objective.size_limit(0)}  # type: ignore[union-attr]
+
+
+def test_beside_short_calls_a_large_calls_batch_stops_short_and_a_short_call_begins_its_batch(clock):
+    """Large calls alone fill to the cost model's bulk limit. A short call arriving beside them makes
+    batches stop at the smallest size with 95% of the best throughput (the batch running is what it
+    waits for), and its bucket's next batch begins with it even where a large call's last inputs (few
+    enough to go whole) come first in turn order; bulk work alone for `BESIDE_S` fills again."""
+    costs = settled(BatchCosts(64), CPU)
+    top = costs.size_limit(0)
+    b = batcher(clock, max_batch_size=64, max_queue=1000, costs=costs)  # a call of at most 16 inputs is short
+    busy(b, clock)
+    arrive_call(b, clock, "large-a", 60, 100, bucket=0)
+    assert len(b.next_batch(0, Takers()).requests) == top  # type: ignore[union-attr]
+    arrive_call(b, clock, "large-b", 10, 100, bucket=0)  # (its last ten here: they go whole in its turn)
+    arrive_call(b, clock, "short", 3, 3, bucket=0)
+    knee = costs.size_limit(0)
+    assert costs.short_calls_beside_large and knee < top
+    batch = b.next_batch(0, Takers())
+    assert names(batch)[:3] == ["short.0", "short.1", "short.2"] and len(names(batch)) <= knee
+    assert len(b.next_batch(0, Takers()).requests) == knee  # type: ignore[union-attr]
+    clock.advance(BESIDE_S)
+    arrive_call(b, clock, "large-c", 60, 100, bucket=0)
+    assert not costs.short_calls_beside_large and costs.size_limit(0) == top

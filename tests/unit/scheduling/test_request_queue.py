@@ -420,3 +420,21 @@ def test_a_short_call_whose_turn_comes_at_the_size_limit_goes_whole_past_it_and_
     q = queue()
     q.take(4, now=0, max_size=32)
     assert ids(q.take(4, now=0, max_size=32)) == ["next.0", "next.1", "next.2", "big1.1"]
+
+
+def test_a_batch_sent_for_a_short_call_begins_with_it_wherever_its_turn_stands():
+    """The rule sends a bucket before the oldest one when its next batch would finish a short call. In
+    turn order a large call's last inputs (few enough to go whole) may come first and fill the batch; a
+    batch sent for the short call begins with it instead, and the turns fill the rest."""
+    def queue() -> RequestQueue:
+        q = RequestQueue(whole_call=4)
+        for r in (*call_inputs("big1", 3, 0, call_size=40), *call_inputs("big2", 3, 100, call_size=40),
+                  *call_inputs("small", 2, 200, call_size=2)):
+            q.append(r)
+        return q
+
+    assert "small.0" not in ids(queue().take(4, now=0))  # in turn order, big1's three and then big2's first
+    q = queue()
+    assert ids(q.take(4, now=0, short_first=True)) == ["small.0", "small.1", "big1.0", "big1.1"]
+    assert ids(q.take(8, now=0)) == ["big1.2", "big2.0", "big2.1", "big2.2"]  # nothing lost or taken twice
+    assert q.live == 0 and not q._by_name["default"].calls
