@@ -156,11 +156,12 @@ class Batcher(QueueReadings):
                 self._one_tenant = request.tenant if one == "" else None
             if request.call is not None:
                 self._calls_seen = True
-            # beside large calls, short ones wait for less: batches stop at the cost model's smallest size
-            # with 95% of the best throughput (`BatchCosts.set_short_calls_beside_large`)
-            beside = self._call_mix.beside(request.call is None or request.call_size <= self._whole_call, now)
-            if beside is not self.costs.short_calls_beside_large:
-                self.costs.set_short_calls_beside_large(beside)
+            if self._calls_seen:  # (until a call comes, none is large: a single request's path is one test)
+                # beside large calls, short ones wait for less: batches stop at the cost model's smallest
+                # size with 95% of the best throughput (`BatchCosts.set_short_calls_beside_large`)
+                beside = self._call_mix.beside(request.call is None or request.call_size <= self._whole_call, now)
+                if beside is not self.costs.short_calls_beside_large:
+                    self.costs.set_short_calls_beside_large(beside)
             if self._takers:
                 # A new request can make its bucket full; a linger or deadline running out, or a lone
                 # request worth sending at once, is the batcher coroutine's to decide (it sleeps until
