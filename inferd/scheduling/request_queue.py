@@ -271,21 +271,22 @@ class RequestQueue:
         With `curve` (`curve[n] x level`: the seconds a batch of n takes; `margin`: the estimate's, 1 + its
         slack), the batch also stops growing before a size that would make one of its members miss its
         due (deadline or objective) when the smaller batch would not (see `BatchFilling`).
-        `short_first`: the batch begins with the oldest short call here, whole (`_take_short_call`).
+        `short_first`: the batch begins with the oldest short call here, whole, after any promoted
+        request (`_take_short_call`).
 
         Requests whose deadline passed are dropped, never run (their deadline timer answers 504).
         """
         batch = BatchFilling(limit, token_budget, now, curve, level, margin, max_size)
-        if short_first and self.has_calls():
-            self._take_short_call(batch, now)
-        self._fill(batch, now)
+        self._fill(batch, now, short_first and self.has_calls())
         if not self.live:  # (what the due heap holds is spent: free it now, not at the next arrival)
             self._latest_due, self._due_heap = -math.inf, None
         return batch.taken
 
-    def _fill(self, batch: BatchFilling, now: float) -> None:
+    def _fill(self, batch: BatchFilling, now: float, short_first: bool) -> None:
         if self._promoting:
             self._take_promoted(batch, now)
+        if short_first:  # (after the starvation guard's promoted requests)
+            self._take_short_call(batch, now)
         for tier in self._tiers:
             if tier.live and len(tier.turns) == 1 and not tier.calls:
                 self._take_fifo(tier, now, batch)
