@@ -69,12 +69,14 @@ class BatchFilling:
             return False
         return True
 
-    def carries_short_call(self) -> None:
-        """The input just added is one of a short call's (which goes whole): the batch may now grow only by
-        `SHORT_CALL_GROWTH` of its time (see the class docstring; without a measured curve, as it likes)."""
+    def carries_short_call(self, bound_growth: bool = True) -> None:
+        """The input just added is one of a short call's (which goes whole, past the limit if need be): the
+        batch may now grow only by `SHORT_CALL_GROWTH` of its time (see the class docstring; without a
+        measured curve, as it likes). `bound_growth` False: other tenants wait too, whose turns fill the
+        batch up to the limit as before."""
         last = self.taken[-1]
         self.short_call = (last.tenant, last.call)
-        if self.curve is not None:
+        if self.curve is not None and bound_growth:
             self.short_end = self.curve[len(self.taken)] * (1.0 + SHORT_CALL_GROWTH)
 
     def add(self, request: PendingRequest) -> None:

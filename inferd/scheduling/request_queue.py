@@ -325,8 +325,8 @@ class RequestQueue:
                 if not batch.fits(head, short_call=True):
                     return
                 oldest.items.popleft()
-                if self._claim(tier, head, now, batch) and batch.short_call is None and len(tier.turns) == 1:
-                    batch.carries_short_call()  # (one tenant's calls only, as in `_fill`)
+                if self._claim(tier, head, now, batch):  # (whole, whoever else waits; the growth past it bounded
+                    batch.carries_short_call(bound_growth=len(tier.turns) == 1)  # among one tenant's calls only)
             if not oldest.items:  # (spent: its entry stays in its tenant's queue until its turn drops it)
                 tier.forget(tenant, oldest)
             return

@@ -438,3 +438,26 @@ def test_a_batch_sent_for_a_short_call_begins_with_it_wherever_its_turn_stands()
     assert ids(q.take(4, now=0, short_first=True)) == ["small.0", "small.1", "big1.0", "big1.1"]
     assert ids(q.take(8, now=0)) == ["big1.2", "big2.0", "big2.1", "big2.2"]  # nothing lost or taken twice
     assert q.live == 0 and not q._by_name["default"].calls
+
+
+def test_a_short_call_first_goes_whole_past_the_limit_and_grows_past_it_as_in_its_turn():
+    """Begun with a short call, a batch takes the call whole past its size limit, whoever else waits;
+    among one tenant's calls it then grows past the call by at most a quarter of its time (a CPU's steep
+    curve: one input here; a GPU's flat one: to the limit), with other tenants waiting their turns fill
+    it up to the limit as before."""
+    steep = [0.0] + [0.004 + 0.010 * n for n in range(1, 33)]
+    flat = [0.0] + [0.050 + 0.0002 * n for n in range(1, 33)]
+
+    def queue(other_tenant: bool) -> RequestQueue:
+        q = RequestQueue(whole_call=4)
+        for r in (*call_inputs("big", 20, 0, call_size=40),
+                  *call_inputs("small", 4, 100, call_size=4, tenant="t2" if other_tenant else "anonymous")):
+            q.append(r)
+        return q
+
+    small = [f"small.{i}" for i in range(4)]
+    assert ids(queue(True).take(3, now=0, max_size=32, short_first=True)) == small  # whole, past the limit of 3
+    assert ids(queue(False).take(3, now=0, max_size=32, short_first=True, curve=steep)) == small
+    assert ids(queue(False).take(8, now=0, max_size=32, short_first=True, curve=steep)) == small + ["big.0"]  # (54 ms: 1.25 x 44 at most)
+    assert ids(queue(False).take(8, now=0, max_size=32, short_first=True, curve=flat)) == small + [f"big.{i}" for i in range(4)]
+    assert ids(queue(True).take(8, now=0, max_size=32, short_first=True, curve=steep)) == small + [f"big.{i}" for i in range(4)]
