@@ -181,13 +181,17 @@ class BatchCosts:
         that looked slower than it is (a warm-up's one call on a noisy host) is measured again: the
         batcher's probes past the limit (`Batcher._grow_to`) move its cell half way each time.
         Beside short calls, the smallest size with 95% of the best throughput, and then as many more
-        as cost no more than it (1%: a flat curve fills): (largest, smallest)."""
+        as cost no more than it (1%: a flat curve fills), but never below an eighth of `max_batch_size`:
+        (largest, smallest). Why the floor: where a CPU's time per pair is flat from 2 pairs to 16, which
+        size is smallest within 5% is the noise's to say; it fell to 2 pairs in one S15 run, and batches
+        that small cost per-batch work the curve does not see (throughput 64 pairs/s against 80-93 at 8-9
+        pairs), and a short call's inputs, prepared in two parts, went in two batches."""
         rates = [n / curve[n] for n in range(1, self.max_batch_size + 1)]  # (one pass and a max: ~3 us a batch)
         floor, top = (1 - THROUGHPUT_LOSS) * max(rates), len(rates)
         while rates[top - 1] < floor:
             top -= 1
-        knee = 1
-        while rates[knee - 1] < floor:
+        knee = max(1, self.max_batch_size // 8)  # (the floor: see above)
+        while knee < top and rates[knee - 1] < floor:
             knee += 1
         bound = curve[knee] * 1.01
         while knee < top and curve[knee + 1] <= bound:
