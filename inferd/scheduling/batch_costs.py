@@ -190,7 +190,7 @@ class BatchCosts:
         floor, top = (1 - THROUGHPUT_LOSS) * max(rates), len(rates)
         while rates[top - 1] < floor:
             top -= 1
-        knee = max(1, self.max_batch_size // 8)  # (the floor: see above)
+        knee = min(top, max(1, self.max_batch_size // 8))  # (the floor, see above; never past the bulk limit)
         while knee < top and rates[knee - 1] < floor:
             knee += 1
         bound = curve[knee] * 1.01

@@ -146,6 +146,10 @@ def test_beside_short_calls_a_batch_stops_at_the_smallest_size_with_95_percent_o
     per_pair.measured([(0, 1, 0.016), (0, 64, 1.024)])
     per_pair.set_short_calls_beside_large(True)
     assert per_pair.size_limit(0) == 8
+    steep = BatchCosts(64)  # (bulk work alone stops at 4: beside short calls, never larger than that)
+    steep.measured([(0, 1, 0.010), (0, 4, 0.020), (0, 8, 0.080), (0, 64, 1.0)])
+    steep.set_short_calls_beside_large(True)
+    assert steep.size_limit(0) == 4
     with_objective = BatchCosts(64, slo_s=0.5)  # (an objective's own trade already is the smallest)
     with_objective.measured(CPU)
     limit = with_objective.size_limit(0)
