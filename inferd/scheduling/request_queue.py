@@ -327,8 +327,8 @@ class RequestQueue:
                 oldest.items.popleft()
                 if self._claim(tier, head, now, batch):  # (whole, whoever else waits; the growth past it bounded
                     batch.carries_short_call(bound_growth=len(tier.turns) == 1)  # among one tenant's calls only)
-            if not oldest.items:  # (spent: its entry stays in its tenant's queue until its turn drops it)
-                tier.forget(tenant, oldest)
+            if not oldest.items:  # (spent: out of its tenant's queue now, not at its turn; see `TierQueue.drop`)
+                tier.drop(tenant, oldest)
             return
 
     def _take_fifo(self, tier: TierQueue, now: float, batch: BatchFilling) -> None:

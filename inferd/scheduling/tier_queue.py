@@ -49,7 +49,8 @@ class TierQueue:
         self.promote_after_s = promote_after_s
         self.tenants: dict[str, deque[PendingRequest | CallInputs]] = {}  # a call's entry is in its tenant's deque
         self.turns: deque[str] = deque()  # tenants with (possibly) waiting requests, in turn order
-        self.calls: dict[tuple[str, str], CallInputs] = {}  # (tenant, call) -> its entry, until it is spent
+        # (tenant, call) -> its entry, until it is spent; every entry in a tenant's queue is mapped here
+        self.calls: dict[tuple[str, str], CallInputs] = {}
         self.live = 0
         self.tenant_live: dict[str, int] = {}  # waiting requests per tenant
 
@@ -92,6 +93,17 @@ class TierQueue:
         key = (tenant, entry.call)
         if self.calls.get(key) is entry:
             del self.calls[key]
+
+    def drop(self, tenant: str, entry: CallInputs) -> None:
+        """`entry` was spent out of turn (wherever it stood in its tenant's queue): unmapped and out of the
+        queue now, so every entry a queue holds stays mapped in `calls`, and a tier without calls holds
+        requests only (what `RequestQueue._take_fifo` reads). Linear in the tenant's queue, once a batch."""
+        self.forget(tenant, entry)
+        items = self.tenants[tenant]
+        for i, item in enumerate(items):
+            if item is entry:
+                del items[i]
+                return
 
     def newest(self, tenant: str) -> PendingRequest | None:
         """The request the tenant's turn order reaches last (a spent call at the back is dropped)."""
