@@ -22,6 +22,7 @@ from inferd.backends.sim import SimulatedGPU
 
 hung_once = threading.Event()  # set once a call has hung: later calls run normally
 died_once = threading.Event()
+dying = threading.Event()  # while set, every batch holding DIE kills its worker (not only the first)
 failing = threading.Event()  # while set, every call raises
 build_failing = threading.Event()  # while set, building a worker raises (a device out of memory)
 build_gate = threading.Event()  # `gated` builds its model only once this is set
@@ -36,6 +37,7 @@ class WorkerKilled(BaseException):
 def reset() -> None:
     hung_once.clear()
     died_once.clear()
+    dying.clear()
     failing.clear()
     build_failing.clear()
     late_results.clear()
@@ -46,7 +48,8 @@ def reset() -> None:
 @backend_factory
 def switchable(device: str, options: Mapping[str, Any]):
     """A simulated GPU; the first batch holding HANG hangs for `hang_s`, the first holding DIE kills the
-    worker, and every call fails while `failing` is set; building fails while `build_failing` is set."""
+    worker (every one while `dying` is set), and every call fails while `failing` is set; building fails
+    while `build_failing` is set."""
     gpu = SimulatedGPU(latency_ms=float(options.get("latency_ms", 20)), max_batch_size=int(options.get("max_batch_size", 100)),
                        name=device, record_inputs=True)
     if build_failing.is_set():
@@ -61,7 +64,7 @@ def switchable(device: str, options: Mapping[str, Any]):
             outputs = gpu(inputs)
             late_results.append(outputs)
             return outputs
-        if any("DIE" in text for text in inputs) and not died_once.is_set():
+        if any("DIE" in text for text in inputs) and (dying.is_set() or not died_once.is_set()):
             died_once.set()
             raise WorkerKilled("the executor thread dies")
         if failing.is_set():

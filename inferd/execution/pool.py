@@ -4,8 +4,15 @@ busy each one is.
 A watchdog gives up on a worker whose call runs past the hang limit (`HangLimit`); a worker whose
 thread died is given up on the same way. Its batch goes back to the model (`on_requeue`) and a
 replacement starts on the same device; a replacement that fails to start (a device out of memory a
-moment, a driver restarting) is tried again after 1 s, then 2, 4... up to 60 s, until one starts. What
-becomes of requests is not the pool's business: it reports through the callbacks it is given.
+moment, a driver restarting) is tried again after 1 s, then 2, 4... up to 60 s, until one starts.
+
+A replacement that dies within a minute of its start is dying the same way as the worker before it (a
+fault that kills every worker at once, the scheduler's or the backend's): the next one waits 1 s, then
+2, 4... up to 60 s (one that lives a minute starts the count again), and what it held is given up on
+(`on_lost`: failed at once, with what waits when no worker is left) instead of running again into the
+same death. Before this, such a fault replaced its worker ~500 times in 45 s, each rebuilding the model.
+
+What becomes of requests is not the pool's business: it reports through the callbacks it is given.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ log = logging.getLogger("inferd.pool")
 BUSY_WINDOW_S = 10.0
 REBUILD_FIRST_S = 1.0
 REBUILD_MAX_S = 60.0
+DEATHS_WINDOW_S = 60.0  # a replacement dying this soon after its start dies as the one before it (see the docstring)
 
 
 class WorkerPool:
@@ -46,9 +54,11 @@ class WorkerPool:
         on_batch_done: Callable[[Batch], None],
         on_requeue: Callable[[Batch], None],
         on_ready: Callable[[Worker], None],
+        on_lost: Callable[[list[Batch], float], None] = lambda batches, retry_after_s: None,
         max_isolation_calls: int = 32,
         max_batch_size: int = 1,
         worker_nice: int = 0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
         self.loop = loop
@@ -59,6 +69,8 @@ class WorkerPool:
         self._on_batch_done = on_batch_done
         self._on_requeue = on_requeue
         self._on_ready = on_ready
+        self._on_lost = on_lost  # (batches given up on for good, how long until a replacement starts)
+        self._clock = clock  # when workers die and are replaced (a fake one in tests)
         self._max_isolation_calls = max_isolation_calls
         self._max_batch_size = max_batch_size
         self._worker_nice = worker_nice
@@ -69,6 +81,10 @@ class WorkerPool:
         self.start_error: BaseException | None = None  # why the pool never came up
         self.replacements = 0
         self.build_failures = 0  # replacement workers that failed to start
+        self.deaths = 0  # workers whose thread died (an exception out of the serve loop)
+        self.repeated_deaths = 0  # ... of them, replacements within DEATHS_WINDOW_S of their start
+        self._replaced_at: dict[str, float] = {}  # per worker slot: when its latest replacement started
+        self._death_delay_s: dict[str, float] = {}  # per worker slot: the wait after its next repeated death
         self._rebuild_delay_s: dict[str, float] = {}  # per worker slot ("m-0"): the next retry's delay
         self._rebuild_timers: set[asyncio.TimerHandle] = set()
         self._tasks: list[asyncio.Task] = []
@@ -143,21 +159,41 @@ class WorkerPool:
         self._rebuild_delay_s[_slot(worker)] = min(REBUILD_MAX_S, delay * 2)
         log.error("model %s: replacement worker %s failed to start: %r; trying again in %.0f s",
                   self.name, worker.name, error, delay)
+        self._replace_later(worker, delay)
 
+    def _replace_later(self, worker: Worker, delay_s: float) -> None:
         def rebuild() -> None:
             self._rebuild_timers.discard(timer)
             self._replace(worker)
 
-        timer = self.loop.call_later(delay, rebuild)
+        timer = self.loop.call_later(delay_s, rebuild)
         self._rebuild_timers.add(timer)
 
     def _worker_died(self, worker: Worker, batch: Batch | None, error: BaseException) -> None:
-        self._give_up_on(worker, batch)
+        self.deaths += 1
+        slot, now = _slot(worker), self._clock()
+        started = self._replaced_at.get(slot)
+        if started is None or now - started >= DEATHS_WINDOW_S:  # (the first worker, or one that lived a minute)
+            self._death_delay_s.pop(slot, None)
+            self._give_up_on(worker, batch)  # replaced at once, its batch runs again
+            return
+        self.repeated_deaths += 1
+        delay = self._death_delay_s.get(slot, REBUILD_FIRST_S)
+        self._death_delay_s[slot] = min(REBUILD_MAX_S, delay * 2)
+        log.error("model %s: replacement worker %s died %.1f s after it started (%d deaths); what it held fails, "
+                  "and the next one starts in %.0f s", self.name, worker.name, now - started, self.deaths, delay)
+        worker.abandoned = True
+        self._count_healthy()
+        lost = [b for b in (batch, worker.behind) if b is not None and not b.abandoned]
+        for b in lost:
+            b.abandoned = True  # its results, if they ever come, are discarded
+        self._on_lost(lost, delay)
+        self._replace_later(worker, delay)
 
     async def _watch_for_hangs(self) -> None:
         while True:
             await asyncio.sleep(min(0.05, self.hang_limit.limit_s / 4))
-            now = time.monotonic()
+            now = time.monotonic()  # (the workers' clock: `call_started_at`)
             limit = self.hang_limit.limit_s
             for worker in list(self.workers):
                 started = worker.call_started_at
@@ -182,6 +218,7 @@ class WorkerPool:
         if self._stopping or worker not in self.workers:
             return
         self.replacements += 1
+        self._replaced_at[_slot(worker)] = self._clock()
         replacement = self._new_worker(f"{_slot(worker)}.{self.replacements}", worker.device)
         self.workers[self.workers.index(worker)] = replacement
         self._busy_samples.pop(worker.name, None)
@@ -220,7 +257,7 @@ class WorkerPool:
 
     async def _sample_every_second(self) -> None:
         while True:
-            self.sample_busy(time.monotonic())
+            self.sample_busy(time.monotonic())  # (the workers' clock: their batches' times)
             await asyncio.sleep(1.0)
 
     def busy_ratio(self, worker: Worker, now: float) -> float:

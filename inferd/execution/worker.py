@@ -150,7 +150,7 @@ class Worker:
                 self._serve(fn)
         except BaseException as exc:  # noqa: BLE001 - the worker dies; the loop re-queues and replaces
             if not self.abandoned:
-                log.error("worker %s died: %r", self.name, exc)
+                log.error("worker %s died: %r", self.name, exc, exc_info=exc)  # (a replacement dying the same way backs off)
                 self._call_loop(self._on_died, self, self.current, exc)  # (`behind` too: the pool hands both back)
 
     def _serve(self, fn: BatchBackend) -> None:

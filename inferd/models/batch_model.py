@@ -4,7 +4,8 @@ queueing, and every way it leaves without a batch); the batcher forms batches; t
 them; `delivery` hands each batch's outputs back (the other way a future is resolved).
 
 Faults: a hung or dead worker's batch comes back from the pool and runs again (up to
-`max_batch_attempts`); inputs isolated as poison fail alone (with their riders) and go to the
+`max_batch_attempts`), unless its worker died soon after its slot's last death (then it fails at once,
+with what waits when no worker is left: `WorkerPool`); inputs isolated as poison fail alone (with their riders) and go to the
 dead-letter log; a model that fails everything trips its circuit breaker.
 """
 
@@ -82,6 +83,7 @@ class BatchModel:
             warmup_inputs=config.warmup_inputs, next_batch=self.batcher.next_batch, loop=loop,
             hang_limit=HangLimit(config.batch_timeout_ms / 1000.0),
             on_batch_done=lambda batch: self.delivery.batch_done(batch), on_requeue=lambda batch: self.delivery.requeue(batch),  # (built below)
+            on_lost=lambda batches, retry_after_s: self.delivery.lost(batches, retry_after_s),
             on_ready=self._on_worker_ready, max_isolation_calls=config.max_isolation_calls,
             max_batch_size=config.max_batch_size, worker_nice=worker_nice,
         )

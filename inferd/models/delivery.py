@@ -131,6 +131,19 @@ class Delivery:
         lead.riders = None  # (each rider points at its lead: answered, they must not hold each other)
 
 
+    def lost(self, batches: list[Batch], retry_after_s: float) -> None:
+        """Batches of a worker that died again soon after its slot's last death (the pool starts its
+        replacement `retry_after_s` later): their requests fail at once rather than wait for it or run
+        into the same death; with no worker left, so does everything waiting."""
+        error = ModelUnavailable(f"model {self.name}: its worker died; retry later or elsewhere",
+                                 retry_after_ms=errors.retry_after_ms(retry_after_s), reason="worker_died")
+        for batch in batches:
+            for request in batch.requests:
+                self.fail(request, error)
+        if not self.healthy_workers():
+            for request in self.batcher.withdraw_all():
+                self.fail(request, error)
+
     def _open_breaker(self) -> None:
         """Fail what waits now, quickly, rather than feeding it to a model that fails everything."""
         cooldown_ms = self.config.breaker_cooldown_ms

@@ -57,7 +57,7 @@ def snapshot(model: BatchModel, now: float) -> BatchModelSnapshot:
         compute=model.stats.compute, batch_sizes=dict(model.stats.batch_sizes), flushes=dict(model.batcher.flushes),
         collapsed=model.shared.collapsed, cache=_cache_snapshot(model.shared.cache),
         batch_costs=tuple(model.costs.measured_shapes()), wait_error=dict(model.timeliness.wait_error),
-        admission_margin=model.costs.slack,
+        admission_margin=model.costs.slack, worker_deaths=model.pool.deaths,
     )
 
 
@@ -83,6 +83,7 @@ def describe(model: BatchModel) -> dict[str, Any]:
                       **(offers.compatibility if offers is not None else {})},
         "devices": list(c.worker_devices), "ready": model.ready, "ready_workers": pool.healthy,
         "breaker": model.breaker.state.value, "workers_replaced": pool.replacements,
+        "worker_deaths": pool.deaths, "worker_repeated_deaths": pool.repeated_deaths,
         "worker_build_failures": pool.build_failures, "batch_timeout_ms": round(pool.hang_limit.limit_s * 1000, 1),
         "output_kind": model.output_kind,
         "inputs": model.input_kind, "warmup": {w.name: w.warmup_report for w in pool.workers if w.ready},

@@ -128,6 +128,8 @@ def _batch_families(models: list[BatchModelSnapshot], retired: list[BatchModelSn
             "inferd_admission_margin_ratio", "What admission adds to one batch's estimate, as a share of it: the recent "
             "99th percentile of batches' excess over their estimates.", labels=["model", "version"]),
     }
+    deaths = CounterMetricFamily("inferd_worker_deaths", "Workers whose thread died (replaced at once, or after a "
+                                 "back-off when the replacement before died within a minute of its start).", labels=["model", "version"])
     collapsed = CounterMetricFamily("inferd_collapsed_requests", "Requests answered by an identical request's computation.",
                                     labels=["model", "version"])
     cache_requests = CounterMetricFamily("inferd_cache_requests", "Result cache look-ups, by result.",
@@ -155,6 +157,7 @@ def _batch_families(models: list[BatchModelSnapshot], retired: list[BatchModelSn
         gauges["inferd_capacity_requests_per_second"].add_metric([m.name, m.version], m.capacity_rps)
         gauges["inferd_predicted_wait_seconds"].add_metric([m.name, m.version], min(m.predicted_wait_s, 1e9))
         gauges["inferd_admission_margin_ratio"].add_metric([m.name, m.version], m.admission_margin)
+        deaths.add_metric([m.name, m.version], m.worker_deaths)
         for w in m.workers:
             busy.add_metric([m.name, m.version, w.name], w.busy_ratio)
     for m in (*models, *retired):
@@ -171,6 +174,7 @@ def _batch_families(models: list[BatchModelSnapshot], retired: list[BatchModelSn
     yield from (collapsed, cache_requests, cache_removals, cache_bytes, cache_entries)
     yield sizes
     yield batches
+    yield deaths
     yield from gauges.values()
     yield busy
 

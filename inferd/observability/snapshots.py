@@ -56,6 +56,7 @@ class BatchModelSnapshot:
     batch_costs: tuple[tuple[int, int, float], ...] = ()  # (bucket, size, estimated seconds) of each measured shape
     wait_error: dict[str, Histogram] = field(default_factory=dict)  # by tier: actual - predicted wait
     admission_margin: float = 0.0  # what admission adds to one batch's estimate, as a share of it (the 99th percentile)
+    worker_deaths: int = 0  # workers whose thread died
 
     @property
     def waiting(self) -> int:

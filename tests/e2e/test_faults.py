@@ -139,6 +139,27 @@ async def test_a_dead_worker_is_replaced_and_its_batch_runs_again(http):
         assert srv.models["m"].pool.healthy == 1
 
 
+async def test_a_replacement_dying_as_the_worker_before_it_fails_what_it_held_at_once_and_backs_off(http):
+    model = switchable(latency_ms=10, max_batch_size=8, max_wait_ms=0)
+    async with running_server(model) as srv:
+        served = srv.models["m"]
+        fakes.dying.set()  # every worker that takes this batch dies
+        started = time.monotonic()
+        status, body, headers = await infer(http, srv.url, {"input": "DIE-always", "timeout_ms": 20000})
+        assert (status, body["error"]) == (503, "MODEL_UNAVAILABLE") and "worker died" in body["message"]
+        assert body["retry_after_ms"] == 1000 and "Retry-After" in headers
+        assert time.monotonic() - started < 10  # failed at once, not at its deadline
+        assert (served.pool.deaths, served.pool.repeated_deaths) == (2, 1)  # the first ran again; its replacement died too
+        fakes.dying.clear()
+        await until(lambda: served.pool.healthy == 1)  # the next replacement, a second later
+        status, body, _ = await infer(http, srv.url, {"input": "after"})
+        assert status == 200 and body["output"] == expected_output("after")
+        assert served.pool.replacements == 2
+        async with http.get(f"{srv.url}/v1/models/m") as resp:
+            described = await resp.json()
+        assert (described["worker_deaths"], described["worker_repeated_deaths"]) == (2, 1)
+
+
 async def test_a_replacement_that_fails_to_start_is_tried_again_until_one_starts(http):
     model = switchable(latency_ms=20, max_batch_size=8, max_wait_ms=10)
     async with running_server(model) as srv:

@@ -1,4 +1,5 @@
-"""What the worker pool knows without running a thread: when a worker is next free, how busy each was."""
+"""What the worker pool knows and does without running a thread: when a worker is next free, how busy each
+was, and what a worker dying again soon after its slot's last death does."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from pytest import approx
 
 from inferd.execution.hang_limit import HangLimit
 from inferd.execution.pool import WorkerPool
+from inferd.execution.worker import Worker
+from inferd.messages import Batch
+
+from ...helpers import FakeClock
 
 
 def pool_of(*workers: SimpleNamespace) -> WorkerPool:
@@ -48,3 +53,57 @@ def test_the_busy_ratio_is_the_share_of_the_window_spent_in_calls():
     w.current = SimpleNamespace(started_at=9.0, requests=[1, 2, 3], size=3)
     assert pool.busy_ratio(w, 10.0) == approx(0.4)  # the running call counts too
     assert [(s.name, s.running_requests) for s in pool.snapshot(10.0)] == [("a", 3)]
+
+
+def test_a_replacement_dying_within_a_minute_of_its_start_backs_off_and_gives_up_what_it_held():
+    clock = FakeClock(0.0)
+    requeued: list[Batch] = []
+    lost: list[tuple[list[Batch], float]] = []
+    loop = asyncio.new_event_loop()
+    pool = WorkerPool(name="m", devices=["cpu"], build=lambda d: None, warmup_inputs=[], next_batch=lambda f, t: None,  # type: ignore[arg-type,return-value]
+                      loop=loop, hang_limit=HangLimit(1.0), on_batch_done=print, on_requeue=requeued.append,
+                      on_ready=print, on_lost=lambda batches, delay: lost.append((batches, delay)), clock=clock)
+    started: list[tuple[str, float]] = []
+    new_worker = pool._new_worker
+
+    def unstarted(name: str, device: str) -> Worker:  # (a replacement whose thread never runs)
+        worker = new_worker(name, device)
+        worker.start = lambda: started.append((worker.name, clock.now))  # type: ignore[method-assign]
+        return worker
+
+    pool._new_worker = unstarted  # type: ignore[method-assign]
+
+    def die(after_s: float) -> Batch:
+        clock.advance(after_s)
+        worker = pool.workers[0]
+        worker.ready = True
+        batch = Batch(len(started), [], "full", clock.now)
+        pool._worker_died(worker, batch, RuntimeError("died taking a batch"))
+        return batch
+
+    def wait_out_the_back_off() -> float:
+        (timer,) = pool._rebuild_timers
+        delay = timer.when() - loop.time()
+        timer.cancel()
+        pool._rebuild_timers.clear()
+        clock.advance(delay)
+        pool._replace(pool.workers[0])  # (what the timer does when it fires)
+        return round(delay)
+
+    try:
+        first = die(100.0)  # the configured worker: replaced at once, its batch runs again
+        assert (requeued, lost, started, pool._rebuild_timers) == ([first], [], [("m-0.1", 100.0)], set())
+        delays = []
+        for _ in range(3):  # each replacement dies at once: what it held fails, the next one waits longer
+            batch = die(0.5)
+            assert lost[-1][0] == [batch] and batch.abandoned and pool.healthy == 0 and len(pool._rebuild_timers) == 1
+            delays.append(wait_out_the_back_off())
+        assert delays == [1, 2, 4] and [delay for _, delay in lost] == [1.0, 2.0, 4.0]
+        assert requeued == [first] and [name for name, _ in started] == ["m-0.1", "m-0.2", "m-0.3", "m-0.4"]
+        late = die(61.0)  # one that lived a minute: replaced at once again, and the count starts again
+        assert requeued[-1] is late and started[-1] == ("m-0.5", clock.now)
+        die(0.5)
+        assert wait_out_the_back_off() == 1
+        assert (pool.deaths, pool.repeated_deaths) == (6, 4)
+    finally:
+        loop.close()

@@ -59,3 +59,20 @@ async def test_a_model_is_unavailable_while_warming_up_and_while_its_breaker_is_
     served.breaker.record(False, 100.0)
     refusal = served.unavailable(100.1)
     assert isinstance(refusal, ModelUnavailable) and refusal.reason == "breaker_open" and refusal.retry_after_ms >= 4800
+
+
+async def test_what_a_worker_dying_again_held_fails_at_once_and_with_no_worker_left_what_waits_too():
+    served = model()
+    held = served.take("held", ("a", "b"), 5.0, "default", "t")
+    batch = served.batcher.next_batch(0, lambda b: None)
+    assert batch is not None and batch.requests == held
+    waiting = served.take("waiting", ("c",), 5.0, "default", "t")[0]
+    served.delivery.lost([batch], 2.0)  # another worker is still healthy: what waits stays
+    for request in held:
+        error = request.future.exception()
+        assert isinstance(error, ModelUnavailable) and error.reason == "worker_died" and error.retry_after_ms == 2000
+    assert not waiting.future.done() and served.batcher.depth == 1
+    served.pool.healthy = 0
+    served.delivery.lost([], 4.0)  # none left: nothing will take it for seconds
+    error = waiting.future.exception()
+    assert isinstance(error, ModelUnavailable) and error.reason == "worker_died" and served.batcher.depth == 0
