@@ -3,6 +3,7 @@ the test suite (each runs for minutes).
 
     .venv/bin/python benchmarks/soak.py faults --duration 300 --rate 700
     .venv/bin/python benchmarks/soak.py memory --duration 600
+    .venv/bin/python benchmarks/soak.py mixed --duration 600
 
 `faults`: S1 load with random hangs and poison inputs, counting that every request is answered exactly
 once. Open-loop Poisson load at --rate for --duration seconds against inferd serving the faulty
@@ -20,6 +21,15 @@ last). Every answer is checked against its own input. RSS (the server's /v1/stat
 5 s; once the caps are full each minute's median must stay within 5% of their median, and the RSS the
 caps add (against the same load with the cache off and a 1 MiB table, --baseline-duration) must be
 within 1.2x of the bytes they count.
+
+`mixed`: the traffic that once stopped a model for good (issue 79's case 0), on a simulated model and
+on the real MiniLM side by side: per model, closed-loop clients of single requests (anonymous: the free
+tier; every 5th text one of 50, so twins collapse and repeats hit the cache; some give up early and go
+away) beside a paid tenant's clients of 1-3-input calls and, now and then, a 20-60-input one (v2 tensors
+for the simulated model, /v1/embeddings for MiniLM). Every answer is checked: the simulated model's
+against its function, each MiniLM vector against the model called alone on that text (in this process,
+after the run). It passes with nothing lost or wrong, no worker death, every queue empty at the end,
+and RSS within +50 MB of its level after the first minute. Results go to benchmarks/results/soak_mixed.json.
 """
 
 from __future__ import annotations
@@ -329,9 +339,206 @@ def memory_main(argv: list[str]) -> None:
     sys.exit(0 if result["ok"] else 1)
 
 
+PAID_KEY = "soak-paid-key"
+MIXED_CONFIG = """
+[server]
+access_log = "off"
+
+[auth]
+anonymous_tier = "free"
+
+[tiers.paid]
+[tiers.free]
+
+[[tenants]]
+name = "acme"
+tier = "paid"
+key_sha256 = "{paid_sha256}"
+
+[[models]]
+name = "sim"
+backend = "inferd.backends.sim:create"
+max_batch_size = 64
+max_wait_ms = 5
+timeout_ms = 5000
+cache_bytes = 4194304
+[models.options]
+latency_ms = 30
+max_batch_size = 64
+
+[[models]]
+name = "minilm"
+backend = "inferd.backends.transformer:create"
+max_batch_size = 32
+max_wait_ms = 5
+timeout_ms = 20000
+cache_bytes = 4194304
+[models.options]
+max_tokens = 64
+bucket_edges = [16, 32, 64]
+"""
+PAID = {"Authorization": f"Bearer {PAID_KEY}"}
+WORDS = "the quick brown fox jumps over a lazy dog while batching servers gather requests".split()
+
+
+class Mixed:
+    """Closed-loop clients of both kinds on both models, every answer kept for its check."""
+
+    def __init__(self, url: str, duration_s: float) -> None:
+        self.url, self.duration_s = url, duration_s
+        self.tally: Counter[str] = Counter()
+        self.wrong: list[str] = []
+        self.vectors: dict[str, list[float]] = {}  # MiniLM: a text's first vector (checked against the model after)
+        self.samples: list[dict] = []
+        self.refusals: dict[str, str] = {}  # an example message of each refusal
+        self.rng = random.Random(79)
+
+    def text(self, model: str, who: str, i: int) -> str:
+        if i % 5 == 0:
+            return f"repeated {model} {i % 50}"
+        words = [WORDS[(i + j) % len(WORDS)] for j in range(1 + (i * 7) % 40)]  # 1-40 words: every bucket
+        return f"{who} {i} " + " ".join(words)
+
+    def check(self, model: str, text: str, output: object) -> None:
+        if model == "sim":
+            if output != expected_output(text):
+                self.wrong.append(f"sim {text!r}: another output")
+        elif not isinstance(output, list) or len(output) != 384:
+            self.wrong.append(f"minilm {text!r}: not a 384-float vector")
+        elif (first := self.vectors.setdefault(text, output)) is not output and max(
+                abs(a - b) for a, b in zip(first, output, strict=True)) > 1e-4:
+            self.wrong.append(f"minilm {text!r}: two answers differ")
+
+    async def post(self, session: aiohttp.ClientSession, path: str, body: dict, headers: dict | None,
+                   give_up_s: float | None) -> tuple[int, dict] | None:
+        try:
+            async with session.post(f"{self.url}{path}", json=body, headers=headers,
+                                    timeout=aiohttp.ClientTimeout(total=give_up_s or 60)) as resp:
+                return resp.status, await resp.json(content_type=None)
+        except TimeoutError:
+            if give_up_s is None:
+                self.tally["no_answer"] += 1
+            else:
+                self.tally["went_away"] += 1  # (the client's own choice: the server withdraws its request)
+            return None
+        except aiohttp.ClientError as exc:
+            self.tally[f"no_answer:{type(exc).__name__}"] += 1
+            return None
+
+    async def singles(self, session: aiohttp.ClientSession, model: str, who: str, until: float) -> None:
+        i = 0
+        while time.monotonic() < until:
+            i += 1
+            text = self.text(model, who, i)
+            give_up_s = 0.01 if self.rng.random() < 0.02 else None
+            answer = await self.post(session, "/v1/inference", {"model": model, "input": text, "timeout_ms": 20_000},
+                                     None, give_up_s)
+            if answer is not None:
+                self.count(model, "single", answer, lambda body, text=text: self.check(model, text, body["output"]))
+                if answer[0] in (429, 503):  # (as a client should: back off as told, at most a second)
+                    await asyncio.sleep(min(1.0, answer[1].get("retry_after_ms", 100) / 1000))
+
+    async def calls(self, session: aiohttp.ClientSession, model: str, who: str, until: float) -> None:
+        i = 0
+        while time.monotonic() < until:
+            i += 1
+            n = self.rng.randint(20, 60) if self.rng.random() < 0.1 else self.rng.randint(1, 3)
+            texts = [self.text(model, f"{who}-{i}", j) for j in range(n)]
+            if model == "sim":
+                body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [n], "data": texts}],
+                        "parameters": {"timeout": 20_000_000}}
+                answer = await self.post(session, "/v2/models/sim/infer", body, PAID, None)
+
+                def check(body: dict, texts: list[str] = texts) -> None:
+                    for text, output in zip(texts, body["outputs"][0]["data"], strict=True):
+                        self.check("sim", text, output)
+            else:
+                answer = await self.post(session, "/v1/embeddings", {"model": "minilm", "input": texts}, PAID, None)
+
+                def check(body: dict, texts: list[str] = texts) -> None:
+                    for text, item in zip(texts, sorted(body["data"], key=lambda d: d["index"]), strict=True):
+                        self.check("minilm", text, item["embedding"])
+            if answer is not None:
+                self.count(model, "call", answer, check)
+                if answer[0] in (429, 503):
+                    await asyncio.sleep(min(1.0, answer[1].get("retry_after_ms", 100) / 1000))
+
+    def count(self, model: str, kind: str, answer: tuple[int, dict], check: object) -> None:
+        status, body = answer
+        self.tally[f"{model} {kind} {status}"] += 1
+        if status == 200:
+            try:
+                check(body)  # type: ignore[operator]
+            except (KeyError, ValueError, TypeError) as exc:
+                self.wrong.append(f"{model} {kind}: unreadable answer {exc!r}")
+        elif status == 500 or status == 504:
+            self.wrong.append(f"{model} {kind}: {status} {body.get('error')} {body.get('message')}")
+        else:
+            self.tally[f"{model} {kind} {status} {body.get('reason') or body.get('error')}"] += 1
+            self.refusals.setdefault(f"{status} {body.get('error')}", body.get("message"))
+
+    async def sample(self, session: aiohttp.ClientSession, started: float, until: float) -> None:
+        while time.monotonic() < until:
+            async with session.get(f"{self.url}/v1/stats") as resp:
+                stats = await resp.json()
+            self.samples.append({"t": round(time.monotonic() - started, 1), "rss": stats["process"]["rss_bytes"]})
+            await asyncio.sleep(5)
+
+    async def run(self, singles: int, callers: int) -> dict:
+        started = time.monotonic()
+        until = started + self.duration_s
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=200)) as session:
+            clients = [self.singles(session, m, f"s{m}{i}", until) for m in ("sim", "minilm") for i in range(singles)]
+            clients += [self.calls(session, m, f"c{m}{i}", until) for m in ("sim", "minilm") for i in range(callers)]
+            await asyncio.gather(self.sample(session, started, until), *clients)
+            await asyncio.sleep(1.0)  # (what clients gave up on leaves the queues)
+            async with session.get(f"{self.url}/v1/models") as resp:
+                models = {m["id"]: m for m in (await resp.json())["data"]}
+        return {name: {"worker_deaths": m["worker_deaths"], "workers_replaced": m["workers_replaced"],
+                       "queue_depth": m["stats"]["queue_depth"], "batches": m["stats"]["batches"],
+                       "mean_batch_size": m["stats"]["mean_batch_size"]} for name, m in models.items()}
+
+
+def mixed_main(argv: list[str]) -> None:
+    """The traffic that once stopped a model, on a simulated model and MiniLM: nothing lost or wrong."""
+    parser = argparse.ArgumentParser(prog="soak.py mixed", description=mixed_main.__doc__)
+    parser.add_argument("--duration", type=float, default=600)
+    parser.add_argument("--singles", type=int, default=8, help="closed-loop single-request clients per model")
+    parser.add_argument("--callers", type=int, default=3, help="closed-loop multi-input call clients per model")
+    parser.add_argument("--out", default=str(RESULTS / "soak_mixed.json"))
+    args = parser.parse_args(argv)
+    config = MIXED_CONFIG.format(paid_sha256=hashlib.sha256(PAID_KEY.encode()).hexdigest())
+    with inferd_server(config) as url:
+        soak = Mixed(url, args.duration)
+        models = asyncio.run(soak.run(args.singles, args.callers))
+    from inferd.backends.transformer import TextModel  # (the reference: the model called alone, one text at a time)
+
+    reference = TextModel("cpu", {"max_tokens": 64, "bucket_edges": [16, 32, 64]})
+    texts = sorted(soak.vectors)
+    checked = soak.rng.sample(texts, min(len(texts), 2000))
+    for text in checked:
+        alone = reference([reference.tokenize(text)])[0]
+        if max(abs(float(a) - b) for a, b in zip(alone, soak.vectors[text], strict=True)) > 1e-4:
+            soak.wrong.append(f"minilm {text!r}: not the model's vector for it")
+    rss = [s["rss"] for s in soak.samples if s["t"] >= 60] or [s["rss"] for s in soak.samples[-1:]]
+    growth_mb = (max(rss) - rss[0]) / 1e6 if rss else None
+    result = {
+        "command": f".venv/bin/python benchmarks/soak.py mixed --duration {args.duration:g}",
+        "statuses": dict(soak.tally), "refusals": soak.refusals, "wrong": len(soak.wrong), "wrong_examples": soak.wrong[:10],
+        "lost": sum(v for k, v in soak.tally.items() if k.startswith("no_answer")),
+        "minilm_texts": len(texts), "minilm_checked_against_the_model_alone": len(checked), "models": models,
+        "rss_growth_after_the_first_minute_mb": round(growth_mb, 1) if growth_mb is not None else None,
+        "samples": soak.samples,
+    }
+    result["ok"] = (result["lost"] == 0 and result["wrong"] == 0 and growth_mb is not None and growth_mb <= 50
+                    and all(m["worker_deaths"] == 0 and m["queue_depth"] == 0 for m in models.values()))
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=2))
+    sys.exit(0 if result["ok"] else 1)
+
 
 if __name__ == "__main__":
-    modes = {"faults": faults_main, "memory": memory_main}
+    modes = {"faults": faults_main, "memory": memory_main, "mixed": mixed_main}
     if len(sys.argv) < 2 or sys.argv[1] not in modes:
-        sys.exit(f"usage: soak.py {{faults|memory}} [options] (--help after the mode for its options)\n\n{__doc__}")
+        sys.exit(f"usage: soak.py {{faults|memory|mixed}} [options] (--help after the mode for its options)\n\n{__doc__}")
     modes[sys.argv[1]](sys.argv[2:])

@@ -421,3 +421,44 @@ def test_beside_short_calls_a_large_calls_batch_stops_short_and_a_short_call_beg
     clock.advance(BESIDE_S)
     arrive_call(b, clock, "large-c", 60, 100, bucket=0)
     assert not costs.short_calls_beside_large and costs.size_limit(0) == top
+
+
+def test_admission_reads_behind_whom_a_request_waits_while_a_worker_takes_batches():
+    """`ahead_by_bucket` walks the tiers' tenants and calls, which a worker's thread changes as it takes a
+    batch: read bare, a mixed soak got 500s ("dictionary changed size during iteration"). Threads switch
+    every microsecond here, so a bare read meets a take within a second."""
+    import sys
+    import threading
+
+    loop = asyncio.new_event_loop()
+    b = Batcher(max_batch_size=64, max_wait_ms=0, max_queue=100_000, loop=loop, tiers=(("paid", None), ("free", None)))
+    stop, failures = threading.Event(), []
+
+    def worker() -> None:
+        try:
+            while not stop.is_set():
+                b.next_batch(0, lambda batch: None)  # (whatever waits: no linger; parked, handed the next)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=worker)
+    thread.start()
+    try:
+        n, end = 0, time.monotonic() + 1.5
+        while time.monotonic() < end and not failures:
+            for _ in range(100):
+                n += 1
+                for j in range(1 + n % 3):  # calls of 1-3 inputs from seven tenants in two tiers
+                    b.submit(PendingRequest(f"r{n}.{j}", n, time.monotonic(), time.monotonic() + 60, None,  # type: ignore[arg-type]
+                                            tier="paid" if n % 2 else "free", tenant=f"t{n % 7}", call=f"c{n}",
+                                            call_size=1 + n % 3))
+            for _ in range(50):
+                b.ahead_by_bucket("free", "t3", None)
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(switch)
+        loop.close()
+    assert not failures, failures
