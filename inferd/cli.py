@@ -143,9 +143,9 @@ def _serve(args: argparse.Namespace) -> int:
     from .observability.access_log import configure_access_logger
     from .server import run
 
-    api_key = args.api_key or os.environ.get("INFERD_API_KEY") or None
-    admin_key = args.admin_key or os.environ.get("INFERD_ADMIN_KEY") or None
     try:
+        api_key = given_key(args.api_key, "--api-key", "INFERD_API_KEY")
+        admin_key = given_key(args.admin_key, "--admin-key", "INFERD_ADMIN_KEY")
         if args.model:
             config = _folders_config(args, api_key, admin_key)
             if config is None:
@@ -163,6 +163,21 @@ def _serve(args: argparse.Namespace) -> int:
     reread = (lambda: with_keys(dataclasses.replace(load_config(args.config), **overrides), *keys)) if args.config else None
     configure_access_logger()
     return run(with_keys(dataclasses.replace(config, **overrides), *keys), reread)
+
+
+def given_key(flag_value: str | None, flag: str, variable: str) -> str | None:
+    """A key given by `flag` (else the environment's `variable`), as requests present it: without the
+    whitespace around it (`presented_key` strips what a client sends; a key hashed with its newline
+    would refuse its own operator). None: none given. Given but empty or blank (`--api-key "$KEY"` with
+    KEY unset) is a mistake that would start the server open to anyone: refused."""
+    raw, source = (flag_value, flag) if flag_value is not None else (os.environ.get(variable), variable)
+    if raw is None:
+        return None
+    key = raw.strip()
+    if not key:
+        raise ConfigError(f"{source} is empty (an unset shell variable?): refusing to start a server without the key "
+                          f"it was asked to require; give the key, or leave {source} out")
+    return key
 
 
 def _folders_config(args: argparse.Namespace, api_key: str | None, admin_key: str | None) -> ServerConfig | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
-from inferd.cli import main, with_keys
+from inferd.cli import given_key, main, with_keys
 from inferd.config import AuthConfig, ServerConfig, TenantConfig, TierConfig
 
 
@@ -44,3 +44,18 @@ def test_folders_with_an_admin_key_serve_keyless_requests_and_open_the_admin_api
     assert main(["serve", "--model", str(tmp_path / "m"), "--admin-key", "root", "--api-key", "k", "--print-config"]) == 0
     both = capsys.readouterr().out
     assert "anonymous_tier" not in both and 'name = "api-key"' in both and hashlib.sha256(b"root").hexdigest() in both
+
+
+def test_an_empty_key_refuses_to_start_and_a_key_is_taken_as_clients_present_it(monkeypatch, capsys):
+    monkeypatch.delenv("INFERD_API_KEY", raising=False)
+    for empty in ("", "  ", "\n"):  # (`--api-key "$KEY"` with KEY unset: not a server open to anyone)
+        assert main(["serve", "--api-key", empty, "--port", "0"]) == 2
+        assert "--api-key is empty" in capsys.readouterr().err
+    monkeypatch.setenv("INFERD_ADMIN_KEY", "")
+    assert main(["serve", "--port", "0"]) == 2
+    assert "INFERD_ADMIN_KEY is empty" in capsys.readouterr().err
+    assert given_key("k\n", "--api-key", "INFERD_API_KEY") == "k"  # (clients' keys are stripped: so is the operator's)
+    monkeypatch.setenv("INFERD_API_KEY", " from-env ")
+    assert given_key(None, "--api-key", "INFERD_API_KEY") == "from-env"
+    monkeypatch.delenv("INFERD_API_KEY")
+    assert given_key(None, "--api-key", "INFERD_API_KEY") is None
