@@ -8,6 +8,7 @@ import json
 import multiprocessing
 import sys
 import time
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,7 +157,14 @@ def command(args: argparse.Namespace) -> int:
             print("inferd plan: --access-log and --served-model go together", file=sys.stderr)
             return 2
         served = model_from_description(json.loads(Path(args.served_model).read_text()))
-        recorded = RecordedDay(tuple(read_access_log(Path(args.access_log), served.name, args.sample_rate)))
+        skipped: Counter[str] = Counter()
+        recorded = RecordedDay(tuple(read_access_log(Path(args.access_log), served.name, args.sample_rate, skipped)))
+        if skipped:
+            why = ", ".join(f"{n} for its {reason}" if reason != "far from the rest" else f"{n} far from the rest"
+                            for reason, n in skipped.most_common())
+            print(f"inferd plan: skipped {sum(skipped.values())} lines of {args.access_log} ({why}): a latency must be "
+                  "a number of ms from 0 to an hour, a timestamp readable, an arrival within a week of the median",
+                  file=sys.stderr)
         if not recorded.recorded:
             print(f"inferd plan: {args.access_log} has no request of model {served.name!r}", file=sys.stderr)
             return 2

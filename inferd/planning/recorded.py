@@ -12,6 +12,8 @@ import bisect
 import json
 import math
 import random
+import statistics
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -70,20 +72,48 @@ def _seconds(ts: str) -> float:
     return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
-def arrivals_from_access_log(lines: Iterable[str], model: str | None = None, sample_rate: float = 1.0) -> list[Arrival]:
+MAX_LATENCY_S = 3600.0  # a logged latency past this (or negative, or not a number) is no request's
+MAX_FROM_MEDIAN_S = 7 * 86400.0  # an arrival this far from the log's median one is a clock's mistake, not a day's
+
+
+def arrivals_from_access_log(lines: Iterable[str], model: str | None = None, sample_rate: float = 1.0,
+                             skipped: Counter[str] | None = None) -> list[Arrival]:
     """Every request of `model` (None: of any) in the access log's JSON lines, at its arrival (its end
     less its latency), the first at 0, in order of arrival; lines that are not a request's are skipped.
     A log kept at `sample_rate` (the server's `access_log_sample_rate`) below 1 stands for 1/rate requests
-    a line: each is repeated that many times (on average), spread over the second around it."""
+    a line: each is repeated that many times (on average), spread over the second around it.
+
+    A request's line whose latency is not a number of ms from 0 to an hour, whose timestamp cannot be
+    read, or whose arrival lies more than a week from the log's median one is skipped and counted in
+    `skipped` by reason (`latency`, `timestamp`, `far from the rest`): one bad line among 600 once made
+    a traceback after the whole run, a 56-year day, or a plan for 24 GPU-hours instead of 0.02."""
+    skipped = Counter() if skipped is None else skipped
     arrived = []
     for line in lines:
         try:
             entry = json.loads(line)
-            if model is not None and entry.get("model") != model:
-                continue
-            arrived.append(_seconds(entry["ts"]) - float(entry["latency_ms"]) / 1000.0)
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except ValueError:
             continue
+        if not isinstance(entry, dict) or "ts" not in entry or "latency_ms" not in entry:
+            continue  # (not a request's line: a start-up event, say)
+        if model is not None and entry.get("model") != model:
+            continue
+        latency = entry["latency_ms"]
+        if type(latency) not in (int, float) or not 0.0 <= latency <= MAX_LATENCY_S * 1000.0:  # (NaN fails both)
+            skipped["latency"] += 1
+            continue
+        try:
+            ended = _seconds(entry["ts"])
+        except (ValueError, TypeError, AttributeError, OverflowError, OSError):
+            skipped["timestamp"] += 1
+            continue
+        arrived.append(ended - latency / 1000.0)
+    if arrived:
+        median = statistics.median(arrived)
+        kept = [at for at in arrived if abs(at - median) <= MAX_FROM_MEDIAN_S]
+        if len(kept) < len(arrived):
+            skipped["far from the rest"] += len(arrived) - len(kept)
+        arrived = kept
     if sample_rate < 1.0:
         draws, copies = random.Random(7), 1.0 / sample_rate
         arrived = [at + (draws.random() - 0.5 if k else 0.0) for at in arrived
@@ -93,9 +123,10 @@ def arrivals_from_access_log(lines: Iterable[str], model: str | None = None, sam
     return [Arrival(at - first, 0) for at in arrived]
 
 
-def read_access_log(path: Path, model: str | None = None, sample_rate: float = 1.0) -> list[Arrival]:
+def read_access_log(path: Path, model: str | None = None, sample_rate: float = 1.0,
+                    skipped: Counter[str] | None = None) -> list[Arrival]:
     with path.open(encoding="utf-8", errors="replace") as lines:
-        return arrivals_from_access_log(lines, model, sample_rate)
+        return arrivals_from_access_log(lines, model, sample_rate, skipped)
 
 
 def rate_of(arrivals: list[Arrival]) -> Callable[[float], float]:

@@ -4,6 +4,7 @@ curve (the whole chain from what a live server wrote: tests/e2e/test_plan_replic
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 
@@ -43,3 +44,14 @@ def test_a_model_description_without_a_batch_measured_cannot_be_planned_with():
     with pytest.raises(ValueError, match="no batch"):
         model_from_description({"name": "m", "max_batch_size": 8, "max_wait_ms": 5, "slo_ms": None, "timeout_ms": 1000,
                                 "cost_model": {"buckets": {"0": {"size_limit": 8, "sizes": {}}}}})
+
+
+def test_a_line_no_request_could_have_written_is_skipped_and_counted_by_reason():
+    good = [line(f"2026-11-29T10:{m:02d}:00.000Z", 20.0) for m in range(60)]
+    bad = [line("2026-11-29T10:30:00.000Z", float("nan")), line("2026-11-29T10:30:00.000Z", -86_400_000.0),
+           line("2026-11-29T10:30:00.000Z", 4_000_000.0), json.dumps({"ts": "2026-11-29", "latency_ms": "5"}),
+           json.dumps({"ts": "yesterday", "latency_ms": 5}), line("1970-01-01T00:00:00.000Z", 5.0)]
+    skipped: Counter[str] = Counter()
+    arrivals = arrivals_from_access_log(good + bad, None, skipped=skipped)
+    assert len(arrivals) == 60 and arrivals[-1].at == pytest.approx(59 * 60.0)  # the hour, not 56 years nor a day
+    assert skipped == {"latency": 4, "timestamp": 1, "far from the rest": 1}
