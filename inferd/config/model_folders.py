@@ -35,19 +35,56 @@ class FolderModel:
     name: str | None = None
 
 
-def folder_task(path: Path) -> str:
-    """What a model folder's `config.json` says the model does (see the module's docstring)."""
+@dataclass(frozen=True)
+class FolderConfig:
+    """What `inferd serve --model` reads of a model folder's `config.json`, each field checked."""
+
+    architectures: tuple[str, ...] = ()
+    model_type: str | None = None
+    num_labels: int | None = None
+    labels: int = 0  # entries of `id2label`
+
+
+def read_folder_config(path: Path) -> FolderConfig:
+    """A model folder's `config.json`, read and checked: a file that is not JSON, not an object, or holds
+    a field of the wrong shape is a one-line ConfigError naming it (7 wrong shapes once ended in
+    tracebacks: `[]`, `"str"`, `architectures: 5`, `num_labels: "two"` or null, `id2label: 7`,
+    `model_type: ["vit"]`)."""
+    file = path / "config.json"
     try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        config = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--model {path}: no readable config.json ({exc}); is it a model folder?") from None
-    architectures = [str(a) for a in config.get("architectures") or ()]
-    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
+
+    def wrong(field: str, want: str) -> ConfigError:
+        return ConfigError(f"--model {path}: config.json's {field} is {json.dumps(config.get(field))[:60]}, not {want}")
+
+    if not isinstance(config, dict):
+        raise ConfigError(f"--model {path}: config.json holds {type(config).__name__}, not an object; is it a model folder?")
+    architectures = config.get("architectures") or []
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise wrong("architectures", "a list of class names")
+    model_type = config.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise wrong("model_type", "a name")
+    num_labels = config.get("num_labels")
+    if "num_labels" in config and (type(num_labels) is not int or num_labels < 1):
+        raise wrong("num_labels", "a whole number of at least 1")
+    labels = config.get("id2label") or {}
+    if not isinstance(labels, dict):
+        raise wrong("id2label", "an object of labels")
+    return FolderConfig(tuple(architectures), model_type, num_labels, len(labels))
+
+
+def folder_task(path: Path) -> str:
+    """What a model folder's `config.json` says the model does (see the module's docstring)."""
+    config = read_folder_config(path)
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in config.architectures):
         return "generate"
-    if any(a.endswith("ForSequenceClassification") for a in architectures):
-        labels = config.get("id2label") or {}
-        return "rerank" if int(config.get("num_labels", len(labels) or 2)) == 1 else "classify"
-    if config.get("model_type") in _VISION_TYPES:
+    if any(a.endswith("ForSequenceClassification") for a in config.architectures):
+        num_labels = config.num_labels if config.num_labels is not None else config.labels or 2
+        return "rerank" if num_labels == 1 else "classify"
+    if config.model_type in _VISION_TYPES:
         return "image"
     return "embed"
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from inferd.cli import main
 from inferd.config import ConfigError, parse_config
 from inferd.config.model_folders import FolderModel, folder_config, folder_config_toml, folder_task
 
@@ -62,3 +63,16 @@ def test_mistakes_are_named(tmp_path):
     for models, message in cases:
         with pytest.raises(ConfigError, match=message):
             folder_config(models)
+
+
+@pytest.mark.parametrize("text", ['[]', '"str"', '{"architectures": 5}', '{"num_labels": "two", "architectures": ["BertForSequenceClassification"]}',
+                                  '{"num_labels": null}', '{"id2label": 7}', '{"model_type": ["vit"]}', '{"architectures": [1]}'])
+def test_a_config_json_of_the_wrong_shape_is_one_line_and_exit_2(tmp_path, capsys, text):
+    path = tmp_path / "m"
+    path.mkdir()
+    (path / "config.json").write_text(text)
+    with pytest.raises(ConfigError) as refused:
+        folder_task(path)
+    assert "config.json" in str(refused.value) and "\n" not in str(refused.value)
+    assert main(["serve", "--model", str(path), "--print-config"]) == 2  # (not a traceback)
+    assert "config.json" in capsys.readouterr().err
