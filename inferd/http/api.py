@@ -30,7 +30,7 @@ from .admin import PREFIX as ADMIN_PREFIX
 from .admin import AdminApi
 from .api_page import PAGE_FILES, ApiPage
 from .batch_calls import CallHandler, traced_route
-from .body_reader import BodyReader
+from .body_reader import BodyReader, entered
 from .fast_path import FastPath
 from .generation import GenerationApi
 from .idempotency import IdempotentReplies
@@ -175,7 +175,7 @@ class HttpApi:
             handler = route.handler
             if self._keyed and "Idempotency-Key" in request.headers:
                 handler = self._keyed.get(path, handler)
-            lifecycle.enter()
+            entered(lifecycle, request)
             try:
                 return await handler(request)
             finally:

@@ -28,7 +28,7 @@ from ..models.registry import Models
 from ..observability.outcomes import Call, Outcomes
 from ..observability.tracing import Tracing
 from .batch_calls import BatchCalls, cache_allowed, call_timing, traced
-from .body_reader import BodyReader, json_object
+from .body_reader import BodyReader, entered, json_object
 from .open_inference_wire import HEADER_LENGTH, IMAGE_INPUT, INPUT, OUTPUT, infer_response, parse_infer
 from .request_ids import RequestIds
 from .responses import WholeResponse, dumps, error_response
@@ -82,7 +82,7 @@ class OpenInferenceApi:
             if rest == ["config"]:
                 return _json(triton_config(model), request_id)
             if rest == ["infer"]:
-                self.lifecycle.enter()
+                entered(self.lifecycle, request)
                 try:
                     return await self.infer(request, model, request_id)
                 finally:

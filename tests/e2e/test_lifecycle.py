@@ -50,6 +50,35 @@ async def test_sigterm_drains_without_losing_an_admitted_request(http, tmp_path)
         server.stop()
 
 
+async def test_a_slow_body_to_a_route_outside_the_count_does_not_let_the_drain_skip_an_admitted_request(http, tmp_path):
+    """A request computing (in flight 1) and another client sending one byte of a 20-byte body to
+    POST /v2/repository/index (a route the lifecycle does not count): reading that body once stepped a
+    request out of the count that it had never entered, the count fell to 0, and SIGTERM's drain did not
+    wait: the computing request got 503 DRAINING instead of its answer."""
+    config = write_config(tmp_path / "slow.toml", SLOW_MODEL.replace("latency_ms = 300", "latency_ms = 1500"))
+    server = ServerProcess([PYTHON, "-m", "inferd", "serve", "--config", str(config), "--port", "0"])
+    try:
+        url = await asyncio.to_thread(server.wait_listening)
+        await _wait_ready(http, url)
+        computing = asyncio.create_task(infer(http, url, {"input": "computing"}))
+        await _wait_for(http, f"{url}/v1/stats", lambda stats: stats["process"]["in_flight"] == 1)
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        _, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 20\r\n\r\n{")  # (one byte of twenty: the rest never comes)
+        await writer.drain()
+        await asyncio.sleep(0.3)
+        async with http.get(f"{url}/v1/stats") as resp:
+            assert (await resp.json())["process"]["in_flight"] == 1  # (0 before the fix)
+        server.signal(signal.SIGTERM)
+        status, body, _ = await computing
+        assert status == 200 and body["output"] == expected_output("computing"), body
+        writer.close()
+        assert await asyncio.to_thread(server.proc.wait, 15) == 0
+    finally:
+        server.stop()
+
+
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 async def test_the_readme_run_command_serves_the_default_config(http):
     """`make run` (with the port moved off 8000 so it cannot clash) answers an inference request."""
