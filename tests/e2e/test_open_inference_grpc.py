@@ -114,6 +114,23 @@ async def test_errors_end_calls_with_the_mapped_status_and_inferds_code():
         assert sum(backend_of(srv).computed.values()) == 2  # the warm-up's input and "fine": nothing refused ran
 
 
+async def test_made_up_model_names_and_unknown_callers_leave_no_labels_in_the_metrics(http):
+    async with running_server(sim_model(latency_ms=5), grpc_port=0, **AUTH) as srv:
+        async with grpc.aio.insecure_channel(address(srv)) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            for i in range(40):  # half with the key (NOT_FOUND), half without (UNAUTHENTICATED)
+                request = pb.ModelInferRequest(model_name=f"made-up-{i}")
+                request.inputs.add(name="text", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"x")
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.ModelInfer(request, metadata=tuple(KEYED.items()) if i % 2 else ())
+                assert refused.value.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAUTHENTICATED)
+        async with http.get(f"{srv.url}/metrics") as resp:
+            text = await resp.text()
+        assert "made-up" not in text
+        series = [line for line in text.splitlines() if line.startswith("inferd_requests_total{")]
+        assert {line.split('model="')[1].split('"')[0] for line in series} == {"-"}, series  # the refused, under one label
+
+
 async def test_a_cancelled_call_and_a_passed_deadline_withdraw_their_inputs():
     # Batches holding SLOW take 600 ms more than the usual 20: what is admitted behind one waits far
     # longer than predicted, so its deadline passes in the queue.
