@@ -3,26 +3,33 @@ it) and `POST /decode` (token ids back to text), in TEI's shapes, answered from 
 tokeniser (the backend's `tokens_of` and `text_of`) on a thread, never on the event loop.
 
 TEI's body names no model: the default model answers when it has a tokeniser, else the first model
-that has one; inferd also reads a `model`. The caller is identified as on the compute routes; nothing
-is batched or queued (a tokeniser call is microseconds a text), and a call holds at most the model's
-`max_inputs_per_call` texts or id lists, each text at most `max_input_chars`.
+that has one; inferd also reads a `model`. The caller is identified as on the compute routes, and its
+rate limit counts each text as a compute route's input (a caller refused 429 on /v1/embeddings had
+its 0.9 MB /tokenize calls served, and another tenant's embeddings went from 9-16 ms to 650 ms);
+nothing is batched or queued (a tokeniser call is microseconds a text), at most `MAX_AT_ONCE` calls
+run at a time (more are refused 503 at once, `retry_after_ms`, rather than each taking a thread), and a
+call holds at most the model's `max_inputs_per_call` texts or id lists, each text at most
+`max_input_chars`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
 from ..admission.admission import Admission
-from ..errors import InferdError, InvalidInput, ModelNotFound, NotReady
+from ..errors import InferdError, InvalidInput, ModelNotFound, NotReady, ServiceOverloaded
 from ..models.batch_model import BatchModel
 from ..models.registry import Models
 from .body_reader import BodyReader, json_object
 from .request_ids import RequestIds
 from .responses import WholeResponse, dumps, error_response
+
+MAX_AT_ONCE = 2  # tokeniser calls running at once (each on a thread of its own, holding its texts)
 
 
 class TokensApi:
@@ -33,6 +40,7 @@ class TokensApi:
         self.admission = admission
         self.ids = ids
         self.body = body
+        self.running = 0  # calls on a thread now (at most MAX_AT_ONCE)
 
     async def tokenize(self, request: web.BaseRequest) -> web.StreamResponse:
         return await self._answer(request, _tokenize)
@@ -43,10 +51,19 @@ class TokensApi:
     async def _answer(self, request: web.BaseRequest, run: Callable[[BatchModel, dict[str, Any]], Any]) -> web.StreamResponse:
         request_id = self.ids.pick(request.headers.get("X-Request-ID"))
         try:
-            self.admission.identify(request.headers)
+            who = self.admission.identify(request.headers)
+            if self.running >= MAX_AT_ONCE:  # (before the body: a flood is refused without reading it)
+                raise ServiceOverloaded(f"the tokeniser is busy with {self.running} calls; retry shortly",
+                                        retry_after_ms=100, reason="tokenizer_busy")
             data = json_object(await self.body.read(request))
             model = self._model(data.get("model"))
-            answer = await asyncio.to_thread(run, model, data)
+            if who.rate_per_s is not None:
+                self.admission.limiter.check(who, model.name, model.capacity_scale(), time.monotonic(), _texts_in(data))
+            self.running += 1
+            try:
+                answer = await asyncio.to_thread(run, model, data)
+            finally:
+                self.running -= 1
         except InferdError as error:
             return error_response(error, request_id)
         return WholeResponse(200, dumps(answer), (("X-Request-ID", request_id),))
@@ -69,6 +86,14 @@ class TokensApi:
         if model.offers.tokens_of is None or model.offers.text_of is None:
             raise InvalidInput(f"model {model.name} has no tokeniser to show: /tokenize and /decode serve text models")
         return model
+
+
+def _texts_in(data: dict[str, Any]) -> int:
+    """How many texts a /tokenize or /decode body holds, as its rate limit counts them (one at least)."""
+    inputs = data["inputs"] if "inputs" in data else data.get("ids")
+    if isinstance(inputs, list) and inputs and (isinstance(inputs[0], (str, list))):
+        return len(inputs)
+    return 1
 
 
 def _tokenize(model: BatchModel, data: dict[str, Any]) -> list[list[dict[str, Any]]]:

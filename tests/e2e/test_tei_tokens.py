@@ -83,3 +83,21 @@ async def test_without_a_model_named_a_model_still_loading_answers_503_not_the_d
         async with http.post(f"{srv.url}/tokenize", json={"inputs": "a"}) as resp:
             answer = await resp.json()
         assert resp.status == 503 and answer["error"] == "NOT_READY" and "later" in answer["message"], answer
+
+
+async def test_the_tokeniser_routes_are_under_the_callers_rate_limit_and_a_bound_of_their_own(http):
+    from inferd.config import AuthConfig, TierConfig
+
+    free = TierConfig("free", rate_per_s=1.0, burst=1.0)
+    async with running_server(minilm(), tiers=(free,), auth=AuthConfig(enabled=True, anonymous_tier="free")) as srv:
+        async with http.post(f"{srv.url}/tokenize", json={"inputs": "first"}) as resp:
+            assert resp.status == 200
+        async with http.post(f"{srv.url}/tokenize", json={"inputs": "second, at once"}) as resp:
+            answer = await resp.json()  # (as a second embeddings request would be: over the free tier's 1 a second)
+        assert resp.status == 429 and answer["error"] == "RATE_LIMITED", answer
+        tokens = srv.api.routes["/tokenize"].handler.__self__  # type: ignore[union-attr]
+        tokens.running = 2  # (two calls on their threads: as many as run at once)
+        async with http.post(f"{srv.url}/decode", json={"ids": [101, 102]}) as resp:
+            answer = await resp.json()
+        assert resp.status == 503 and answer["error"] == "SERVICE_OVERLOADED" and answer["retry_after_ms"] > 0, answer
+        tokens.running = 0
