@@ -35,6 +35,21 @@ class RequestState(Enum):
 
 
 @dataclass(slots=True, eq=False)
+class Client:
+    """The connection requests come on, as the batcher's closed-loop echo sees it (`scheduling.arrivals`):
+    one per connection, made by the network side, each of its requests pointing at it (its identity is
+    what the echo waits for). Written only under the batcher's lock."""
+
+    missed: int = 0  # holds in a row that waited for it in vain
+
+    @property
+    def slow(self) -> bool:
+        """It missed two holds in a row: not waited for again until it comes back while a worker is held.
+        (One miss is a busy moment: a loaded client's last few come back late now and then.)"""
+        return self.missed >= 2
+
+
+@dataclass(slots=True, eq=False)
 class PendingRequest:
     """One admitted request waiting for its output."""
 
@@ -63,6 +78,7 @@ class PendingRequest:
     lead: PendingRequest | None = None  # ATTACHED: the request whose computation answers this one
     wheel_slot: int = 0  # the deadline wheel's slot it sits in (its deadline may be extended for riders)
     trace: Any = None  # its request's trace, when sampled (`observability.tracing`)
+    client: Client | None = None  # the connection it came on, where the network side knows it
 
 
 @dataclass(slots=True, eq=False)

@@ -139,9 +139,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def mosec_server(quick: bool) -> Iterator[tuple[str, int] | None]:
-    """Mosec 0.9.8 with benchmarks/mosec/upper.py on a free port, in benchmarks/.mosec-venv (made on first
-    use with pip); yields (base URL, pid), or None when Mosec cannot be installed here."""
+def mosec_server(quick: bool, batch_ms: float = 10) -> Iterator[tuple[str, int] | None]:
+    """Mosec 0.9.8 with benchmarks/mosec/upper.py (`batch_ms` a batch) on a free port, in
+    benchmarks/.mosec-venv (made on first use with pip); yields (base URL, pid), or None when Mosec
+    cannot be installed here."""
     venv = REPO / "benchmarks" / ".mosec-venv"
     python = venv / "bin" / "python"
     if not python.exists():
@@ -154,7 +155,8 @@ def mosec_server(quick: bool) -> Iterator[tuple[str, int] | None]:
     port = free_port()
     proc = subprocess.Popen([str(python), str(REPO / "benchmarks" / "mosec" / "upper.py"), "--port", str(port),
                              "--address", "127.0.0.1", "--timeout", "30000"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "UPPER_BATCH_MS": str(batch_ms)})
     url = f"http://127.0.0.1:{port}"
     try:
         give_up = time.monotonic() + 60

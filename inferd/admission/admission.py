@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import ModelConfig, TierConfig
 from ..errors import Draining, InvalidInput
 from ..lifecycle import Lifecycle
-from ..messages import PendingRequest
+from ..messages import Client, PendingRequest
 from ..models.batch_model import BatchModel
 from .auth import Authenticator
 from .rate_limits import Identity, RateLimiter
@@ -54,7 +54,7 @@ class Admission:
 
     def admit(
         self, model: BatchModel, request_id: str, values: Sequence[Any], who: Identity, timeout_ms: int | None,
-        use_cache: bool = True,
+        use_cache: bool = True, client: Client | None = None,
     ) -> list[PendingRequest]:
         """Admit the inputs of one call to a batch model, all or none (one for /v1/inference, several for
         /v1/embeddings, each batched as a request of its own; rate limits count each). An input cached or
@@ -71,7 +71,7 @@ class Admission:
             raise unavailable
         if who.rate_per_s is not None:  # (measuring capacity costs a little: only for limited callers)
             self.limiter.check(who, model.name, model.capacity_scale(), now, len(values))
-        return model.take(request_id, values, timeout_s(config, timeout_ms), who.tier, who.tenant, use_cache)
+        return model.take(request_id, values, timeout_s(config, timeout_ms), who.tier, who.tenant, use_cache, client)
 
     def admit_generation(self, model: GenerationModel, who: Identity, timeout_ms: int | None, chars: int) -> GenerationTicket:
         """Admit one generation before its prompt (`chars` long) is tokenised: the same length check,

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from ..admission.admission import Admission
 from ..admission.rate_limits import Identity
-from ..messages import Batch, PendingRequest, RequestState
+from ..messages import Batch, Client, PendingRequest, RequestState
 from ..models.batch_model import BatchModel
 from ..observability.outcomes import Call, Outcomes
 from ..observability.tracing import Tracing
@@ -29,6 +29,11 @@ from .request_ids import RequestIds
 def call_start(ids: RequestIds, headers: Mapping[str, str]) -> Call:
     """A call starting now, with the client's `X-Request-ID` (or `Idempotency-Key`) if sane, else a new id."""
     return Call(time.monotonic(), ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key")))
+
+
+def client_of(request: web.BaseRequest) -> Client | None:
+    """The connection a request came on, as the batcher's echo knows it (`connections.GuardedConnection`)."""
+    return getattr(request.protocol, "client", None)
 
 
 class CallHandler(Protocol):
@@ -84,7 +89,8 @@ class BatchCalls:
               use_cache: bool) -> None:
         """The call's inputs taken by the model (`call.requests`), all or none (admission's refusal raised
         otherwise)."""
-        call.requests = requests = self.admission.admit(model, call.request_id, values, who, timeout_ms, use_cache)
+        call.requests = requests = self.admission.admit(model, call.request_id, values, who, timeout_ms, use_cache,
+                                                        call.client)
         if call.trace is not None:
             call.trace.admitted(requests, model.name, model.version, who.tier, who.tenant)
 

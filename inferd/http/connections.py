@@ -29,6 +29,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError, _ErrInfo
 
 from ..errors import InferdError, InternalError, MalformedRequest, PayloadTooLarge, describe
+from ..messages import Client
 from .connection_reserve import ConnectionLimits, health_only
 from .fast_path import BODY_GRACE_S, FastPath, InFlight
 from .request_ids import RequestIds
@@ -86,7 +87,7 @@ class GuardedConnection(RequestHandler):
     """One client connection under the server's limits."""
 
     __slots__ = ("_on_clock", "_server", "_fast", "fast_flight", "_held_for_body", "_in_hand", "_make_request",
-                 "_behind_fast")
+                 "_behind_fast", "client")
 
     def __init__(self, server: GuardedServer, **kwargs: Any) -> None:
         super().__init__(server, **kwargs)
@@ -97,6 +98,7 @@ class GuardedConnection(RequestHandler):
         self._held_for_body: asyncio.TimerHandle | None = None  # a request held for its body's next read
         self._in_hand = False  # aiohttp's loop has a request, from its queue until its answer is out
         self._behind_fast: deque[Any] = deque()  # requests that came after the fast path's, until it is answered
+        self.client = Client()  # this connection as the batcher's closed-loop echo sees it
         self._make_request = self._request_factory
         self._request_factory = self._request_in_hand
 

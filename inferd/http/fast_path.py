@@ -28,6 +28,7 @@ from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 
 from ..errors import InferdError, InternalError, PayloadTooLarge, describe
 from ..lifecycle import Lifecycle
+from ..messages import Client
 from ..observability.tracing import Tracing
 from .batch_calls import call_start, withdraw_unanswered
 from .inference import InferenceApi, OneInput
@@ -44,6 +45,7 @@ class Connection(Protocol):
     """What the fast path needs of a connection (`connections.GuardedConnection`)."""
 
     fast_flight: InFlight | None  # the request it is answering, if any
+    client: Client  # the connection, as the batcher's closed-loop echo sees it
 
     def fast_answered(self, data: bytes, keep_alive: bool) -> None:
         """Write the answer; the connection is idle again, or closes."""
@@ -108,6 +110,7 @@ class FastPath:
         model): nothing was done, and the request (its body unread again) is returned to go the usual way."""
         inference, headers = self.inference, message.headers
         one = OneInput(call_start(inference.ids, headers))
+        one.call.client = connection.client
         # In flight from here: reading the body can call the connection's `data_received` again (aiohttp
         # resumes its parser), which must find a request in hand.
         connection.fast_flight = flight = InFlight(self, one, connection, not message.should_close)

@@ -24,7 +24,7 @@ from ..messages import RequestState
 from ..models.batch_model import BatchModel
 from ..models.registry import Models
 from ..observability.outcomes import Call, Outcomes
-from .batch_calls import BatchCalls, cache_allowed, call_start, call_timing
+from .batch_calls import BatchCalls, cache_allowed, call_start, call_timing, client_of
 from .body_reader import BodyReader
 from .classify_body import (
     ClassifyCall,
@@ -87,6 +87,7 @@ class InferenceApi:
     async def inference(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         headers = request.headers
         one = OneInput(call_start(self.ids, headers) if call is None else call)
+        one.call.client = client_of(request)
         try:
             self.identify(one, headers)
             generation = self.route(one, await self.body.read(request), headers, request.query)
@@ -197,6 +198,7 @@ class InferenceApi:
         headers = request.headers
         if call is None:
             call = call_start(self.ids, headers)
+        call.client = client_of(request)
         try:
             who = self.admission.identify(headers)
             call.tier, call.tenant = who.tier, who.tenant

@@ -18,7 +18,7 @@ from typing import Any
 from .. import errors
 from ..config import ModelConfig
 from ..errors import DeadlineExceeded, InferdError, InvalidInput, ServiceOverloaded
-from ..messages import PendingRequest, RequestState
+from ..messages import Client, PendingRequest, RequestState
 from ..scheduling.batcher import Batcher, QueueFull
 from ..scheduling.deadlines import DeadlineWheel
 from ..scheduling.preprocess import Preprocessor
@@ -51,17 +51,17 @@ class Intake:
         return errors.retry_after_ms(self.timeliness.wait_and_ahead(tier, self.clock(), None)[0])
 
     def take(self, request_id: str, values: Sequence[Any], timeout_s: float, tier: str, tenant: str,
-             use_cache: bool = True) -> list[PendingRequest]:
+             use_cache: bool = True, client: Client | None = None) -> list[PendingRequest]:
         """Take the inputs of one call, all or none: one for /v1/inference, several for /v1/embeddings or
         a v2 tensor (each a request of its own, `request_id.i`). An input cached or already in flight is
         answered without entering the queue (an input repeated in the call rides on its first copy), so
         only the others count against the queue's room. Raises what refused it; the caller awaits each
-        request's `.future`."""
+        request's `.future`. `client`: the connection it came on, where known (the batcher's echo)."""
         if len(values) == 1:  # (its identity found once, for the look-up and, if fresh, its own key)
             raw = values[0]
             key = self.shared.key_of(raw, tenant) if self.shared.enabled else None
             return [self.from_shared_work(request_id, raw, timeout_s, tier, tenant, use_cache, key)
-                    or self.submit(request_id, raw, timeout_s, tier, tenant, key=key)]
+                    or self.submit(request_id, raw, timeout_s, tier, tenant, key=key, client=client)]
         if self.check_call is not None:  # (the backend's cheap look at the whole call, e.g. its images' pixels)
             try:
                 self.check_call(values)
@@ -76,7 +76,8 @@ class Intake:
                                         retry_after_ms=self.retry_after_ms(tier), reason="queue_full")
             for i in fresh:  # (the cache was asked above: now only an earlier input of this call can lead)
                 taken[i] = (self.from_shared_work(ids[i], values[i], timeout_s, tier, tenant, use_cache=False)
-                            or self.submit(ids[i], values[i], timeout_s, tier, tenant, call=request_id, call_size=len(values)))
+                            or self.submit(ids[i], values[i], timeout_s, tier, tenant, call=request_id, call_size=len(values),
+                                           client=client))
         except BaseException:
             for request in taken:  # all or none: what was taken is withdrawn
                 if request is not None:
@@ -114,7 +115,7 @@ class Intake:
 
     def submit(
         self, request_id: str, raw: Any, timeout_s: float, tier: str = "default", tenant: str = "anonymous",
-        call: str | None = None, key: Any = UNKEYED, call_size: int = 1,
+        call: str | None = None, key: Any = UNKEYED, call_size: int = 1, client: Client | None = None,
     ) -> PendingRequest:
         """Take one admitted input: it is prepared (off the loop when the backend has `prepare_batch`),
         then queued, unless it would not finish in time (`timeliness`). The caller awaits `.future`.
@@ -125,6 +126,7 @@ class Intake:
         carries it."""
         now = self.clock()
         request = self.new_request(request_id, raw, now, timeout_s, tier, tenant)
+        request.client = client
         if call is not None:
             request.call, request.call_size = call, call_size
         if self.shared.enabled:

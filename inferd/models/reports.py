@@ -58,6 +58,7 @@ def snapshot(model: BatchModel, now: float) -> BatchModelSnapshot:
         collapsed=model.shared.collapsed, cache=_cache_snapshot(model.shared.cache),
         batch_costs=tuple(model.costs.measured_shapes()), wait_error=dict(model.timeliness.wait_error),
         admission_margin=model.costs.slack, worker_deaths=model.pool.deaths,
+        echo_holds=(model.batcher.echo.returned, model.batcher.echo.cut, model.batcher.echo.held_s),
     )
 
 
@@ -66,6 +67,17 @@ def _cache_snapshot(cache: ResultCache | None) -> CacheSnapshot | None:
         return None
     return CacheSnapshot(hits=cache.hits, misses=cache.misses, evictions=cache.evictions, expirations=cache.expirations,
                          bytes=cache.bytes, entries=len(cache))
+
+
+def _echo(model: BatchModel) -> dict[str, Any]:
+    """How the closed-loop echo held free workers (`scheduling.arrivals.Echo`): how often, for how long in
+    all, how often the clients came back whole (their batch left at once, trigger "echo") or the batch
+    left before (`cut`), and how many connections were found slow (not waited for again until they come
+    back while a worker is held)."""
+    echo = model.batcher.echo
+    return {"expected": echo.expected, "score": round(echo.score, 3), "echo_ms": round(echo.echo_s * 1000, 3),
+            "holds": echo.holds, "came_back_whole": echo.returned,
+            "cut": echo.cut, "held_ms_total": round(echo.held_s * 1000, 1), "slow_connections": echo.slow}
 
 
 def describe(model: BatchModel) -> dict[str, Any]:
@@ -99,7 +111,8 @@ def describe(model: BatchModel) -> dict[str, Any]:
             "batch_ms_ewma": round(model.forecast.batch_s * 1000, 3),
             "capacity_rps": round(model.forecast.capacity_rps(pool.healthy), 1), "queue_depth": model.batcher.depth,
             "predicted_wait_ms": round(min(model.predicted_wait_s(), 1e9) * 1000, 3),
-            "flushes": dict(model.batcher.flushes), "echo_holds": model.batcher.echo.holds, "shed_for_room": model.batcher.shed,
+            "flushes": dict(model.batcher.flushes), "echo_holds": model.batcher.echo.holds, "echo": _echo(model),
+            "shed_for_room": model.batcher.shed,
             "size_probes": model.batcher.size_probes,
             "busy_gap_ms_p50": model.forecast.gap_p50_ms(),
             "batch_sizes": {str(size): n for size, n in sorted(model.stats.batch_sizes.items())},

@@ -130,6 +130,12 @@ def _batch_families(models: list[BatchModelSnapshot], retired: list[BatchModelSn
     }
     deaths = CounterMetricFamily("inferd_worker_deaths", "Workers whose thread died (replaced at once, or after a "
                                  "back-off when the replacement before died within a minute of its start).", labels=["model", "version"])
+    holds = CounterMetricFamily("inferd_echo_holds", "Free workers held for a closed loop's echo, by how the hold ended "
+                                "(back: its clients came back; cut: the batch left before, at the linger of the "
+                                "first to come back, full or for a deadline).",
+                                labels=["model", "version", "ended"])
+    held = CounterMetricFamily("inferd_echo_hold_seconds", "Time free workers were held for a closed loop's echo.",
+                               labels=["model", "version"])
     collapsed = CounterMetricFamily("inferd_collapsed_requests", "Requests answered by an identical request's computation.",
                                     labels=["model", "version"])
     cache_requests = CounterMetricFamily("inferd_cache_requests", "Result cache look-ups, by result.",
@@ -158,6 +164,10 @@ def _batch_families(models: list[BatchModelSnapshot], retired: list[BatchModelSn
         gauges["inferd_predicted_wait_seconds"].add_metric([m.name, m.version], min(m.predicted_wait_s, 1e9))
         gauges["inferd_admission_margin_ratio"].add_metric([m.name, m.version], m.admission_margin)
         deaths.add_metric([m.name, m.version], m.worker_deaths)
+        back, cut, held_s = m.echo_holds
+        holds.add_metric([m.name, m.version, "back"], back)
+        holds.add_metric([m.name, m.version, "cut"], cut)
+        held.add_metric([m.name, m.version], held_s)
         for w in m.workers:
             busy.add_metric([m.name, m.version, w.name], w.busy_ratio)
     for m in (*models, *retired):
@@ -175,6 +185,8 @@ def _batch_families(models: list[BatchModelSnapshot], retired: list[BatchModelSn
     yield sizes
     yield batches
     yield deaths
+    yield holds
+    yield held
     yield from gauges.values()
     yield busy
 

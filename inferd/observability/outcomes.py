@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import InferdError
-from ..messages import PendingRequest
+from ..messages import Client, PendingRequest
 from .access_log import AccessLog
 from .metrics import RequestMetrics
 from .tracing import RequestTrace
@@ -28,6 +28,7 @@ class Call:
     model: str = "-"
     version: str = ""
     requests: list[PendingRequest] = field(default_factory=list)  # its inputs' requests, once admitted
+    client: Client | None = None  # the connection it came on (the batcher watches it for a closed loop's echo)
 
 
 class Outcomes:

@@ -57,6 +57,7 @@ class BatchModelSnapshot:
     wait_error: dict[str, Histogram] = field(default_factory=dict)  # by tier: actual - predicted wait
     admission_margin: float = 0.0  # what admission adds to one batch's estimate, as a share of it (the 99th percentile)
     worker_deaths: int = 0  # workers whose thread died
+    echo_holds: tuple[int, int, float] = (0, 0, 0.0)  # free workers held for a closed loop's echo: (came back, cut, seconds)
 
     @property
     def waiting(self) -> int:

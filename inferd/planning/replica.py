@@ -10,7 +10,7 @@ server does; what its batches took teaches its cost model as delivery teaches a 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
@@ -120,7 +120,7 @@ class Replica:
         self.outstanding = 0  # taken and not yet answered, refused or expired (what a leastconn balancer counts)
         self._outcomes: dict[int, Outcome] = {}
         self._timer_at = math.inf
-        self._finished = 0
+        self._finished: Sequence[PendingRequest] = ()  # what the worker's batch just answered
         for bucket in range(buckets):  # the warm-up: each bucket's smallest and largest batch, as a worker's
             for size in (1, config.max_batch_size):
                 self.forecast.observe_batch(device(size, bucket), size, bucket, at=clock.now)
@@ -165,7 +165,7 @@ class Replica:
 
     def _ask_for_work(self) -> None:
         batch = self.batcher.next_batch(self._finished, self._start)
-        self._finished = 0
+        self._finished = ()
         if batch is not None:
             self._start(batch)
 
@@ -200,7 +200,7 @@ class Replica:
                 observe_lateness(now - max(request.predicted_done, predicted_start + expected_s), now)
         self.outstanding -= answered
         self.stats.answered += answered
-        self._finished = batch.size
+        self._finished = batch.requests
         self._ask_for_work()
         self._tick()
 

@@ -2,12 +2,22 @@
 echoing the batch just finished (and per tier, how fast each tier's requests come: a lower tier's wait
 is stretched by the higher tiers' arrivals, `models.timeliness`).
 
-The echo: closed-loop clients (each sends again as soon as it is answered) whose number is near the
-batch size can split into two groups whose batches alternate half full, forever, since each group is
-stale when a worker frees. When most of a finished batch's requests come back within the echo window
-(`max_wait_ms`) of it and the rest of the cycle is quiet, the cycle "echoed"; past a score, a worker
-that frees with a stale, partial queue waits for the echo of the batch it just finished, so the groups
-merge. Open-loop traffic arrives at the same rate inside and outside that window, so it is never held.
+The echo: closed-loop clients (each sends again as soon as it is answered) split into batches that
+alternate for ever: a worker that frees finds the other group stale and sends it alone, or finds
+nothing and sends the first of its own clients to come back alone (a lone request is not worth a
+linger), and either way every request waits for a whole batch of the others (10 clients on a 100 ms
+function: batches of 1 and 4, p50 220 ms, half of one batch per cycle). A cycle (one batch's end to
+the next's) "echoed" when most of what the batch answered came back in the cycle's first quarter, four
+times as densely as in its second half: a closed loop comes back in a burst, however long its clients'
+turnaround (wrk's 1-3 ms; a loaded Python client's 20-35 ms at 50 clients), an open loop comes alike
+all through the cycle. Past a score, a worker that frees is held for the connections its batch just
+answered (each request names its connection: `messages.Client`): their batch leaves the moment the
+last of them sent again, or as many requests came as it answered (a client's pool may send on any of
+its connections), and at the latest when the first of them to come has lingered its linger (or a
+batch's time passed without any): one batch per cycle, each request waiting one batch and its clients'
+turnaround. A deadline or objective still sends a batch whenever it must (`policy`). A connection that
+did not come back within two holds in a row is not waited for again (`Client.slow`) until it comes
+back while a worker is held; requests on no known connection (gRPC, in-process) are counted back.
 
 The call mix: whether short calls (a single request, or a call of a few inputs) come beside large ones,
 for which the batcher keeps batches short (`CallMix`).
@@ -15,13 +25,18 @@ for which the batcher keeps batches short (`CallMix`).
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections.abc import Sequence
+
+from ..messages import Client, PendingRequest
 
 RATE_WINDOW_S = 1.0  # rates are counts decaying with this time constant...
 RATE_STEP_S = 0.05  # ...applied in steps this long (no exponential per event)
 _HALF_WINDOW_S = RATE_WINDOW_S / 2
 ECHO_SCORE_TO_HOLD = 0.5  # the moving average of "this cycle echoed" past which a free worker waits
 _ECHO_ALPHA = 0.3
+CYCLE_ARRIVALS = 1024  # the arrivals of a cycle whose times the echo's score reads
 BESIDE_S = 30.0  # short calls are beside large ones while an input of each came within this long
 
 
@@ -65,40 +80,109 @@ class Rate:
 
 
 class Echo:
-    """Scores each cycle (from one batch's end to the next's) for the closed-loop echo."""
+    """Scores each cycle for the closed-loop echo, and holds a free worker for the connections its batch
+    answered (see the module docstring). Under the batcher's lock."""
 
-    def __init__(self, window_s: float) -> None:
-        self.window_s = window_s
+    def __init__(self) -> None:
         self.score = 0.0
-        self.holds = 0  # times a free worker waited for an echo
+        self.echo_s = 0.0  # how long after its batch an echo's burst ends, lately
         self.cycle_start = 0.0  # when the last batch finished
         self._cycle_size = 0  # how many requests it answered
-        self.in_window = 0  # arrivals within the window after it...
-        self.after = 0  # ...and after, until the next batch finished
+        self._offsets: list[float] = []  # when each arrival since came, after it (the first CYCLE_ARRIVALS)
+        self.arrivals = 0  # how many came since
+        self.hold_until = 0.0  # while a free worker is held: when the hold ends at the latest (0: none is)
+        self._held_at = 0.0
+        self._capped = False  # the hold's end is already the first arrival's linger
+        self._awaited: set[Client] = set()  # the connections it is held for, until each sends again...
+        self._counted = False  # ...and whether some requests came on no known connection (counted back)
+        self.holds = 0  # times a free worker was held for an echo...
+        self.returned = 0  # ...of them, times the echo came back whole (its batch left at once)...
+        self.cut = 0  # ...and times the batch left before (the first one's linger, a full batch, a deadline)
+        self.held_s = 0.0  # ...and how long they held, in all
+        self.slow = 0  # times a connection was found slow (two holds in a row without it)
 
-    def arrived(self, now: float) -> None:
-        """A request arrived (counted for the cycle in progress)."""
-        if self.cycle_start:
-            if now - self.cycle_start <= self.window_s:
-                self.in_window += 1
-            else:
-                self.after += 1
+    def arrived(self, now: float, client: Client | None, linger_s: float) -> bool:
+        """A request arrived (on `client`'s connection, where known; `linger_s`: its bucket's linger).
+        True: with it, the echo a free worker is held for is back, and its batch may go now."""
+        self.arrivals += 1
+        if self.arrivals <= CYCLE_ARRIVALS:
+            self._offsets.append(now - self.cycle_start)
+        if not self.hold_until:
+            return False
+        if not self._capped:  # the first to come: the hold ends with its linger at the latest
+            self._capped = True
+            self.hold_until = min(self.hold_until, now + linger_s)
+        awaited = self._awaited
+        if client is not None:
+            awaited.discard(client)
+            client.missed = 0  # (back while a worker is held: waited for from now on)
+        if (awaited or self._counted) and self.arrivals < self._cycle_size:
+            return False  # (as many as it answered came: back too, whichever connections they came on)
+        self.returned += 1
+        self._end_hold(now)
+        return True
 
     def batch_finished(self, now: float, answered: int) -> None:
         """Score the cycle since the previous batch finished, and start the next one."""
         length = now - self.cycle_start
-        if self.cycle_start and self._cycle_size and length > 2 * self.window_s > 0:
-            rate_in = self.in_window / self.window_s
-            rate_after = self.after / (length - self.window_s)
-            echoed = self.in_window >= self._cycle_size / 2 and rate_in >= 4 * rate_after
+        if self.cycle_start and self._cycle_size and length > 0:
+            offsets = self._offsets  # (in the order they came: sorted)
+            early = bisect.bisect_right(offsets, length / 4)
+            late = len(offsets) - bisect.bisect_right(offsets, length / 2)
+            echoed = early >= self._cycle_size / 2 and early >= 2 * late  # (a quarter against a half: 4x as dense)
             self.score += _ECHO_ALPHA * (float(echoed) - self.score)
+            if echoed:  # the burst's end: its last arrival in the first quarter (a slow client's later one is not it)
+                self.echo_s += _ECHO_ALPHA * (offsets[early - 1] - self.echo_s)
         self.cycle_start, self._cycle_size = now, answered
-        self.in_window = self.after = 0
+        self._offsets.clear()
+        self.arrivals = 0
 
     @property
     def expected(self) -> bool:
-        """Closed-loop clients echo the batches: a stale, partial queue is worth holding for them."""
+        """Closed-loop clients echo the batches: a free worker is worth holding for them."""
         return self.score >= ECHO_SCORE_TO_HOLD
+
+    def hold(self, answered: Sequence[PendingRequest], now: float, waiting: bool, longest_s: float) -> bool:
+        """Whether a worker that frees having just answered `answered` is held for their connections'
+        echo, for `longest_s` at most (a batch's time), and until the first of them to come lingered:
+        when one is expected, comes back whole within a third of a batch's time (a client slower than
+        that, holding, idles the device longer than the batches it merges save: the Python load
+        generator's 100 clients against 10 ms batches), and someone is to be waited for (not a
+        connection found slow); a lone answer only beside requests `waiting` (a lone request goes at
+        once anyway, and a light open loop's come in a cycle's first quarter now and then)."""
+        if not self.expected or self.echo_s > longest_s / 3 or (not waiting and len(answered) < 2):
+            return False
+        awaited, counted = self._awaited, False
+        awaited.clear()
+        for request in answered:
+            client = request.client
+            if client is None:
+                counted = True  # (a request on no known connection: counted back, `arrivals`)
+            elif not client.slow:
+                awaited.add(client)
+        if not awaited and not counted:
+            return False
+        self._counted = counted
+        self._held_at, self.hold_until, self._capped = now, now + longest_s, False
+        self.holds += 1
+        return True
+
+    def batch_left(self, now: float) -> None:
+        """A batch left: a hold still in force ends, and where it ran out, the connections it waited for
+        in vain count the miss (two in a row: not waited for again, `Client.slow`)."""
+        if not self.hold_until:
+            return
+        self.cut += 1
+        if now >= self.hold_until:
+            for client in self._awaited:
+                client.missed += 1
+                self.slow += client.missed == 2
+        self._end_hold(now)
+
+    def _end_hold(self, now: float) -> None:
+        self.held_s += now - self._held_at
+        self.hold_until = 0.0
+        self._awaited.clear()
 
 
 class CallMix:

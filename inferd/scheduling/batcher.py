@@ -41,7 +41,7 @@ import itertools
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 
 from ..messages import Batch, PendingRequest, RequestState, Taker
@@ -114,8 +114,7 @@ class Batcher(QueueReadings):
         self._wake = asyncio.Event()
         self._batch_ids = itertools.count(1)
         self._stopped = False
-        self.echo = Echo(self.max_wait_s)  # the closed-loop echo of finished batches (under the lock)
-        self._hold_until = 0.0  # a free worker waits for an echo until then
+        self.echo = Echo()  # the closed-loop echo of finished batches, and its holds (under the lock)
         # of the last batches, which went before the oldest for a short call (policy's rule 3)
         self._short_jumps: deque[bool] = deque(maxlen=SHORT_JUMP_WINDOW)
         self._at_limit: dict[int, int] = {}  # by bucket: batches taken at a cut size limit since the last probe
@@ -150,7 +149,8 @@ class Batcher(QueueReadings):
             self._arrivals.add(now)
             if self._arrivals_by_rank is not None:
                 self._arrivals_by_rank.setdefault(self.tier_rank(request.tier), Rate()).add(now)
-            self.echo.arrived(now)
+            echo = self.echo  # (the clients a free worker is held for, back?)
+            echo_back = echo.arrived(now, request.client, self._linger_s(request.bucket) if echo.hold_until else 0.0)
             one = self._one_tenant
             if one is not None and request.tenant != one:  # the first tenant seen, then None for good
                 self._one_tenant = request.tenant if one == "" else None
@@ -168,8 +168,8 @@ class Batcher(QueueReadings):
                 # the earliest of them), woken by the first request of a bucket.
                 full = queue.live >= self.costs.size_limit(request.bucket) or (
                     self.max_batch_tokens is not None and queue.tokens >= self.max_batch_tokens)
-                if full:
-                    decision = self._decision(now, "linger")  # (which bucket goes is still the rule's)
+                if full or echo_back:
+                    decision = self._decision(now, "linger", echo_back)  # (which bucket goes is still the rule's)
                     batch = self._take(decision.trigger, now, decision.bucket, decision.short_jump)
                     if batch is not None:
                         taker = self._takers.popleft()
@@ -293,8 +293,8 @@ class Batcher(QueueReadings):
 
     # ---- worker thread side ----------------------------------------------------------------------
 
-    def next_batch(self, finished: int, taker: Taker | None) -> Batch | None:
-        """Called by a free worker that just answered `finished` requests (0: none): the next due batch
+    def next_batch(self, finished: Sequence[PendingRequest], taker: Taker | None) -> Batch | None:
+        """Called by a free worker that just answered the `finished` requests (none: ()): the next due batch
         at once, or None after leaving `taker`, which is called with the batch once one is due (or with
         None when the batcher stops; also at once if it has stopped already). `taker` None: a worker
         with a batch still computing asks for one to launch behind it: a full batch or nothing, and it
@@ -304,16 +304,16 @@ class Batcher(QueueReadings):
             stopped = self._stopped
             if not stopped:
                 if finished:
-                    self.echo.batch_finished(now, finished)
+                    self.echo.batch_finished(now, len(finished))
                 decision = self._decision(now, "idle_worker")
                 trigger = decision.trigger
                 if taker is None:
                     return self._take(trigger, now, decision.bucket, decision.short_jump) if trigger == "full" else None
-                if trigger in ("idle_worker", "sparse") and finished and self.echo.expected and not decision.short_jump:
-                    # Stale and partial: the clients of the batch just finished are about to send again (not
-                    # when a short call's batch goes first: holding would keep it waiting behind the echo).
-                    self._hold_until = now + self.max_wait_s
-                    self.echo.holds += 1
+                if trigger in ("idle_worker", "sparse", "") and finished and not decision.short_jump and \
+                        self.echo.hold(finished, now, self._depth > 0, self._batch_time_s()):
+                    # Partial, stale or nothing yet: the clients of the batch just finished are about to send
+                    # again; their batch goes once they are back, or the first of them lingered (`Echo.hold`;
+                    # not when a short call's batch goes first: holding would keep it behind the echo).
                     trigger = ""
                 batch = self._take(trigger, now, decision.bucket, decision.short_jump) if trigger else None
                 if batch is not None:
@@ -329,12 +329,12 @@ class Batcher(QueueReadings):
 
     # ---- the rule (lock held) --------------------------------------------------------------------
 
-    def _decision(self, now: float, on_linger: str) -> Decision:
+    def _decision(self, now: float, on_linger: str, echo_back: bool = False) -> Decision:
         """The scheduling rule's decision now (see `policy`)."""
         limits = Limits(self.max_batch_tokens, max(2 * self._batch_time_s(), self.max_wait_s))
         views = [self._view(key, q, now) for key, q in self._queues.items() if q.live]
-        return decide(views, now, limits, arrival_rate=self._arrivals.per_s(now), hold_until=self._hold_until,
-                      on_linger=on_linger, short_jumps=sum(self._short_jumps) < SHORT_JUMPS_MAX)
+        return decide(views, now, limits, arrival_rate=self._arrivals.per_s(now), hold_until=self.echo.hold_until,
+                      on_linger=on_linger, short_jumps=sum(self._short_jumps) < SHORT_JUMPS_MAX, echo_back=echo_back)
 
     def _view(self, key: int, queue: RequestQueue, now: float) -> BucketView:
         costs = self.costs
@@ -356,7 +356,7 @@ class Batcher(QueueReadings):
         self.flushes[trigger] += 1
         first = requests[0]
         self._short_jumps.append(short_jump or (short_first and first.call is not None and first.call_size <= self._whole_call))
-        self._hold_until = 0.0
+        self.echo.batch_left(now)
         self._last_batch[bucket] = now
         if self._time_by_rank is not None:
             self._note_time(self._time_by_rank, requests, bucket, now)

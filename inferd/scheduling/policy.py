@@ -6,6 +6,7 @@ A bucket is *due* when
 - it is full: its size limit (its largest useful batch, up to `max_batch_size`:
   `batch_costs`) or `max_batch_tokens` tokens;
 - its oldest request has lingered its `linger_s` (or the echo hold has ended, whichever is later);
+- a worker was held for the echo of the batch it finished, and the echo is back (`echo_back`: `arrivals`);
 - lingering on would make one of its requests miss a due (its deadline, or sooner its objective) it can
   still meet, its batch costed by the cost model, with a batch's time to spare for a batch in progress
   (`latest_start`); or
@@ -92,17 +93,20 @@ def decide(
     hold_until: float = 0.0,
     on_linger: str = "linger",
     short_jumps: bool = True,
+    echo_back: bool = False,
 ) -> Decision:
     """The bucket to serve now, if any is due (see the module docstring). `on_linger` names the
     trigger of a bucket whose linger ran out (a worker that frees and finds one says "idle_worker");
-    `short_jumps`: whether rule 3 may apply now."""
+    `short_jumps`: whether rule 3 may apply now; `echo_back`: the echo a worker was held for came
+    back (every bucket waiting is due: "echo")."""
     due: list[tuple[BucketView, str]] = []
     not_due: list[BucketView] = []
     due_at = math.inf
     for view in views:
         if view.count == 0:
             continue
-        trigger, when = _due(view, now, limits, arrival_rate, hold_until, on_linger)
+        trigger, when = ("echo", now) if echo_back and not is_full(view, limits) else \
+            _due(view, now, limits, arrival_rate, hold_until, on_linger)
         if trigger:
             due.append((view, trigger))
         else:

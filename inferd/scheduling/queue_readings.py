@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from ..messages import PendingRequest
-from .arrivals import Rate
+from .arrivals import Echo, Rate
 from .batch_costs import BatchCosts
 from .batch_filling import tokens_of
 from .policy import BucketView, Limits, due_in
@@ -35,7 +35,7 @@ class QueueReadings:
     _tier_rank: dict[str, int]
     _token_limits: Limits
     _linger_s: Callable[[int], float]
-    _hold_until: float
+    echo: Echo
 
     def depth_by_tier(self) -> dict[str, int]:
         totals: Counter[str] = Counter()
@@ -87,7 +87,7 @@ class QueueReadings:
             queue = self._queues.get(bucket)
             count, tokens = (queue.live, queue.tokens) if queue is not None else (0, 0)
             oldest_at, due = queue.oldest_and_due() if queue is not None and count else (now, request.due)
-            rate, hold_until = self._arrivals.per_s(now), self._hold_until
+            rate, hold_until = self._arrivals.per_s(now), self.echo.hold_until
         count += 1
         view = BucketView(bucket, count, tokens + tokens_of(request), min(oldest_at, now), min(due, request.due), 0.0, now,
                           costs.size_limit(bucket), costs.safe_estimate(count, bucket), self._linger_s(bucket))

@@ -7,6 +7,9 @@ import os
 import threading
 import time
 
+import aiohttp
+import pytest
+
 from inferd.backends.sim import expected_output
 
 from ..helpers import backend_of, infer, running_server, sim_model, until
@@ -93,6 +96,25 @@ async def test_closed_loop_clients_split_in_two_groups_merge_back_into_full_batc
         assert 10 in sizes[:4], sizes  # they really were split
         assert srv.models["m"].batcher.echo.holds >= 1
         assert sizes[-4:].count(20) >= 3, sizes  # merged: the last batches are full
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+async def test_each_request_names_the_connection_it_came_on(fast_path: bool):
+    """What the closed-loop echo waits for (`scheduling.arrivals`): the connection of each request, the
+    same object for the requests of one keep-alive connection, another for another connection, on the
+    fast path and on the handler's way alike."""
+    async with running_server(sim_model(latency_ms=5), fast_path=fast_path) as srv:
+        batcher = srv.models["m"].batcher
+        seen: list = []
+        submit = batcher.submit
+        batcher.submit = lambda request: seen.append(request.client) or submit(request)  # type: ignore[method-assign]
+        for _ in range(2):  # (two sessions: two connections, each kept alive for two requests)
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as one:
+                for i in range(2):
+                    status, _, _ = await infer(one, srv.url, {"input": f"c{len(seen)}-{i}"})
+                    assert status == 200
+        first, second = seen[:2], seen[2:4]
+        assert first[0] is not None and first[0] is first[1] and second[0] is second[1] and first[0] is not second[0]
 
 
 async def test_any_plain_batch_function_works(http):

@@ -29,7 +29,8 @@ class StandInModel:
     def capacity_scale(self) -> float:
         return 1.0
 
-    def take(self, request_id: str, values, timeout_s: float, tier: str, tenant: str, use_cache: bool) -> list[str]:  # type: ignore[no-untyped-def]
+    def take(self, request_id: str, values, timeout_s: float, tier: str, tenant: str, use_cache: bool,  # type: ignore[no-untyped-def]
+             client=None) -> list[str]:
         self.taken.append((request_id, tuple(values), timeout_s, tier))
         return [f"{request_id}.{i}" for i in range(len(values))]
 

@@ -40,6 +40,7 @@ class Connection:
 
     fast_flight = None
     _reading_paused = False
+    client = None
 
     def resume_reading(self, resume_parser: bool = True) -> None:
         pass

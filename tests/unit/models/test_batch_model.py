@@ -64,7 +64,7 @@ async def test_a_model_is_unavailable_while_warming_up_and_while_its_breaker_is_
 async def test_what_a_worker_dying_again_held_fails_at_once_and_with_no_worker_left_what_waits_too():
     served = model()
     held = served.take("held", ("a", "b"), 5.0, "default", "t")
-    batch = served.batcher.next_batch(0, lambda b: None)
+    batch = served.batcher.next_batch((), lambda b: None)
     assert batch is not None and batch.requests == held
     waiting = served.take("waiting", ("c",), 5.0, "default", "t")[0]
     served.delivery.lost([batch], 2.0)  # another worker is still healthy: what waits stays

@@ -28,7 +28,7 @@ def model(**kw) -> BatchModel:  # type: ignore[no-untyped-def]
 
 def take(served: BatchModel, **finished) -> Batch:  # type: ignore[no-untyped-def]
     """The next batch, as a worker takes it, finished with the given fields."""
-    batch = served.batcher.next_batch(0, lambda b: None)
+    batch = served.batcher.next_batch((), lambda b: None)
     assert batch is not None
     batch.started_at = batch.finished_at = time.monotonic()
     for name, value in finished.items():

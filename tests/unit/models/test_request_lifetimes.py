@@ -49,7 +49,7 @@ class FakeWorker:
         self.running: Batch | None = None
         self.handed: list[Batch | None] = []  # what the batcher handed its taker while it was parked
         self.parked = False
-        self.finished = 0
+        self.finished: list[PendingRequest] = []
 
     def step(self, what: str) -> None:
         if self.running is None:
@@ -71,7 +71,7 @@ class FakeWorker:
             batch, self.parked = self.handed.pop(), False
         else:
             batch = self.served.batcher.next_batch(self.finished, self.handed.append)
-            self.finished = 0
+            self.finished = []
             self.parked = batch is None
         if batch is not None:
             batch.started_at = self.clock()
@@ -88,7 +88,7 @@ class FakeWorker:
         batch, self.running = self.running, None
         assert batch is not None
         batch.finished_at = self.clock()
-        self.finished = batch.size
+        self.finished = batch.requests
         self.served.delivery.batch_done(batch)
 
 

@@ -31,7 +31,7 @@ def model(tiers: tuple[TierConfig, ...] = (TierConfig("default"),), **kw) -> Bat
 def run_next_batch(served: BatchModel, outputs=None, error=None) -> list[str]:  # type: ignore[no-untyped-def]
     """Take the next batch as a worker would and finish it with `outputs` (default: each input upper-cased);
     returns the inputs it ran. Delivered, the batch let go of its requests (no request/batch cycle)."""
-    batch = served.batcher.next_batch(0, lambda b: None)
+    batch = served.batcher.next_batch((), lambda b: None)
     assert batch is not None
     inputs = [r.input for r in batch.requests]
     batch.started_at = batch.finished_at = time.monotonic()
@@ -140,7 +140,7 @@ async def test_a_failed_input_fails_its_riders_and_only_them():
     lead = served.submit("r0", "poison", 5.0)
     rider = served.from_shared_work("r1", "poison", 5.0, "default", "t")
     fine = served.submit("r2", "fine", 5.0)
-    batch = served.batcher.next_batch(0, lambda b: None)
+    batch = served.batcher.next_batch((), lambda b: None)
     batch.started_at = batch.finished_at = time.monotonic()  # type: ignore[union-attr]
     batch.outputs, batch.error, batch.failures = [None, "FINE"], ValueError("bad input"), {0: ValueError("bad")}  # type: ignore[union-attr]
     served.delivery.batch_done(batch)  # type: ignore[arg-type]

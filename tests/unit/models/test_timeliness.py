@@ -32,7 +32,7 @@ class FakeDevice:
         model.pool.workers, model.pool.healthy = [self.worker], 1
         self.handed: list[Batch | None] = []
         self.ends_at = 0.0
-        self.finished = 0
+        self.finished: list = []
         self.parked = False
         self.batches: list[Batch] = []
 
@@ -43,7 +43,7 @@ class FakeDevice:
         if batch is not None and now >= self.ends_at:
             batch.finished_at = now
             batch.outputs = [r.input for r in batch.requests]
-            self.worker.current, self.finished = None, batch.size
+            self.worker.current, self.finished = None, batch.requests
             self.model.delivery.batch_done(batch)
             self.batches.append(batch)
         if self.parked:

@@ -75,7 +75,7 @@ def test_a_free_worker_parks_while_arrivals_are_coming_and_gets_the_full_batch_h
     b, takers = batcher(clock), Takers()
     busy(b, clock)
     arrive(b, clock, "a")
-    assert b.next_batch(0, takers) is None  # more are coming within the linger: the worker parks
+    assert b.next_batch((), takers) is None  # more are coming within the linger: the worker parks
     for name in "bcd":
         arrive(b, clock, name)
     assert len(takers.got) == 1 and names(takers.got[0]) == ["a", "b", "c", "d"]
@@ -85,7 +85,7 @@ def test_a_free_worker_parks_while_arrivals_are_coming_and_gets_the_full_batch_h
 def test_a_lone_request_goes_at_once_when_nothing_else_is_coming(clock):
     b = batcher(clock)
     arrive(b, clock, "lone")
-    batch = b.next_batch(0, Takers())
+    batch = b.next_batch((), Takers())
     assert names(batch) == ["lone"] and batch.trigger == "sparse"
 
 
@@ -94,7 +94,7 @@ def test_requests_that_lingered_go_at_once_to_a_worker_that_frees(clock):
     busy(b, clock)
     arrive(b, clock, "a")
     clock.advance(0.025)  # every worker was busy meanwhile
-    batch = b.next_batch(0, Takers())
+    batch = b.next_batch((), Takers())
     assert names(batch) == ["a"] and batch.trigger == "idle_worker"
 
 
@@ -102,10 +102,10 @@ def test_the_linger_is_cut_short_by_a_deadline_it_would_miss(clock):
     b = batcher(clock, max_wait_ms=50, batch_time_s=0.01)
     busy(b, clock)
     arrive(b, clock, "tight", timeout_s=0.03)  # must start by 100.02 to finish by 100.03
-    assert b.next_batch(0, Takers()) is None
+    assert b.next_batch((), Takers()) is None
     clock.advance(0.021)
     busy(b, clock)
-    assert names(b.next_batch(0, Takers())) == ["tight"]
+    assert names(b.next_batch((), Takers())) == ["tight"]
     assert b.flushes["deadline"] == 1
 
 
@@ -117,7 +117,7 @@ def test_a_full_bucket_goes_before_an_older_partial_one_and_batches_never_mix_bu
     for i in range(4):
         arrive(b, clock, f"short-{i}", bucket=0)
     clock.advance(0.03)
-    first, second = b.next_batch(0, Takers()), b.next_batch(0, Takers())
+    first, second = b.next_batch((), Takers()), b.next_batch((), Takers())
     assert names(first) == [f"short-{i}" for i in range(4)] and names(second) == ["long-1"]
 
 
@@ -136,16 +136,16 @@ def test_a_short_call_waits_for_one_batch_not_for_the_large_calls_older_buckets_
     clock.advance(0.3)  # past the age gap (100 ms): no full batch would jump bucket 0's
     arrive_call(b, clock, "large-b", 16, 40, bucket=1)
     arrive_call(b, clock, "short", 2, 2, bucket=1)
-    first = b.next_batch(0, Takers())
+    first = b.next_batch((), Takers())
     assert first is not None and first.bucket == 1 and {"short.0", "short.1"} <= set(names(first))
-    assert b.next_batch(0, Takers()).bucket == 0  # type: ignore[union-attr]  # (nothing short left: the oldest)
+    assert b.next_batch((), Takers()).bucket == 0  # type: ignore[union-attr]  # (nothing short left: the oldest)
     # short calls arriving without end in bucket 1 leave bucket 0's large ones 2 batches of every 8
     served = []
     for n in range(16):
         arrive_call(b, clock, f"large-{n}", 8, 40, bucket=0)
         arrive_call(b, clock, f"short-{n}", 2, 2, bucket=1)
         clock.advance(0.05)
-        served.append(b.next_batch(0, Takers()).bucket)  # type: ignore[union-attr]
+        served.append(b.next_batch((), Takers()).bucket)  # type: ignore[union-attr]
     assert all(served[i:i + 8].count(0) >= 2 for i in range(9)) and served.count(1) >= 10
 
 
@@ -159,7 +159,7 @@ def test_a_short_calls_partial_batch_is_not_held_for_a_closed_loop_echo(clock):
     clock.advance(0.3)
     arrive_call(b, clock, "short", 2, 2, bucket=1)
     clock.advance(0.03)  # lingered: due, partial
-    batch = b.next_batch(8, Takers())
+    batch = b.next_batch(answered(8), Takers())
     assert batch is not None and names(batch) == ["short.0", "short.1"] and b.echo.holds == 0
 
 
@@ -171,23 +171,28 @@ def test_the_queue_bound_and_withdrawal(clock):
     assert b.withdraw(a, RequestState.CANCELLED) and not b.withdraw(a, RequestState.CANCELLED)
     assert b.depth == 1
     clock.advance(0.03)
-    assert names(b.next_batch(0, Takers())) == ["b"]  # the withdrawn one never runs
+    assert names(b.next_batch((), Takers())) == ["b"]  # the withdrawn one never runs
 
 
 def test_stop_releases_parked_workers_and_returns_what_waited(clock):
     b, takers = batcher(clock), Takers()
-    b.next_batch(0, takers)
+    b.next_batch((), takers)
     r = arrive(b, clock, "a")
     assert b.stop() == [r] and takers.got == [None]
     late = Takers()
-    assert b.next_batch(0, late) is None and late.got == [None]  # asking after the stop: told at once
+    assert b.next_batch((), late) is None and late.got == [None]  # asking after the stop: told at once
+
+
+def answered(n: int) -> list[PendingRequest]:
+    """What a batch of `n` requests on no known connection answered."""
+    return [PendingRequest(f"done{i}", i, 0.0, 1e9, None) for i in range(n)]  # type: ignore[arg-type]
 
 
 def run_cycle(b: Batcher, clock: FakeClock, finished: int, echo: int, compute_s: float = 0.05) -> Batch | None:
     """A batch of `finished` requests ends now; `echo` of its clients send again within 2 ms; the worker
     is free again after `compute_s` and asks for the next batch."""
     clock.advance(compute_s)
-    batch = b.next_batch(finished, Takers())
+    batch = b.next_batch(answered(finished), Takers())
     for i in range(echo):
         clock.advance(0.0005)
         arrive(b, clock, f"echo-{clock():.4f}-{i}")
@@ -203,16 +208,19 @@ def test_closed_loop_echoes_make_a_free_worker_wait_for_them_and_open_loop_arriv
     clock.advance(0.05)
     arrive(b, clock, "stale")  # a partial, stale queue (one group of a split closed loop)
     clock.advance(0.011)
-    assert b.next_batch(4, Takers()) is None  # instead of a batch of one, it waits for the echo
-    assert b.echo.holds == 1
-    assert b._decision(clock(), "linger").due_at == pytest.approx(clock() + 0.01)  # for at most max_wait
+    holds = b.echo.holds
+    assert b.next_batch(answered(4), Takers()) is None  # instead of a batch of one, it waits for the echo
+    assert b.echo.holds == holds + 1
+    assert b._decision(clock(), "linger").due_at == pytest.approx(clock() + 0.01)  # for a batch's time at most
+    clock.advance(0.002)
+    arrive(b, clock, "first-back")  # the first of its clients back: the hold ends with this one's linger at the latest
+    assert b.echo.hold_until == pytest.approx(clock() - 0.002 + 0.01)  # (the batch's time came first here)
 
     open_loop = batcher(FakeClock(100.0), max_batch_size=8, max_wait_ms=10)
     c = open_loop._clock
-    for _ in range(6):  # arrivals at the same rate inside and outside the window: never held
-        c.advance(0.05)
-        open_loop.next_batch(4, Takers())
-        for _ in range(10):
+    for _ in range(6):  # arrivals at the same rate all through the cycle: never held
+        open_loop.next_batch(answered(4), Takers())
+        for _ in range(20):
             c.advance(0.005)
             arrive(open_loop, c, f"o{c():.4f}")
         open_loop.withdraw_all()
@@ -280,7 +288,7 @@ def test_a_higher_tiers_batches_count_against_the_lower_tiers_less_what_their_ri
         for i, tier in enumerate(tiers):
             b.submit(PendingRequest(f"r{i}", f"r{i}", clock(), clock() + 10, None, tier=tier))  # type: ignore[arg-type]
         clock.advance(0.05)  # (a partial batch goes once its linger has passed)
-        taken = b.next_batch(0, Takers())
+        taken = b.next_batch((), Takers())
         assert taken is not None and taken.size == len(tiers)
 
     try:
@@ -305,7 +313,7 @@ def test_a_request_due_before_the_batcher_wakes_wakes_it_and_goes_by_its_due(clo
     b = batcher(clock, max_wait_ms=500, batch_time_s=0.01)
     busy(b, clock)
     arrive(b, clock, "a")
-    assert b.next_batch(0, Takers()) is None  # the worker parks: "a" lingers for more
+    assert b.next_batch((), Takers()) is None  # the worker parks: "a" lingers for more
     sleep_until = b.dispatch(clock())
     assert sleep_until is not None and sleep_until > clock() + 0.2
     b.woken()  # (whatever parking asked)
@@ -339,7 +347,7 @@ async def test_the_sleeping_batcher_coroutine_is_woken_by_a_sooner_due():
     try:
         now = time.monotonic()
         b.submit(PendingRequest("a", "a", now, now + 10.0, None, due=now + 10.0))  # type: ignore[arg-type]
-        assert b.next_batch(0, lambda batch: loop.call_soon_threadsafe(got.set_result, batch)) is None
+        assert b.next_batch((), lambda batch: loop.call_soon_threadsafe(got.set_result, batch)) is None
         await asyncio.sleep(0.05)  # the coroutine decides nothing is due, and sleeps until the linger ends
         now = time.monotonic()
         b.submit(PendingRequest("tight", "tight", now, now + 0.5, None, due=now + 0.5, tenant="other"))  # type: ignore[arg-type]
@@ -356,7 +364,7 @@ def test_a_tenants_request_due_before_its_own_lingering_requests_goes_by_its_due
     b = batcher(clock, max_wait_ms=500, batch_time_s=0.01)
     busy(b, clock)
     arrive(b, clock, "a")
-    assert b.next_batch(0, Takers()) is None
+    assert b.next_batch((), Takers()) is None
     b.dispatch(clock())
     b.woken()
     clock.advance(0.01)
@@ -385,7 +393,7 @@ def test_a_size_limit_cut_by_a_measurement_is_probed_past_and_lifted_when_the_me
     while costs.size_limit(0) < 16 and len(sizes) < PROBE_EVERY * 40:
         while b.depth < 100:
             arrive(b, clock, f"r{len(sizes)}.{b.depth}")
-        batch = b.next_batch(0, Takers())
+        batch = b.next_batch((), Takers())
         assert batch is not None
         sizes.append(len(batch.requests))
         costs.observe(0, len(batch.requests), 0.015 + 0.002 * len(batch.requests), clock())  # the truth
@@ -397,7 +405,7 @@ def test_a_size_limit_cut_by_a_measurement_is_probed_past_and_lifted_when_the_me
     b = batcher(clock, max_batch_size=16, max_queue=1000, costs=with_objective)  # (its own trade: no probes)
     for i in range(400):
         arrive(b, clock, f"o{i}")
-    assert {len(b.next_batch(0, Takers()).requests) for _ in range(PROBE_EVERY * 2)} == {with_objective.size_limit(0)}  # type: ignore[union-attr]
+    assert {len(b.next_batch((), Takers()).requests) for _ in range(PROBE_EVERY * 2)} == {with_objective.size_limit(0)}  # type: ignore[union-attr]
 
 
 def test_beside_short_calls_a_large_calls_batch_stops_short_and_a_short_call_begins_its_batch(clock):
@@ -410,14 +418,14 @@ def test_beside_short_calls_a_large_calls_batch_stops_short_and_a_short_call_beg
     b = batcher(clock, max_batch_size=64, max_queue=1000, costs=costs)  # a call of at most 16 inputs is short
     busy(b, clock)
     arrive_call(b, clock, "large-a", 60, 100, bucket=0)
-    assert len(b.next_batch(0, Takers()).requests) == top  # type: ignore[union-attr]
+    assert len(b.next_batch((), Takers()).requests) == top  # type: ignore[union-attr]
     arrive_call(b, clock, "large-b", 10, 100, bucket=0)  # (its last ten here: they go whole in its turn)
     arrive_call(b, clock, "short", 3, 3, bucket=0)
     knee = costs.size_limit(0)
     assert costs.short_calls_beside_large and knee < top
-    batch = b.next_batch(0, Takers())
+    batch = b.next_batch((), Takers())
     assert names(batch)[:3] == ["short.0", "short.1", "short.2"] and len(names(batch)) <= knee
-    assert len(b.next_batch(0, Takers()).requests) == knee  # type: ignore[union-attr]
+    assert len(b.next_batch((), Takers()).requests) == knee  # type: ignore[union-attr]
     clock.advance(BESIDE_S)
     arrive_call(b, clock, "large-c", 60, 100, bucket=0)
     assert not costs.short_calls_beside_large and costs.size_limit(0) == top
@@ -437,7 +445,7 @@ def test_admission_reads_behind_whom_a_request_waits_while_a_worker_takes_batche
     def worker() -> None:
         try:
             while not stop.is_set():
-                b.next_batch(0, lambda batch: None)  # (whatever waits: no linger; parked, handed the next)
+                b.next_batch((), lambda batch: None)  # (whatever waits: no linger; parked, handed the next)
         except Exception as exc:  # noqa: BLE001 - reported below
             failures.append(exc)
 

@@ -1,0 +1,72 @@
+"""The seed's workload at every concurrency (issue 74): closed-loop clients from 1 to 1,000, with wrk
+and with the project's Python load generator, against one batch per cycle (the ideal: N clients in one
+batch a cycle, N / (batch time + ~2 ms of turnaround), at most max_batch_size / batch time), on this
+checkout, on `--baseline-tree` where given, and on Mosec 0.9.8 with the same function and linger (wrk),
+all in the same run. Every request's body is distinct (`{i}`).
+
+    .venv/bin/python benchmarks/scenarios/closed_loop_sweep.py --batch-ms 100 [--baseline-tree DIR]
+"""
+
+from __future__ import annotations
+
+import sys
+
+from common import RESULTS, inferd_server, mosec_server, own_option, parse_args, save_table, sim_config, step
+
+CLIENTS = (1, 2, 5, 10, 20, 50, 100, 200, 400, 1000)
+BODY = b'{"input": "E equals {i}"}'
+TURNAROUND_S = 0.002
+
+
+def ideal(clients: int, batch_s: float) -> float:
+    return min(clients / (batch_s + TURNAROUND_S), 100 / batch_s)
+
+
+def row(result: dict) -> dict:
+    server = result.get("server") or {}
+    return {"rps": result["achieved_rps"], "p50": result["latency_ms"]["p50"], "p90": result["latency_ms"]["p90"],
+            "batch": server.get("mean_batch_size")}
+
+
+def sweep(url: str, engines: tuple[str, ...], quick: bool, duration_s: float, stats: bool = True) -> dict:
+    found = {}
+    for clients in CLIENTS:
+        for engine in engines:
+            result = step(url, clients=clients, duration_s=duration_s, quick=quick, engine=engine, body=BODY,
+                          timeout_s=60, stats_path="/v1/stats" if stats else None,
+                          path="/v1/inference" if stats else "/inference", warmup_s=1.5)
+            found[f"{clients} {engine}"] = row(result)
+            print(clients, engine, found[f"{clients} {engine}"], file=sys.stderr, flush=True)
+    return found
+
+
+if __name__ == "__main__":
+    batch_ms = float(own_option("--batch-ms") or 100)
+    args = parse_args(__doc__, baseline=True)
+    duration = 6.0
+    results: dict[str, dict] = {}
+    with inferd_server(sim_config(latency_ms=batch_ms)) as url:
+        results["inferd"] = sweep(url, ("wrk", "python"), args.quick, duration)
+    if args.baseline_tree:
+        with inferd_server(sim_config(latency_ms=batch_ms), tree=args.baseline_tree) as url:
+            results["baseline"] = sweep(url, ("wrk", "python"), args.quick, duration)
+    with mosec_server(args.quick, batch_ms) as mosec:
+        if mosec is not None:
+            results["mosec"] = sweep(mosec[0], ("wrk",), args.quick, duration, stats=False)
+    batch_s = batch_ms / 1000
+    names = [n for n in ("inferd", "baseline", "mosec") if n in results]
+    head = ["clients", "ideal req/s"] + [f"{n} {e}: req/s (of ideal), p50 / p90 ms, batch" for n in names
+                                         for e in (("wrk", "python") if n != "mosec" else ("wrk",))]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
+    for clients in CLIENTS:
+        cells = [str(clients), f"{ideal(clients, batch_s):.0f}"]
+        for n in names:
+            for e in (("wrk", "python") if n != "mosec" else ("wrk",)):
+                r = results[n][f"{clients} {e}"]
+                batch = f", {r['batch']:.1f}" if r.get("batch") else ""
+                cells.append(f"{r['rps']:.1f} ({r['rps'] / ideal(clients, batch_s):.2f}), {r['p50']:.0f} / {r['p90']:.0f}{batch}")
+                rows.append({"clients": clients, "server": n, "engine": e, **r, "ideal": ideal(clients, batch_s)})
+        lines.append("| " + " | ".join(cells) + " |")
+    title = f"Closed loop at every concurrency, {batch_ms:g} ms a batch of up to 100, linger 20 ms"
+    save_table(f"closed_loop_sweep_{batch_ms:g}ms", title, rows, lines, args.out_dir or RESULTS)

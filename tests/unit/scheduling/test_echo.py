@@ -1,0 +1,91 @@
+"""The closed-loop echo on the fake clock (`load_on_the_clock`): closed-loop clients run one batch per
+cycle at every count that fits a batch, two groups out of step merge, a connection that went away or
+answers slowly is waited for once, and open-loop arrivals are served as greedily as the DES serves them."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from inferd.messages import Client
+
+from .load_on_the_clock import Simulation, closed_loop, greedy, open_loop
+
+
+def turnarounds(seed: int = 1, low_s: float = 0.001, high_s: float = 0.003):  # type: ignore[no-untyped-def]
+    """Each client's turnaround: drawn anew every time, within [low_s, high_s] (wrk's, on loopback)."""
+    rng = random.Random(seed)
+    return lambda client: rng.uniform(low_s, high_s)
+
+
+@pytest.mark.parametrize("batch_s", [0.1, 0.01])
+@pytest.mark.parametrize("clients", [1, 2, 5, 10, 20, 50, 100])
+def test_closed_loop_clients_that_fit_in_a_batch_run_one_batch_per_cycle(batch_s: float, clients: int):
+    sim = Simulation(batch_s=batch_s, max_batch_size=100, max_wait_ms=20)
+    starts = random.Random(clients)
+    closed_loop(sim, {c: starts.uniform(0, 3 * batch_s) for c in range(clients)}, turnarounds())
+    run = sim.until(400 * batch_s)
+    sim.close()
+    since = 100 * batch_s  # (the echo score has long been settled)
+    served = len(run.after(since)) / (400 * batch_s - since - batch_s)
+    one_batch_per_cycle = clients / (batch_s + 0.003)  # a cycle: the batch and its slowest client's turnaround
+    assert served >= 0.95 * one_batch_per_cycle, (served, one_batch_per_cycle)
+    assert run.p50(since) <= batch_s + 0.010
+
+
+def test_two_groups_of_closed_loop_clients_out_of_step_merge_within_two_cycles():
+    """The e2e test's case: 10 clients, then 10 more that start while the first ten's batch computes.
+    Each group would run half a batch in turn for ever; held for the echo, the worker merges them."""
+    sim = Simulation(batch_s=0.15, max_batch_size=20, max_wait_ms=40)
+    closed_loop(sim, {c: 0.0 for c in range(10)}, turnarounds())
+    sim.until(2.0)  # the first group alone: the echo score settles
+    first_b = sim.clock() + 0.01
+    assert sim.run.batches[-1][0] < first_b < sim.run.batches[-1][0] + 0.15  # (in the middle of a batch)
+    for c in range(10, 20):
+        sim.connections[c] = Client()
+        sim.at(first_b, "arrive", c)
+    run = sim.until(5.0)
+    sim.close()
+    running = [size for start, size, _ in run.batches if start < first_b][-1]
+    after = [size for start, size, _ in run.batches if start >= first_b]
+    assert running == 10  # the second group came while the first group's batch computed
+    assert after[2:] == [20] * len(after[2:]) and 20 in after[:2], after  # merged within two cycles, for good
+    assert run.p50(3.0) <= 0.15 + 0.010
+
+
+def test_a_client_that_went_away_is_waited_for_once_and_a_slow_one_not_again():
+    sim = Simulation(batch_s=0.1, max_batch_size=100, max_wait_ms=20)
+    fast = turnarounds()
+    gone_at = 3.0
+
+    def turnaround(client: int) -> float | None:
+        if client == 0:
+            return None if sim.clock() >= gone_at else fast(client)  # it leaves after 3 s
+        return 0.06 if client == 1 else fast(client)  # client 1 takes 60 ms: past the 20 ms window, every time
+
+    closed_loop(sim, {c: 0.0 for c in range(10)}, turnaround)
+    sim.until(gone_at - 0.05)
+    echo = sim.batcher.echo
+    slow_before, held_before = echo.slow, echo.holds - echo.returned
+    run = sim.until(8.0)
+    sim.close()
+    assert echo.slow - slow_before <= 1  # the one that left, once (the slow one had been found before)
+    assert (echo.holds - echo.returned) - held_before <= 2  # holds that ran out waiting for someone
+    assert sim.connections[1].slow and sim.connections[0].missed == 1  # (gone: in no batch again, so never again waited for)
+    late = [s for start, s, _ in run.batches if start >= 4.0][1:]
+    assert set(late) <= {8, 9}, late  # the eight fast clients together every cycle, the slow one riding every other
+
+
+@pytest.mark.parametrize("rate", [5, 50, 500])
+def test_open_loop_arrivals_are_never_kept_waiting_for_an_echo(rate: int):
+    """Poisson arrivals over 60 s against the DES's greedy rule on the same arrivals: p50 and p99 within
+    5 ms, so holding for echoes costs an open loop nothing."""
+    duration = 60.0 if rate >= 50 else 400.0
+    sim = Simulation(batch_s=0.1, max_batch_size=100, max_wait_ms=20)
+    open_loop(sim, rate, duration)
+    run = sim.until(duration + 1.0)
+    sim.close()
+    reference = greedy(rate, duration, 0.1, 100)
+    assert abs(run.p50(5.0) - reference.p50(5.0)) <= 0.005
+    assert abs(run.p(0.99, 5.0) - reference.p(0.99, 5.0)) <= 0.005
