@@ -141,8 +141,14 @@ class GuardedConnection(RequestHandler):
             if type(messages[-1][0]) is _ErrInfo and self._current_request is not None:
                 self._body_refused(messages)
             if self.fast_flight is not None:  # pipelined behind the fast path's request: out of aiohttp's
-                self._behind_fast.extend(messages)  # sight until it is answered (its loop may be between
-                messages.clear()  # requests, not waiting, and would answer these first)
+                behind = self._behind_fast  # sight until it is answered (its loop may be between requests,
+                behind.extend(messages)  # not waiting, and would answer these first)
+                messages.clear()
+                if len(behind) >= self._max_msg_queue_size and not self._buffer_paused:
+                    # aiohttp's own bound on a connection's parsed requests, which it no longer sees: reading
+                    # pauses until its loop has taken them (it resumes as it drains them). Unbounded, a client
+                    # that pipelined 100 KB requests and read no answer had 63,000 of them read (+211 MB).
+                    self._pause_reading_for_buffer()
                 return
             if not idle or self._fast is None:
                 self._wake(waiter)

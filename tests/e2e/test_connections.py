@@ -101,3 +101,27 @@ async def test_the_drain_does_not_wait_for_a_body_that_never_finishes(http):
         assert await srv.drain_and_stop()  # nothing admitted was left unanswered
         assert time.monotonic() - started < 3.0
         writer.close()
+
+
+async def test_a_client_that_pipelines_and_reads_no_answer_is_read_no_further_than_aiohttps_bound():
+    """Requests pipelined behind one the fast path answers are out of aiohttp's sight until it is answered;
+    unbounded, a client sending ~100 KB requests on one connection and reading no answer had 1,160 to
+    63,000 of them read into memory (+211 MB in 8 s). Now reading pauses at aiohttp's bound (32 parsed
+    requests), as it does off the fast path: what the client manages to push is what the kernel's
+    buffers hold beside them."""
+    async with running_server(sim_model(latency_ms=3000, max_batch_size=1, max_wait_ms=0)) as srv:
+        reader, writer = await connect(srv.url)
+        body = orjson.dumps({"input": "x" * 100_000, "timeout_ms": 60_000})
+        one = (b"POST /v1/inference HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n" % len(body)) + body
+        sent = 0
+        try:
+            for _ in range(600):  # 60 MB, if the server would read it all
+                writer.write(one)
+                sent += len(one)
+                await asyncio.wait_for(writer.drain(), 2.0)
+        except TimeoutError:
+            pass
+        taken = sent - writer.transport.get_write_buffer_size()
+        writer.close()
+        assert taken < 25 * 2**20, f"the server took {taken / 2**20:.0f} MB of pipelined requests"  # (before: all 60)
