@@ -110,6 +110,13 @@ class Batch:
         self.size = len(self.requests)
         self.bucket = self.requests[0].bucket if self.requests else 0
 
+    def clients(self) -> list[Client | None]:
+        """The connections its requests came on (what the batcher's echo waits for), read by its worker
+        before the batch goes to the loop, so that its requests are let go of once answered rather than
+        a batch later (kept, a batch's worth of them outlived a collection and climbed the collector's
+        generations: 8% more CPU a request at 400 clients, S2)."""
+        return [request.client for request in self.requests]
+
     def delivered(self) -> None:
         """Its answers went out: let go of its requests and outputs."""
         self.requests, self.outputs = [], None

@@ -37,13 +37,14 @@ from typing import Any
 
 from ..backends import BatchBackend, Capabilities
 from ..errors import describe
-from ..messages import Batch, PendingRequest, Taker
+from ..messages import Batch, Client, Taker
 from .backend_calls import check_outputs, isolate, measure_costs
 from .thread_priority import lower_this_thread
 
 log = logging.getLogger("inferd.executor")
 
-NextBatch = Callable[[Sequence[PendingRequest], Taker | None], Batch | None]  # (requests just answered, taker) -> a due batch, or None: parked
+# (the connections of the requests just answered, taker) -> a due batch, or None: parked
+NextBatch = Callable[[Sequence[Client | None], Taker | None], Batch | None]
 # (taker None: a full batch or nothing, never parked: a worker asking for one to launch behind its computing one)
 
 
@@ -155,7 +156,7 @@ class Worker:
 
     def _serve(self, fn: BatchBackend) -> None:
         last_end = 0.0
-        finished: Sequence[PendingRequest] = ()
+        finished: Sequence[Client | None] = ()
         while not self.abandoned:
             batch = self._next_batch(finished, self._hand_over)
             parked_at = 0.0
@@ -177,7 +178,7 @@ class Worker:
             last_end = batch.finished_at = time.monotonic()
             self.busy_s += last_end - batch.started_at
             self.batches += 1
-            finished = batch.requests  # (this list: delivery lets go of it, never empties it)
+            finished = batch.clients()  # (not its requests: once answered they go, `Batch.clients`)
             self.current = None
             if self.abandoned:
                 return  # the watchdog already re-queued this batch: its results are discarded
@@ -189,7 +190,7 @@ class Worker:
         """Two batches in flight at most: the one computing (`current`) and a full one launched behind it
         (`behind`), collected in order (see the module docstring)."""
         flight: deque[tuple[Batch, Any]] = deque()  # launched, not collected: (batch, handle or the launch's error)
-        finished: Sequence[PendingRequest] = ()
+        finished: Sequence[Client | None] = ()
         last_end = 0.0
         while not self.abandoned:
             if len(flight) < 2:
@@ -227,7 +228,7 @@ class Worker:
             last_end = batch.finished_at = time.monotonic()
             self.busy_s += last_end - batch.started_at
             self.batches += 1
-            finished = batch.requests
+            finished = batch.clients()
             if flight:  # the one behind computes from now on (its launch overlapped this one)
                 following = flight[0][0]
                 following.started_at = last_end

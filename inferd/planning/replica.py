@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any, cast
 
 from ..config import ModelConfig, TierConfig
-from ..messages import Batch, PendingRequest, RequestState
+from ..messages import Batch, Client, PendingRequest, RequestState
 from ..models.forecast import Forecast
 from ..models.timeliness import Timeliness
 from ..scheduling.batch_costs import BatchCosts
@@ -120,7 +120,7 @@ class Replica:
         self.outstanding = 0  # taken and not yet answered, refused or expired (what a leastconn balancer counts)
         self._outcomes: dict[int, Outcome] = {}
         self._timer_at = math.inf
-        self._finished: Sequence[PendingRequest] = ()  # what the worker's batch just answered
+        self._finished: Sequence[Client | None] = ()  # the connections the worker's batch just answered
         for bucket in range(buckets):  # the warm-up: each bucket's smallest and largest batch, as a worker's
             for size in (1, config.max_batch_size):
                 self.forecast.observe_batch(device(size, bucket), size, bucket, at=clock.now)
@@ -200,7 +200,7 @@ class Replica:
                 observe_lateness(now - max(request.predicted_done, predicted_start + expected_s), now)
         self.outstanding -= answered
         self.stats.answered += answered
-        self._finished = batch.requests
+        self._finished = batch.clients()
         self._ask_for_work()
         self._tick()
 

@@ -29,7 +29,7 @@ import bisect
 import math
 from collections.abc import Sequence
 
-from ..messages import Client, PendingRequest
+from ..messages import Client
 
 RATE_WINDOW_S = 1.0  # rates are counts decaying with this time constant...
 RATE_STEP_S = 0.05  # ...applied in steps this long (no exponential per event)
@@ -142,9 +142,9 @@ class Echo:
         """Closed-loop clients echo the batches: a free worker is worth holding for them."""
         return self.score >= ECHO_SCORE_TO_HOLD
 
-    def hold(self, answered: Sequence[PendingRequest], now: float, waiting: bool, longest_s: float) -> bool:
-        """Whether a worker that frees having just answered `answered` is held for their connections'
-        echo, for `longest_s` at most (a batch's time), and until the first of them to come lingered:
+    def hold(self, answered: Sequence[Client | None], now: float, waiting: bool, longest_s: float) -> bool:
+        """Whether a worker that frees having just answered requests on the `answered` connections (None:
+        one not known) is held for their echo, for `longest_s` at most (a batch's time), and until the first of them to come lingered:
         when one is expected, comes back whole within a third of a batch's time (a client slower than
         that, holding, idles the device longer than the batches it merges save: the Python load
         generator's 100 clients against 10 ms batches), and someone is to be waited for (not a
@@ -154,8 +154,7 @@ class Echo:
             return False
         awaited, counted = self._awaited, False
         awaited.clear()
-        for request in answered:
-            client = request.client
+        for client in answered:
             if client is None:
                 counted = True  # (a request on no known connection: counted back, `arrivals`)
             elif not client.slow:

@@ -44,7 +44,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 
-from ..messages import Batch, PendingRequest, RequestState, Taker
+from ..messages import Batch, Client, PendingRequest, RequestState, Taker
 from .arrivals import CallMix, Echo, Rate
 from .batch_costs import BatchCosts
 from .policy import BucketView, Decision, Limits, decide
@@ -293,8 +293,9 @@ class Batcher(QueueReadings):
 
     # ---- worker thread side ----------------------------------------------------------------------
 
-    def next_batch(self, finished: Sequence[PendingRequest], taker: Taker | None) -> Batch | None:
-        """Called by a free worker that just answered the `finished` requests (none: ()): the next due batch
+    def next_batch(self, finished: Sequence[Client | None], taker: Taker | None) -> Batch | None:
+        """Called by a free worker that just answered requests on the `finished` connections (None: one not
+        known; (): it answered none, `execution.worker.answered_by`): the next due batch
         at once, or None after leaving `taker`, which is called with the batch once one is due (or with
         None when the batcher stops; also at once if it has stopped already). `taker` None: a worker
         with a batch still computing asks for one to launch behind it: a full batch or nothing, and it

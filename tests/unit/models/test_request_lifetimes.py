@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from inferd.config import ModelConfig, TierConfig
 from inferd.errors import DeadlineExceeded, InferdError, InferenceFailed, ModelUnavailable, ServiceOverloaded
-from inferd.messages import Batch, PendingRequest, RequestState
+from inferd.messages import Batch, Client, PendingRequest, RequestState
 from inferd.models.batch_model import BatchModel
 from inferd.observability.metrics import RequestMetrics
 
@@ -49,7 +49,7 @@ class FakeWorker:
         self.running: Batch | None = None
         self.handed: list[Batch | None] = []  # what the batcher handed its taker while it was parked
         self.parked = False
-        self.finished: list[PendingRequest] = []
+        self.finished: list[Client | None] = []
 
     def step(self, what: str) -> None:
         if self.running is None:
@@ -88,7 +88,7 @@ class FakeWorker:
         batch, self.running = self.running, None
         assert batch is not None
         batch.finished_at = self.clock()
-        self.finished = batch.requests
+        self.finished = batch.clients()
         self.served.delivery.batch_done(batch)
 
 

@@ -43,7 +43,7 @@ class FakeDevice:
         if batch is not None and now >= self.ends_at:
             batch.finished_at = now
             batch.outputs = [r.input for r in batch.requests]
-            self.worker.current, self.finished = None, batch.requests
+            self.worker.current, self.finished = None, batch.clients()
             self.model.delivery.batch_done(batch)
             self.batches.append(batch)
         if self.parked:

@@ -65,7 +65,7 @@ class Simulation:
             self.run.batches.append((self.clock(), batch.size, batch.trigger))
             self.at(self.clock() + self.batch_s, "end", batch)
 
-    def _ask(self, finished: list[PendingRequest]) -> None:
+    def _ask(self, finished: list[Client | None]) -> None:
         self._start(self.batcher.next_batch(finished, self._start))
 
     def until(self, end_s: float) -> Run:
@@ -87,7 +87,7 @@ class Simulation:
                     again = self.on_answer(request, t)
                     if again is not None:
                         self.at(t + again, "arrive", request.input)
-                self._ask(batch.requests)
+                self._ask(batch.clients())
             elif kind == "dispatch" and t < self._next_dispatch:
                 continue  # (a later dispatch was asked for since)
             due_at = self.batcher.dispatch(t)

@@ -183,9 +183,9 @@ def test_stop_releases_parked_workers_and_returns_what_waited(clock):
     assert b.next_batch((), late) is None and late.got == [None]  # asking after the stop: told at once
 
 
-def answered(n: int) -> list[PendingRequest]:
-    """What a batch of `n` requests on no known connection answered."""
-    return [PendingRequest(f"done{i}", i, 0.0, 1e9, None) for i in range(n)]  # type: ignore[arg-type]
+def answered(n: int) -> list[None]:
+    """The connections a batch of `n` requests answered: none known (`Batch.clients`)."""
+    return [None] * n
 
 
 def run_cycle(b: Batcher, clock: FakeClock, finished: int, echo: int, compute_s: float = 0.05) -> Batch | None:
