@@ -166,10 +166,9 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def given_key(flag_value: str | None, flag: str, variable: str) -> str | None:
-    """A key given by `flag` (else the environment's `variable`), as requests present it: without the
-    whitespace around it (`presented_key` strips what a client sends; a key hashed with its newline
-    would refuse its own operator). None: none given. Given but empty or blank (`--api-key "$KEY"` with
-    KEY unset) is a mistake that would start the server open to anyone: refused."""
+    """A key given by `flag` (else the environment's `variable`), as requests present it: stripped, as
+    `presented_key` strips a client's (hashed with its newline, it refused its own operator). None: none
+    given. Given blank (`--api-key "$KEY"` with KEY unset), it would start the server open: refused."""
     raw, source = (flag_value, flag) if flag_value is not None else (os.environ.get(variable), variable)
     if raw is None:
         return None
@@ -197,14 +196,17 @@ def _folders_config(args: argparse.Namespace, api_key: str | None, admin_key: st
 
 
 def with_keys(config: ServerConfig, api_key: str | None, admin_key: str | None = None) -> ServerConfig:
-    """`--api-key` over a config file: one more tenant (in the highest tier), and auth on if it was off;
+    """`--api-key` over a config file: one more tenant (in the highest tier), auth on if it was off, and
+    the operations endpoints (`/v1/models`, `/v1/stats`, `/metrics`, `/info`) under a key where the file
+    left them open, as `vllm serve --api-key` guards every `/v1` route (the probes stay open);
     `--admin-key`: the admin API's key, in place of the file's."""
     if admin_key is not None:
         config = dataclasses.replace(config, auth=dataclasses.replace(config.auth, admin_key_sha256=key_digest(admin_key)))
     if api_key is None:
         return config
     tenant = TenantConfig(name="api-key", tier=config.tiers[0].name, key_sha256=key_digest(api_key))
-    auth = config.auth if config.auth.enabled else dataclasses.replace(config.auth, enabled=True)
+    auth = dataclasses.replace(config.auth, enabled=True,
+                               operations="key" if config.auth.operations == "open" else config.auth.operations)
     return dataclasses.replace(config, auth=auth, tenants=(*config.tenants, tenant))
 
 

@@ -99,6 +99,8 @@ def folder_config_toml(models: Sequence[FolderModel], host: str = "127.0.0.1", p
         lines += ["", "[auth]"]
         if api_key_sha256 is None:
             lines.append('anonymous_tier = "default"  # (no --api-key: requests need no key)')
+        else:
+            lines.append('operations = "key"  # --api-key: /v1/models, /v1/stats, /metrics and /info need it too')
         if admin_key_sha256 is not None:
             lines.append(f"admin_key_sha256 = {_toml(admin_key_sha256)}  # --admin-key: the admin API's")
     if api_key_sha256 is not None:  # --api-key: requests need it (Authorization: Bearer KEY)

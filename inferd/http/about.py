@@ -1,9 +1,11 @@
-"""The probes and the short answers about the server, all open (they hold no figures of the traffic).
+"""The probes and the short answers about the server.
 
 Ours for load balancers and Kubernetes: `/healthz` (the process is up) and `/readyz` (send traffic
 here?). The ones other servers' clients probe first, so that a client written for TEI or vLLM finds
 them: `/health` (200 when it can serve), `/version` (vLLM's), and `/info` (TEI's: what is served, with
-which limits).
+which limits). The probes stay open; what names the models (`/info`, `/readyz`'s details) is under
+the operations endpoints' rule (`[auth] operations`, as `GET /v1/models`): a caller without the key
+learns only the probe's status.
 """
 
 from __future__ import annotations
@@ -14,22 +16,35 @@ from typing import Any
 from aiohttp import web
 
 from .. import __version__
-from ..errors import describe
+from ..admission.auth import Authenticator
+from ..errors import InferdError, describe
 from ..lifecycle import Lifecycle
 from ..models.batch_model import BatchModel
 from ..models.registry import Models
 from .request_ids import RequestIds
-from .responses import json_response
+from .responses import error_response, json_response
 
 
 class AboutApi:
     """The probes, `/version` and `/info`; `ready` is the server's answer to "send traffic here?"."""
 
-    def __init__(self, models: Models, ids: RequestIds, lifecycle: Lifecycle, ready: Callable[[], bool]) -> None:
+    def __init__(self, models: Models, ids: RequestIds, lifecycle: Lifecycle, ready: Callable[[], bool],
+                 auth: Authenticator) -> None:
         self.models = models
         self.ids = ids
         self.lifecycle = lifecycle
         self._ready = ready
+        self.auth = auth
+
+    def _may_see_models(self, request: web.BaseRequest) -> InferdError | None:
+        """None where the caller may learn which models are served, else why not (`[auth] operations`)."""
+        if self.auth.config.operations == "open":
+            return None
+        try:
+            self.auth.require_operations(request.headers)
+        except InferdError as error:
+            return error
+        return None
 
     async def healthz(self, request: web.BaseRequest) -> web.StreamResponse:
         return json_response({"status": "ok"}, self._id(request))
@@ -44,7 +59,9 @@ class AboutApi:
             if g.start_error is not None:
                 models[name]["error"] = describe(g.start_error)
         ready = self._ready()
-        payload = {"ready": ready, "phase": self.lifecycle.phase.value, "models": models}
+        payload: dict[str, Any] = {"ready": ready, "phase": self.lifecycle.phase.value}
+        if self._may_see_models(request) is None:  # (a probe without the key gets its status, not the models)
+            payload["models"] = models
         return json_response(payload, self._id(request), status=200 if ready else 503)
 
     async def health(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -57,6 +74,9 @@ class AboutApi:
 
     async def info(self, request: web.BaseRequest) -> web.StreamResponse:
         """TEI's `model_id` (the default model) and the batch limits its clients read, then every model's."""
+        refused = self._may_see_models(request)
+        if refused is not None:
+            return error_response(refused, self._id(request))
         models = [_batch_info(name, model) for name, model in self.models.batch.items()]
         models += [{"id": name, "kind": "generation", "ready": model.ready,
                     "max_model_len": model.engine.max_model_len if model.engine is not None else None}

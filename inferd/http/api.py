@@ -98,7 +98,7 @@ class HttpApi:
         ops = OperationsApi(models=models, admission=admission, limiter=limiter, lifecycle=lifecycle, ids=self.ids,
                             dead_letters=dead_letters, registry=registry, idempotency=self.idempotency,
                             connections=connections)
-        about = AboutApi(models, self.ids, lifecycle, lambda: self.ready)
+        about = AboutApi(models, self.ids, lifecycle, lambda: self.ready, admission.auth)
         tokens = TokensApi(models=models, admission=admission, ids=self.ids, body=body)
         # The route table: exact paths (`routes`), then the prefixes that route what is under them (`prefixes`).
         self.routes: dict[str, Route] = {path: Route(*route) for path, route in {

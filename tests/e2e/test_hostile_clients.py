@@ -110,14 +110,18 @@ async def test_auth_comes_first_and_401_says_how_to_authenticate(http):
 
 async def test_operations_endpoints_can_require_a_key_or_the_admin_key(http):
     async with running_server(sim_model(latency_ms=5), **with_auth("key", anonymous="free")) as srv:
-        for path in ("/metrics", "/v1/stats", "/v1/models"):
+        for path in ("/metrics", "/v1/stats", "/v1/models", "/info"):  # (/info names the models, as /v1/models)
             async with http.get(f"{srv.url}{path}") as resp:
                 assert resp.status == 401, path
             for key in (KEY, ADMIN):
                 async with http.get(f"{srv.url}{path}", headers={"Authorization": f"Bearer {key}"}) as resp:
                     assert resp.status == 200 and resp.headers["Server"] == "inferd", path
-        async with http.get(f"{srv.url}/healthz") as resp:
-            assert resp.status == 200  # health checks stay open
+        for path in ("/healthz", "/health", "/readyz"):
+            async with http.get(f"{srv.url}{path}") as resp:
+                assert resp.status == 200, path  # health checks stay open...
+                assert "models" not in await resp.json(), path  # ...and name no model to a caller without a key
+        async with http.get(f"{srv.url}/readyz", headers={"Authorization": f"Bearer {KEY}"}) as resp:
+            assert (await resp.json())["models"]["m"]["ready"]  # (with one: the details)
     async with running_server(sim_model(latency_ms=5), **with_auth("admin")) as srv:
         async with http.get(f"{srv.url}/metrics", headers={"Authorization": f"Bearer {KEY}"}) as resp:
             assert resp.status == 403

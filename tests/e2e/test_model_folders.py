@@ -39,6 +39,8 @@ async def test_model_folders_are_served_with_no_config_file_and_one_key(http, tm
             ranked = await resp.json()
             assert resp.status == 200 and sorted(r["index"] for r in ranked) == [0, 1]  # (TEI's body: no model)
         async with http.get(f"{url}/info") as resp:
+            assert resp.status == 401  # (--api-key guards what names the models, as vllm serve's guards /v1/models)
+        async with http.get(f"{url}/info", headers=key) as resp:
             info = await resp.json()
             assert info["model_id"] == "minilm" and [m["id"] for m in info["models"]] == ["minilm", "reranker"]
     finally:

@@ -3,6 +3,7 @@ only make sense with `--model`."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 from inferd.cli import given_key, main, with_keys
@@ -13,12 +14,16 @@ def test_an_api_key_over_a_config_adds_a_tenant_in_the_highest_tier_and_turns_au
     digest = hashlib.sha256(b"s3cret").hexdigest()
     config = with_keys(ServerConfig(), "s3cret")
     assert config.auth.enabled and config.auth.anonymous_tier is None
+    assert config.auth.operations == "key"  # (as `vllm serve --api-key` guards /v1/models: the model list needs it too)
     assert config.tenants == (TenantConfig("api-key", "default", digest),)
     tiered = ServerConfig(auth=AuthConfig(enabled=True, anonymous_tier="free"),
                           tiers=(TierConfig("paid", priority=1), TierConfig("free")),
                           tenants=(TenantConfig("acme", "free", "ab" * 32),))
     keyed = with_keys(tiered, "s3cret")
-    assert keyed.auth == tiered.auth and [(t.name, t.tier) for t in keyed.tenants] == [("acme", "free"), ("api-key", "paid")]
+    assert keyed.auth == dataclasses.replace(tiered.auth, operations="key")
+    assert [(t.name, t.tier) for t in keyed.tenants] == [("acme", "free"), ("api-key", "paid")]
+    admin_only = dataclasses.replace(tiered, auth=dataclasses.replace(tiered.auth, operations="admin"))
+    assert with_keys(admin_only, "s3cret").auth.operations == "admin"  # (the file's own rule, where it set one)
     assert with_keys(tiered, None) is tiered
 
 
