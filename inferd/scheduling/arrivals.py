@@ -107,8 +107,8 @@ class Echo:
         self.arrivals += 1
         if self.arrivals <= CYCLE_ARRIVALS:
             self._offsets.append(now - self.cycle_start)
-        if not self.hold_until:
-            return False
+        if not self.hold_until or now >= self.hold_until:
+            return False  # (none, or it ran out: the batch that leaves next ends it, `batch_left`)
         if not self._capped:  # the first to come: the hold ends with its linger at the latest
             self._capped = True
             self.hold_until = min(self.hold_until, now + linger_s)
