@@ -166,6 +166,9 @@ class EngineStats:
     running: int = 0
     waiting: int = 0
     kv_cache_usage: float = 0.0
+    preemptions: int = 0  # sequences the engine has preempted (their KV cache taken back), since it started
+    max_running: int = 0  # the most sequences it runs at once (vLLM's max_num_seqs; 0: not known)
+    kv_cache_tokens: int = 0  # tokens its KV cache holds (0: not known)
 
 
 @dataclass(slots=True)
@@ -224,6 +227,7 @@ class GenerationEngine(Protocol):
     names), started once off the event loop; everything else runs on the event loop."""
 
     max_model_len: int  # prompts of this many tokens or more are refused
+    default_max_tokens: int  # a request's output tokens when it does not say
     stats: EngineStats
     lora_enabled: bool  # whether adapters may be loaded
     adapter_room: int  # how many adapters it holds at once

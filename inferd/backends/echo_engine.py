@@ -69,7 +69,7 @@ class EchoEngine:
         self.default_max_tokens = int(options.get("max_tokens", 16))
         self.lora_enabled = adapters > 0
         self.adapter_room = max(adapters, 2) if adapters else 0
-        self.stats = EngineStats()
+        self.stats = EngineStats(max_running=self.max_running)
         self._adapters: dict[int, str] = {}
         self._queue: list[tuple[int, int, asyncio.Future[None]]] = []  # (priority, arrival, its turn)
         self._arrivals = itertools.count()
@@ -155,38 +155,11 @@ class EchoEngine:
                 return
 
     async def _steps(self, prompt_ids: list[int], sampling: Sampling, adapter: Any) -> AsyncIterator[Delta]:
-        words = "".join(map(chr, prompt_ids)).split() or ["."]
-        upper = adapter is not None
-        texts = [""] * sampling.n
-        ended = [False] * sampling.n
-        made = 0
-        for step in range(sampling.max_tokens):
+        text = EchoText(prompt_ids, sampling, adapter is not None)
+        while not text.ended:
             await asyncio.sleep(self.step_s)
-            deltas = []
-            for k in range(sampling.n):
-                if ended[k]:
-                    continue
-                word = words[(k + step) % len(words)]
-                word = word.upper() if upper else word
-                piece = (" " if texts[k] else "") + word
-                made += 1
-                text = texts[k] + piece
-                at = min((text.find(s) for s in sampling.stop if s and s in text), default=-1)
-                stopped = at >= 0 and step + 1 >= sampling.min_tokens
-                if stopped:  # (the text up to the stop string; what was sent before it stays sent)
-                    piece = text[len(texts[k]):at] if at > len(texts[k]) else ""
-                texts[k] += piece
-                last = stopped or step + 1 == sampling.max_tokens
-                ended[k] = last
-                logprobs = None if sampling.logprobs is None else [TokenLogprob(piece, 0.0, [(piece, 0.0)])]
-                deltas.append(Delta(piece, 1, last, ("stop" if stopped else "length") if last else None,
-                                    len(prompt_ids), made, logprobs, k, token_ids=self.encode(piece)))
-            if all(ended):
-                deltas[-1].done = True
-            for delta in deltas:
+            for delta in text.step():
                 yield delta
-            if all(ended):
-                return
 
     # ---- adapters --------------------------------------------------------------------------------
 
@@ -202,3 +175,46 @@ class EchoEngine:
     def unfinished_requests(self) -> int:
         return len(self._unfinished)
 
+
+
+class EchoText:
+    """What the echo engine writes for one request, a token step at a time (see the module's
+    docstring): each choice's next word, a stop string cut, the last delta marked done."""
+
+    def __init__(self, prompt_ids: list[int], sampling: Sampling, upper: bool) -> None:
+        self.words = "".join(map(chr, prompt_ids)).split() or ["."]
+        self.prompt_tokens = len(prompt_ids)
+        self.sampling = sampling
+        self.upper = upper
+        self.texts = [""] * sampling.n
+        self.finished = [False] * sampling.n
+        self.made = 0
+        self.steps = 0
+        self.ended = sampling.max_tokens <= 0
+
+    def step(self) -> list[Delta]:
+        sampling, words, step = self.sampling, self.words, self.steps
+        self.steps += 1
+        deltas = []
+        for k in range(sampling.n):
+            if self.finished[k]:
+                continue
+            word = words[(k + step) % len(words)]
+            word = word.upper() if self.upper else word
+            piece = (" " if self.texts[k] else "") + word
+            self.made += 1
+            text = self.texts[k] + piece
+            at = min((text.find(s) for s in sampling.stop if s and s in text), default=-1)
+            stopped = at >= 0 and step + 1 >= sampling.min_tokens
+            if stopped:  # (the text up to the stop string; what was sent before it stays sent)
+                piece = text[len(self.texts[k]):at] if at > len(self.texts[k]) else ""
+            self.texts[k] += piece
+            last = stopped or step + 1 == sampling.max_tokens
+            self.finished[k] = last
+            logprobs = None if sampling.logprobs is None else [TokenLogprob(piece, 0.0, [(piece, 0.0)])]
+            deltas.append(Delta(piece, 1, last, ("stop" if stopped else "length") if last else None,
+                                self.prompt_tokens, self.made, logprobs, k, token_ids=[ord(c) for c in piece]))
+        if all(self.finished):
+            deltas[-1].done = True
+            self.ended = True
+        return deltas

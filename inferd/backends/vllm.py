@@ -69,6 +69,7 @@ class VllmEngine:
             seed=options.get("seed"),
         )
         self.max_model_len = int(engine_settings(options, cuda=False)["max_model_len"])  # (prompts are checked against it)
+        self.default_max_tokens = self.defaults.max_tokens
         self.stats = EngineStats()
         self.engine: Any = None
         self.tokenizer: Any = None
@@ -238,16 +239,22 @@ def _stat_logger_factory(stats: EngineStats):
 
     class InferdStatLogger(StatLoggerBase):
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            pass
+            self.vllm_config = vllm_config
 
         def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
             if scheduler_stats is not None:
                 stats.running = scheduler_stats.num_running_reqs
                 stats.waiting = scheduler_stats.num_waiting_reqs
                 stats.kv_cache_usage = scheduler_stats.kv_cache_usage
+            if iteration_stats is not None:
+                stats.preemptions += getattr(iteration_stats, "num_preempted_reqs", 0)
 
         def log_engine_initialized(self) -> None:
-            pass
+            """The engine's running maximum and KV cache size, once it has measured its memory."""
+            config = self.vllm_config
+            stats.max_running = int(getattr(config.scheduler_config, "max_num_seqs", 0) or 0)
+            blocks = getattr(config.cache_config, "num_gpu_blocks", None) or 0
+            stats.kv_cache_tokens = int(blocks) * int(getattr(config.cache_config, "block_size", 0) or 0)
 
     return InferdStatLogger
 

@@ -123,7 +123,8 @@ def _parse_tiers(raw: Any) -> tuple[TierConfig, ...]:
         reject_unknown(table, field_names(TierConfig) - {"name"}, where)
         check_types(table, TierConfig, where)
         tier = TierConfig(name=name, **{"priority": DEFAULT_TIER_PRIORITIES.get(name, 0), **table})
-        for key in ("rate_per_s", "burst", "max_predicted_wait_ms", "promote_after_ms", "slo_ms"):
+        for key in ("rate_per_s", "burst", "max_predicted_wait_ms", "promote_after_ms", "slo_ms",
+                    "ttft_slo_ms", "tpot_slo_ms"):
             value = getattr(tier, key)
             if value is not None and (not isinstance(value, (int, float)) or value <= 0):
                 raise ConfigError(f"{where}: `{key}` must be a positive number")
@@ -251,9 +252,11 @@ def _check_model(m: ModelConfig, where: str) -> None:
         raise ConfigError(f"{where}: `kind` must be batch or generation")
     if m.adapters and m.kind != "generation":
         raise ConfigError(f"{where}: only generation models have adapters")
+    if m.kind != "generation" and (m.ttft_slo_ms is not None or m.tpot_slo_ms is not None):
+        raise ConfigError(f"{where}: `ttft_slo_ms` and `tpot_slo_ms` are for generation models (a batch model has `slo_ms`)")
     if m.max_batch_size > MAX_BATCH_SIZE:  # (the cost model keeps a curve of every size, made again per batch)
         raise ConfigError(f"{where}: `max_batch_size` is at most {MAX_BATCH_SIZE}, got {m.max_batch_size}")
-    for key in (*positive_ints, "slo_ms", "max_batch_tokens"):  # (types were checked against the fields)
+    for key in (*positive_ints, "slo_ms", "max_batch_tokens", "ttft_slo_ms", "tpot_slo_ms"):  # (types were checked against the fields)
         value = getattr(m, key)
         if value is not None and value <= 0:
             raise ConfigError(f"{where}: `{key}` must be positive, got {value!r}")

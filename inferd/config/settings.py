@@ -47,6 +47,8 @@ class ModelConfig:
     breaker_cooldown_ms: int = 5_000  # then, how long before one probe batch is let through
     max_waiting_requests: int = 256  # generation: requests without a first token yet, before 503
     max_waiting_prompt_tokens: int = 65_536  # generation: their prompt tokens, before 503
+    ttft_slo_ms: float | None = None  # generation: time to first token promised at admission (None: none)
+    tpot_slo_ms: float | None = None  # generation: time per output token promised at admission (None: none)
     collapse: bool = True  # batch: identical inputs in flight share one computation
     collapse_scope: str = "shared"  # "tenant": only within a tenant (no tenant learns what another is asking)
     cache_bytes: int = 0  # batch: the result cache's size (0: no cache)
@@ -83,6 +85,8 @@ class TierConfig:
     rate_per_s: float | None = None  # token bucket per tenant and model (None: unlimited), at full capacity
     burst: float | None = None  # bucket size; default max(1, rate_per_s)
     slo_ms: float | None = None  # a latency objective for this tier's requests (the tighter of it and the model's holds)
+    ttft_slo_ms: float | None = None  # generation: this tier's time to first token (the tighter of it and the model's)
+    tpot_slo_ms: float | None = None  # generation: this tier's time per output token (likewise)
     max_predicted_wait_ms: float | None = None  # refuse new requests past this predicted wait (None: deadline only)
     promote_after_ms: float | None = None  # starvation guard: waiting this long, a request is served first
 
