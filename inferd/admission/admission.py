@@ -28,7 +28,7 @@ from .rate_limits import Identity, RateLimiter
 
 if TYPE_CHECKING:
     from ..models.generation import GenerationModel
-
+    from ..models.generation_promises import Promise
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +37,7 @@ class GenerationTicket:
 
     timeout_s: float
     priority: int  # the engine's: lower runs first
+    promise: Promise  # its place among what the engine has been given, and its objectives
 
 
 class Admission:
@@ -47,6 +48,7 @@ class Admission:
         self.auth = auth
         self.limiter = limiter
         self.engine_priority = {t.name: -t.priority for t in tiers}  # vLLM schedules lower values first
+        self.tiers = {t.name: t for t in tiers}
 
     def identify(self, headers: Mapping[str, str]) -> Identity:
         """The caller's tenant and tier (401 for a wrong key, or none where anonymous callers are refused)."""
@@ -73,15 +75,22 @@ class Admission:
             self.limiter.check(who, model.name, model.capacity_scale(), now, len(values))
         return model.take(request_id, values, timeout_s(config, timeout_ms), who.tier, who.tenant, use_cache, client)
 
-    def admit_generation(self, model: GenerationModel, who: Identity, timeout_ms: int | None, chars: int) -> GenerationTicket:
+    def admit_generation(self, model: GenerationModel, who: Identity, timeout_ms: int | None, chars: int,
+                         max_tokens: int | None = None, arrived_at: float | None = None) -> GenerationTicket:
         """Admit one generation before its prompt (`chars` long) is tokenised: the same length check,
-        open check, rate limit and deadline rule as batch models, then the engine's waiting bounds."""
+        open check, rate limit and deadline rule as batch models, then the engine's waiting bounds and,
+        where the model or the tier sets them, its predicted time to first token and per output token
+        against the tighter of the two objectives. The ticket holds the request's place among the
+        engine's requests: `GenerationModel.withdraw` gives it back if the request goes no further."""
         model.check_length(chars)
         self._check_open()
         if who.rate_per_s is not None:
             self.limiter.check(who, model.name, model.capacity_scale(), time.monotonic())
-        model.check_capacity()
-        return GenerationTicket(timeout_s(model.config, timeout_ms), self.engine_priority.get(who.tier, 0))
+        priority = self.engine_priority.get(who.tier, 0)
+        objectives = model.objectives(self.tiers.get(who.tier))
+        promise = model.check_capacity(priority, chars, max_tokens, objectives,
+                                       time.monotonic() if arrived_at is None else arrived_at)
+        return GenerationTicket(timeout_s(model.config, timeout_ms), priority, promise)
 
     def _check_open(self) -> None:
         if self.lifecycle.draining:

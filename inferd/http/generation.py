@@ -37,6 +37,7 @@ from .sampling_fields import sampling_fields
 if TYPE_CHECKING:
     from ..models.adapters import Adapter
     from ..models.generation import GenerationModel
+    from ..models.generation_promises import Promise
     from ..models.registry import Models
 
 log = logging.getLogger("inferd.generation")
@@ -78,7 +79,7 @@ class GenerationApi:
             return [event]
 
         return await self._serve(request, model, body, who, call, len(prompt),
-                                 partial(model.prompt_ids, prompt), whole, chunk, openai=False, adapter=adapter)
+                                 partial(_prompt, model, text=prompt, chars=len(prompt)), whole, chunk, openai=False, adapter=adapter)
 
     async def completions(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         return await self._openai(request, chat=False, call=call)
@@ -114,8 +115,9 @@ class GenerationApi:
         body = {**body, "logprobs": parsed.logprobs, "structured_outputs": structured}
         if tools is not None and tools.keep_special_tokens:  # (the tool parser reads tags the tokenizer calls special)
             body["skip_special_tokens"] = False
-        prompt_ids = (partial(model.prompt_ids, messages=parsed.messages, tools=tools.tools if tools is not None else None)
-                      if parsed.chat else partial(model.prompt_ids, parsed.prompt))
+        prompt_ids = (partial(_prompt, model, messages=parsed.messages, tools=tools.tools if tools is not None else None,
+                              chars=parsed.chars)
+                      if parsed.chat else partial(_prompt, model, text=parsed.prompt, chars=parsed.chars))
         return await self._serve(request, model, body, who, call, parsed.chars, prompt_ids,
                                  lambda choices, last: answer.whole(choices, _usage(last)),
                                  lambda text, last: answer.chunks(text, last, _usage(last)), openai=True, adapter=adapter)
@@ -123,7 +125,7 @@ class GenerationApi:
     # ---- one generation, whole or streamed -------------------------------------------------------
 
     async def _serve(self, request: web.BaseRequest, model: GenerationModel, body: dict[str, Any], who: Identity,
-                     call: Call, chars: int, prompt_ids: Callable[[], Awaitable[list[int]]],
+                     call: Call, chars: int, prompt_ids: Callable[[Promise], Awaitable[list[int]]],
                      whole: Callable[[list[Choice], Any], dict], chunk: Callable[[str, Any], list[dict]], *,
                      openai: bool, adapter: Adapter | None = None) -> web.StreamResponse:
         """`openai`: errors in OpenAI's shape, a stream ends with `data: [DONE]`, and `n` choices may be
@@ -138,7 +140,7 @@ class GenerationApi:
                 adapter.leave()
 
     async def _generate(self, request: web.BaseRequest, model: GenerationModel, body: dict[str, Any], who: Identity,
-                        call: Call, chars: int, prompt_ids: Callable[[], Awaitable[list[int]]],
+                        call: Call, chars: int, prompt_ids: Callable[[Promise], Awaitable[list[int]]],
                         whole: Callable[[list[Choice], Any], dict], chunk: Callable[[str, Any], list[dict]],
                         openai: bool, adapter: Adapter | None) -> web.StreamResponse:
         """One generation, whole or streamed (see `_serve`). A traced request's stages are noted on its
@@ -147,32 +149,47 @@ class GenerationApi:
         served = adapter.name if adapter is not None else model.config.version  # (which answers: an adapter, a split's pick)
         call.tier, call.tenant, call.model, call.version = tier, tenant, model.name, served
         stages: Generated | None = None
+        promise = None
         try:
-            overrides = sampling_fields(body)
-            if not openai and overrides.get("n", 1) != 1:
-                raise InvalidInput("`n` above 1 (several choices) is for /v1/completions and /v1/chat/completions")
-            ticket = self.admission.admit_generation(model, who, timeout_ms(body), chars)  # before any tokenising
-            if trace is not None:
-                trace.model, trace.tier, trace.tenant = model.name, tier, tenant
-                stages = trace.generation = Generated(model.engine_request_id(), time.monotonic())
-            ids = await prompt_ids()  # gives back the place admission reserved; no await from here to the engine
-            sampling = model.sampling(overrides)
+            try:
+                overrides = sampling_fields(body)
+                if not openai and overrides.get("n", 1) != 1:
+                    raise InvalidInput("`n` above 1 (several choices) is for /v1/completions and /v1/chat/completions")
+                ticket = self.admission.admit_generation(model, who, timeout_ms(body), chars,  # before any tokenising
+                                                         overrides.get("max_tokens"), call.started)
+                promise = ticket.promise
+                sampling = model.sampling(overrides)
+                if trace is not None:
+                    trace.model, trace.tier, trace.tenant = model.name, tier, tenant
+                    stages = trace.generation = Generated(promise.request_id, time.monotonic())
+                ids = await prompt_ids(promise)  # moves the place admission reserved; no await from here to the engine
+            except BaseException:
+                if promise is not None:
+                    model.withdraw(promise)
+                raise
         except InferdError as error:
             self.outcomes.record_error(call, error)
             return error_response(error, request_id, close=self.lifecycle.draining, openai=openai)
         timeout_s = ticket.timeout_s
         if stages is not None:
             stages.tokenized_at, stages.prompt_tokens = time.monotonic(), len(ids)
-        deltas = model.stream(ids, sampling, ticket.priority, stages.engine_request_id if stages is not None else None,
-                              adapter)
+        deltas = model.stream(ids, sampling, promise, adapter)
+        # The deadline, and before the first token the time to first token promised (a request whose
+        # objective passes while it waits is withdrawn from the engine: it can no longer be on time).
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        ttft_s = promise.objectives.ttft_s
+        first_deadline = deadline if ttft_s is None else min(deadline, loop.time() + ttft_s - (time.monotonic() - call.started))
         streaming = bool(body.get("stream"))
         response: web.StreamResponse | None = None
         pieces: dict[int, list[str]] = {}  # by choice
         made: dict[int, Choice] = {}  # by choice: how it ended, its tokens' logprobs when asked
         last = None
         try:
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout_at(first_deadline) as limit:
                 async for delta in deltas:
+                    if last is None and first_deadline < deadline:
+                        limit.reschedule(deadline)
                     if stages is not None:
                         _note(stages, delta)
                     last = delta
@@ -191,9 +208,14 @@ class GenerationApi:
                         await response.prepare(request)
                     await response.write(b"".join(b"data: " + dumps(event) + b"\n\n" for event in chunk(delta.text, delta)))
         except TimeoutError:
-            model.record_abort("deadline")
-            failure: InferdError | None = DeadlineExceeded(
-                f"deadline of {timeout_s * 1000:.0f} ms passed during generation; aborted")
+            if last is None and first_deadline < deadline:
+                model.record_abort("ttft_objective")
+                failure: InferdError | None = DeadlineExceeded(
+                    f"no first token within the {ttft_s * 1000:.0f} ms objective; withdrawn from the engine",  # type: ignore[operator]
+                    reason="ttft_objective")
+            else:
+                model.record_abort("deadline")
+                failure = DeadlineExceeded(f"deadline of {timeout_s * 1000:.0f} ms passed during generation; aborted")
         except (asyncio.CancelledError, ConnectionResetError):
             model.record_abort("client_disconnect")
             self.outcomes.record(call, 499, "CLIENT_DISCONNECTED")
@@ -230,6 +252,10 @@ class GenerationApi:
             await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+
+def _prompt(model: GenerationModel, promise: Promise, **prompt: Any) -> Awaitable[list[int]]:
+    return model.prompt_ids(promise, **prompt)
 
 
 def _note(stages: Generated, delta: Any) -> None:

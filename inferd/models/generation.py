@@ -7,7 +7,13 @@ the engine: requests that have not produced a first token yet, and their prompt 
 checked before any tokenising, so an overloaded server refuses cheaply (503 with retry_after_ms), and
 the check reserves the request's place: a burst cannot all pass the check while the first ones are
 still being tokenised (which also bounds the tokeniser's queue). The prompt tokens are checked once
-they are known, before the request is handed to the engine.
+they are known, before the request is handed to the engine. Where the model or the tier sets objectives
+(`ttft_slo_ms`, `tpot_slo_ms`), each request is also admitted by its predicted time to first token and
+per output token (`generation_promises`), from costs learnt from what the engine runs (`engine_costs`).
+
+Why one module: a request's place among the engine's requests is taken at admission, moved when its
+prompt is tokenised and given back when its stream ends, and those three steps and their counts must
+change together; the predictions and the costs they rest on live in their own modules.
 """
 
 from __future__ import annotations
@@ -22,11 +28,13 @@ from functools import partial
 from typing import Any
 
 from ..backends import Delta, EngineStats, GenerationEngine, ToolPlan, build_engine, built_alone
-from ..config import ModelConfig
+from ..config import ModelConfig, TierConfig
 from ..errors import InvalidInput, NotReady, ServiceOverloaded, describe, retry_after_ms
 from ..observability.histogram import Histogram
 from ..observability.snapshots import GenerationSnapshot
 from .adapters import Adapter, Adapters
+from .engine_costs import EngineCosts
+from .generation_promises import NO_OBJECTIVES, EngineBook, Objectives, Promise, refusal
 from .memory import check_fits
 
 log = logging.getLogger("inferd.generation")
@@ -41,6 +49,8 @@ class GenerationMetrics:
         self.output_tokens = 0
         self.prompt_tokens = 0
         self.aborts: dict[str, int] = {}
+        self.refusals: dict[str, int] = {}  # by reason: queue_full, ttft_objective, tpot_objective
+        self.ttft_prediction = Histogram((0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0))  # actual / predicted
 
 
 class GenerationModel:
@@ -66,10 +76,10 @@ class GenerationModel:
         except (ImportError, TypeError, ValueError) as exc:  # a configuration mistake: this model's start-up failure, said once
             self.start_error = exc
         self.adapters = Adapters(self.name, self.engine)  # its LoRA adapters, by name
-        self.waiting: dict[str, int] = {}  # engine request id -> prompt tokens, until its first token
+        self.costs = EngineCosts()
+        self.book = EngineBook(self.costs)  # every admitted request, until its last token
         self.preparing = 0  # admitted, being tokenised: places reserved among the waiting
-        self.running = 0
-        self._waiting_tokens = 0
+        self._waiting_tokens = 0  # the prompt tokens of those handed to the engine without a first token
         self._engine_ids = itertools.count(1)
         # Prompts are tokenised here, off the event loop (one thread: a tokenizer is not shared).
         self._tokenizing = ThreadPoolExecutor(1, thread_name_prefix=f"tokenize-{self.name}")
@@ -119,16 +129,65 @@ class GenerationModel:
             raise InvalidInput(f"prompt is {chars} characters; model {self.name} accepts at most "
                                f"{self.config.max_input_chars}")
 
-    def check_capacity(self) -> None:
-        """Before tokenising: refuse when too much already waits for the engine; otherwise reserve the
-        request's place, which `prompt_ids` (the next step, always) gives back."""
+    def objectives(self, tier: TierConfig | None) -> Objectives:
+        """What a request of `tier` is promised: the tighter of the model's and the tier's objectives."""
+        def tighter(*values: float | None) -> float | None:
+            given = [v for v in values if v is not None]
+            return min(given) / 1000 if given else None
+        c = self.config
+        return Objectives(tighter(c.ttft_slo_ms, tier.ttft_slo_ms if tier else None),
+                          tighter(c.tpot_slo_ms, tier.tpot_slo_ms if tier else None))
+
+    @property
+    def default_max_tokens(self) -> int:
+        return int(getattr(self.engine, "default_max_tokens", 64))
+
+    def check_capacity(self, priority: int = 0, chars: int = 0, max_tokens: int | None = None,
+                       objectives: Objectives = NO_OBJECTIVES, arrived_at: float | None = None) -> Promise:
+        """Before tokenising: refuse when too much already waits for the engine, or when the request's
+        objectives are predicted to be missed (its prompt judged from its `chars`); otherwise reserve
+        its place among the waiting, which `prompt_ids` moves on and `withdraw` gives back."""
         if not self.ready:
             raise NotReady(f"model {self.name} is starting", retry_after_ms=1000)
         c = self.config
-        waiting = len(self.waiting) + self.preparing
+        waiting = self.waiting + self.preparing
         if waiting >= c.max_waiting_requests or self._waiting_tokens >= c.max_waiting_prompt_tokens:
-            raise self._overloaded(waiting)
+            raise self._refuse(self._overloaded(waiting))
+        now = time.monotonic()
+        self._read_engine()
+        promise = self.book.reserve(self.engine_request_id(), priority, now if arrived_at is None else arrived_at,
+                                    self.costs.prompt_tokens(chars), max_tokens or self.default_max_tokens, objectives)
+        self._check_objectives(promise, now)
         self.preparing += 1
+        return promise
+
+    def _check_objectives(self, promise: Promise, now: float) -> None:
+        """Refuse `promise` (taking it out of the book) when it is predicted to miss an objective."""
+        if promise.objectives.ttft_s is None and promise.objectives.tpot_s is None:
+            return
+        prediction = self.book.predict(promise.priority, promise.prompt_tokens, promise.max_tokens, now, promise)
+        refused = refusal(self.book, promise, prediction, now)
+        if refused is not None:
+            self.book.leave(promise, now, finished=False)
+            raise self._refuse(refused)
+
+    def _read_engine(self) -> None:
+        stats = self._stats
+        self.book.places, self.book.kv_cache_tokens = stats.max_running, stats.kv_cache_tokens
+
+    def _refuse(self, error: ServiceOverloaded) -> ServiceOverloaded:
+        self.metrics.refusals[error.reason] = self.metrics.refusals.get(error.reason, 0) + 1
+        return error
+
+    def withdraw(self, promise: Promise) -> None:
+        """A request admitted that goes no further than its tokenising (refused, a bad field, a client
+        gone): its place given back. Nothing once it was handed to the engine (`stream` ends it)."""
+        if promise.submitted_at:
+            return
+        if not promise.tokenised:
+            self.preparing -= 1
+            promise.tokenised = True  # (given back once)
+        self.book.leave(promise, time.monotonic(), finished=False)
 
     def _overloaded(self, waiting: int) -> ServiceOverloaded:
         return ServiceOverloaded(
@@ -138,29 +197,48 @@ class GenerationModel:
         )
 
     @property
+    def waiting(self) -> int:
+        """Requests handed to the engine that have no first token yet."""
+        return self.book.waiting - self.preparing
+
+    @property
+    def running(self) -> int:
+        return len(self.book.running)
+
+    @property
     def waiting_tokens(self) -> int:
         return self._waiting_tokens
 
-    async def prompt_ids(self, text: str | None = None, messages: Sequence[Mapping[str, Any]] | None = None,
-                         tools: list[dict[str, Any]] | None = None) -> list[int]:
+    async def prompt_ids(self, promise: Promise, text: str | None = None, messages: Sequence[Mapping[str, Any]] | None = None,
+                         tools: list[dict[str, Any]] | None = None, chars: int = 0) -> list[int]:
         """A prompt's token ids (a chat's, through its template), from the tokenizing thread: a long prompt
-        never stalls the loop. Gives back the place `check_capacity` reserved: the caller hands the ids
-        to `stream` with no await between, so the request is counted as waiting throughout.
-        InvalidInput when it is empty or too long for the model; ServiceOverloaded when its tokens would
-        take the waiting prompt tokens past their bound (unless nothing else waits)."""
+        never stalls the loop. Moves `promise` (from `check_capacity`) from tokenising to waiting: the
+        caller hands the ids to `stream` with no await between, so the request is counted as waiting
+        throughout. InvalidInput when it is empty or too long for the model; ServiceOverloaded when its
+        tokens would take the waiting prompt tokens past their bound (unless nothing else waits), or
+        miss its objectives now that they are known. Any failure withdraws the promise."""
         engine = self.engine
         assert engine is not None
         encode = partial(engine.encode_chat, messages, tools) if messages is not None else partial(engine.encode, text or "")
         try:
-            ids = await self.loop.run_in_executor(self._tokenizing, encode)
-        finally:
-            self.preparing -= 1
-        if self._waiting_tokens and self._waiting_tokens + len(ids) > self.config.max_waiting_prompt_tokens:
-            raise self._overloaded(len(self.waiting) + self.preparing)
-        if not ids:
-            raise InvalidInput("the prompt is empty")
-        if len(ids) >= engine.max_model_len:
-            raise InvalidInput(f"prompt is {len(ids)} tokens; model {self.name} takes fewer than {engine.max_model_len}")
+            try:
+                ids = await self.loop.run_in_executor(self._tokenizing, encode)
+            finally:
+                self.preparing -= 1
+                promise.tokenised = True
+            if self._waiting_tokens and self._waiting_tokens + len(ids) > self.config.max_waiting_prompt_tokens:
+                raise self._refuse(self._overloaded(self.waiting + self.preparing))
+            if not ids:
+                raise InvalidInput("the prompt is empty")
+            if len(ids) >= engine.max_model_len:
+                raise InvalidInput(f"prompt is {len(ids)} tokens; model {self.name} takes fewer than {engine.max_model_len}")
+            now = time.monotonic()
+            self.costs.observe_prompt(len(ids), chars, now)
+            self.book.tokenised(promise, len(ids), promise.max_tokens)
+            self._check_objectives(promise, now)
+        except BaseException:
+            self.withdraw(promise)
+            raise
         return ids
 
     def tool_plan(self, body: dict[str, Any]) -> ToolPlan | None:
@@ -189,7 +267,7 @@ class GenerationModel:
     def retry_after_ms(self) -> int:
         """About the time the waiting requests take to reach their first token, from recent TTFTs."""
         mean = self.metrics.ttft.mean or 0.1
-        return retry_after_ms(mean * max(1, len(self.waiting)))
+        return retry_after_ms(mean * max(1, self.waiting))
 
     def capacity_scale(self) -> float:
         """The engine schedules its own batches; its rate limits are not scaled."""
@@ -201,53 +279,63 @@ class GenerationModel:
         """A request's id in the engine (the server's own, unique in this engine): what its trace names."""
         return f"{self.name}-{next(self._engine_ids)}"
 
-    async def stream(self, prompt_ids: list[int], sampling: Any, priority: int,
-                     request_id: str | None = None, adapter: Adapter | None = None) -> AsyncGenerator[Delta, None]:
+    async def stream(self, prompt_ids: list[int], sampling: Any, promise: Promise,
+                     adapter: Adapter | None = None) -> AsyncGenerator[Delta, None]:
         """Deltas for one request (through `adapter`, one of `adapters`, when given), accounted as
-        waiting until its first token, then running."""
+        waiting until its first token, then running; its figures teach the cost model."""
         assert self.engine is not None
-        request_id = request_id or self.engine_request_id()
+        book = self.book
         started = time.monotonic()
-        self.waiting[request_id] = len(prompt_ids)
+        book.submitted(promise, book.predict(promise.priority, len(prompt_ids), promise.max_tokens, started, promise), started)
         self._waiting_tokens += len(prompt_ids)
         self.metrics.prompt_tokens += len(prompt_ids)
-        first_at = last_at = 0.0
-        tokens = 0
+        first_at = 0.0
+        finished = False
         try:
             lora = adapter.engine_request if adapter is not None else None
-            async for delta in self.engine.generate(prompt_ids, sampling, request_id, priority, lora):
+            async for delta in self.engine.generate(prompt_ids, sampling, promise.request_id, promise.priority, lora):
                 now = time.monotonic()
                 if not first_at:
                     first_at = now
-                    self._leave_waiting(request_id)
-                    self.running += 1
-                    self.metrics.ttft.observe(now - started)
+                    self._waiting_tokens -= len(prompt_ids)
+                    book.first_token(promise, delta.token_count, now)
+                    self.metrics.ttft.observe(now - promise.arrived_at)
+                    if promise.predicted_ttft_s > 0:
+                        self.metrics.ttft_prediction.observe((now - started) / promise.predicted_ttft_s)
                 elif delta.token_count:
-                    self.metrics.time_per_output_token.observe((now - last_at) / delta.token_count)
-                last_at = now
-                tokens += delta.token_count
+                    self.metrics.time_per_output_token.observe((now - promise.last_at) / delta.token_count)
+                    book.tokens(promise, delta.token_count, now)
                 self.metrics.output_tokens += delta.token_count
+                finished = delta.done
                 yield delta
         finally:
-            if first_at:
-                self.running -= 1
-            else:
-                self._leave_waiting(request_id)
+            if not first_at:
+                self._waiting_tokens -= len(prompt_ids)
+            book.leave(promise, time.monotonic(), finished)
 
     def record_abort(self, reason: str) -> None:
         self.metrics.aborts[reason] = self.metrics.aborts.get(reason, 0) + 1
-
-    def _leave_waiting(self, request_id: str) -> None:
-        self._waiting_tokens -= self.waiting.pop(request_id, 0)
 
     def snapshot(self, now: float) -> GenerationSnapshot:
         stats, m = self._stats, self.metrics
         return GenerationSnapshot(
             name=self.name, ready=self.ready, ttft=m.ttft, time_per_output_token=m.time_per_output_token,
-            prompt_tokens=m.prompt_tokens, output_tokens=m.output_tokens, waiting=len(self.waiting), running=self.running,
+            prompt_tokens=m.prompt_tokens, output_tokens=m.output_tokens, waiting=self.book.waiting, running=self.running,
             engine_waiting=stats.waiting, engine_running=stats.running, kv_cache_usage=stats.kv_cache_usage,
-            aborts=dict(m.aborts),
+            aborts=dict(m.aborts), refusals=dict(m.refusals), preemptions=stats.preemptions,
+            predicted_ttft_s=self.predicted_ttft_s(now), ttft_slo_s=self.config.ttft_slo_ms / 1000 if self.config.ttft_slo_ms else None,
+            ttft_prediction=m.ttft_prediction,
         )
+
+    def predicted_ttft_s(self, now: float) -> float:
+        """What a typical new request of the lowest priority would wait for its first token now, its
+        margin included: what an autoscaler compares with the objective (0 before the model is ready)."""
+        if not self.ready:
+            return 0.0
+        self._read_engine()
+        lowest = max((p for p in self.book.priorities()), default=0)
+        prediction = self.book.predict(lowest, self.costs.typical_prompt_tokens, self.default_max_tokens, now)
+        return prediction.ttft_s + prediction.ttft_margin_s
 
     @property
     def _stats(self) -> EngineStats:
@@ -267,12 +355,19 @@ class GenerationModel:
             "adapters": sorted(self.adapters.loaded),
             "max_waiting_requests": self.config.max_waiting_requests,
             "max_waiting_prompt_tokens": self.config.max_waiting_prompt_tokens,
+            "ttft_slo_ms": self.config.ttft_slo_ms,
+            "tpot_slo_ms": self.config.tpot_slo_ms,
+            "costs": self.costs.describe(),
+            "prediction_errors": {"ttft": self.book.ttft_errors.describe(), "tpot": self.book.tpot_errors.describe()},
             "stats": {
-                "waiting": len(self.waiting),
+                "waiting": self.book.waiting,
                 "running": self.running,
                 "engine_running": stats.running,
                 "engine_waiting": stats.waiting,
                 "kv_cache_usage": stats.kv_cache_usage,
+                "preemptions": stats.preemptions,
                 "output_tokens": self.metrics.output_tokens,
+                "refusals": dict(self.metrics.refusals),
+                "aborts": dict(self.metrics.aborts),
             },
         }

@@ -216,6 +216,57 @@ def _generation_families(models: list[GenerationSnapshot]) -> Iterator[Metric]:
         engine.add_metric([g.name, "running"], g.engine_running)
         kv.add_metric([g.name], g.kv_cache_usage)
     yield from (tokens, aborts, requests, engine, kv)
+    yield from _admission_families(models)
+    yield from _vllm_families(models)
+
+
+def _admission_families(models: list[GenerationSnapshot]) -> Iterator[Metric]:
+    """What generation's admission predicts and refuses."""
+    refusals = CounterMetricFamily("inferd_generation_refusals", "Generation requests refused at admission, by reason.",
+                                   labels=["model", "reason"])
+    predicted = GaugeMetricFamily("inferd_generation_predicted_ttft_seconds",
+                                  "Time to first token a new request of the lowest tier would be promised now, margin included.",
+                                  labels=["model"])
+    objective = GaugeMetricFamily("inferd_generation_ttft_objective_seconds", "The model's time-to-first-token objective.",
+                                  labels=["model"])
+    preemptions = CounterMetricFamily("inferd_generation_preemptions", "Sequences the engine preempted.", labels=["model"])
+    for g in models:
+        for reason, n in g.refusals.items():
+            refusals.add_metric([g.name, reason], n)
+        predicted.add_metric([g.name], g.predicted_ttft_s)
+        if g.ttft_slo_s is not None:
+            objective.add_metric([g.name], g.ttft_slo_s)
+        preemptions.add_metric([g.name], g.preemptions)
+    yield from (refusals, predicted, objective, preemptions)
+    yield _histograms("inferd_generation_ttft_prediction_ratio", "Actual over predicted time to first token, at the first token.",
+                      {g.name: g.ttft_prediction for g in models if g.ttft_prediction is not None})
+
+
+def _vllm_families(models: list[GenerationSnapshot]) -> Iterator[Metric]:
+    """The same figures under the names vLLM's own server exports (label `model_name`), so that vLLM's
+    dashboards and the Gateway API Inference Extension's endpoint picker read inferd unchanged."""
+    running = GaugeMetricFamily("vllm:num_requests_running", "Requests running in the engine.", labels=["model_name"])
+    waiting = GaugeMetricFamily("vllm:num_requests_waiting", "Requests waiting for the engine.", labels=["model_name"])
+    kv = GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV cache usage (1 = 100%).", labels=["model_name"])
+    preemptions = CounterMetricFamily("vllm:num_preemptions", "Cumulative preemptions.", labels=["model_name"])
+    prompt = CounterMetricFamily("vllm:prompt_tokens", "Prefill tokens processed.", labels=["model_name"])
+    generation = CounterMetricFamily("vllm:generation_tokens", "Generation tokens processed.", labels=["model_name"])
+    for g in models:
+        running.add_metric([g.name], g.running)
+        waiting.add_metric([g.name], g.waiting)
+        kv.add_metric([g.name], g.kv_cache_usage)
+        preemptions.add_metric([g.name], g.preemptions)
+        prompt.add_metric([g.name], g.prompt_tokens)
+        generation.add_metric([g.name], g.output_tokens)
+    yield from (running, waiting, kv, preemptions, prompt, generation)
+    for name, doc, per_model in (
+            ("vllm:time_to_first_token_seconds", "Time to first token.", {g.name: g.ttft for g in models}),
+            ("vllm:time_per_output_token_seconds", "Time per output token.", {g.name: g.time_per_output_token for g in models}),
+            ("vllm:inter_token_latency_seconds", "Time between tokens.", {g.name: g.time_per_output_token for g in models})):
+        family = HistogramMetricFamily(name, doc, labels=["model_name"])
+        for model, h in per_model.items():
+            family.add_metric([model], h.cumulative(), h.sum)
+        yield family
 
 
 def _histograms(name: str, doc: str, per_model: dict, *more_labels: str) -> HistogramMetricFamily:

@@ -80,3 +80,8 @@ class GenerationSnapshot:
     engine_running: int
     kv_cache_usage: float
     aborts: dict[str, int] = field(default_factory=dict)
+    refusals: dict[str, int] = field(default_factory=dict)  # by reason
+    preemptions: int = 0
+    predicted_ttft_s: float = 0.0  # a new request of the lowest priority, now (its margin included)
+    ttft_slo_s: float | None = None  # the model's objective (None: none)
+    ttft_prediction: Histogram | None = None  # actual / predicted TTFT

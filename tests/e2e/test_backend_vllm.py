@@ -27,7 +27,7 @@ from ..helpers import running_server, sim_model, until  # noqa: E402
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-KEYS = {"enterprise": "gen-enterprise-key", "free": "gen-free-key"}
+KEYS = {"enterprise": "gen-enterprise-key", "free": "gen-free-key", "promised": "gen-promised-key"}
 
 
 def bearer(tier: str) -> dict[str, str]:
@@ -53,7 +53,9 @@ async def server(tiny_model):
     )
     config = dict(
         auth=AuthConfig(enabled=True, anonymous_tier="free"),
-        tiers=(TierConfig("enterprise", priority=2), TierConfig("free", priority=0)),
+        # (a tier with objectives: its requests are admitted by predicted time to first token and per token)
+        tiers=(TierConfig("enterprise", priority=2), TierConfig("promised", priority=1, ttft_slo_ms=500, tpot_slo_ms=250),
+               TierConfig("free", priority=0)),
         tenants=tuple(TenantConfig(f"{t}-co", t, hashlib.sha256(k.encode()).hexdigest()) for t, k in KEYS.items()),
         tracing=TracingConfig(enabled=True, sample_rate=0.0, max_client_traced_per_s=100),
     )
@@ -149,7 +151,7 @@ async def test_a_client_leaving_mid_stream_aborts_the_request_in_the_engine(serv
         resp.close()  # hang up after the first chunk
     assert await unfinished_after(server) == 0
     assert model.metrics.aborts.get("client_disconnect", 0) == before + 1
-    assert model.running == 0 and not model.waiting
+    assert model.running == 0 and model.waiting == 0
 
 
 async def test_a_deadline_aborts_in_the_engine_and_answers_504(server, client):
@@ -186,9 +188,9 @@ async def test_waiting_bound_gives_503_and_enterprise_is_scheduled_ahead_of_free
         return status, body
 
     free_waiting = asyncio.create_task(tracked("free-queued", "free"))
-    await until(lambda: len(model.waiting) == 1)
+    await until(lambda: model.waiting == 1)
     enterprise = asyncio.create_task(tracked("enterprise", "enterprise"))
-    await until(lambda: len(model.waiting) == 2)
+    await until(lambda: model.waiting == 2)
     status, body = await generate(client, server.url, {"model": "tiny", "max_tokens": 4, "input": "one too many"})
     assert (status, body["error"]) == (503, "SERVICE_OVERLOADED") and body["retry_after_ms"] >= 1
     assert (await enterprise)[0] == 200 and (await free_waiting)[0] == 200
@@ -642,3 +644,38 @@ async def test_bad_tool_requests_are_a_400_naming_what_is_wrong(server, client, 
     async with client.post(f"{server.url}/v1/completions", json={"model": "tiny", "prompt": "x", "tools": [WEATHER]},
                            headers=bearer("enterprise")) as resp:
         assert resp.status == 400 and "/v1/chat/completions" in (await resp.json())["error"]["message"]
+
+
+async def test_requests_past_the_objectives_are_refused_at_once_and_the_admitted_start_in_time(server, client):
+    """The real engine under objectives: its 4 places taken by requests of 200 tokens, a request that
+    cannot have its first token within 500 ms is refused before any admitted one is done, and no
+    admitted request's first token comes later than its objective (the server's own TTFT histogram)."""
+    model = server.models.generation["tiny"]
+    in_time_before, all_before = _ttft_counts(model, 0.5)
+    loop = asyncio.get_running_loop()
+
+    async def one(i):
+        body = {"input": f"burst {i}", "model": "tiny", "max_tokens": 200, "ignore_eos": True}
+        async with client.post(f"{server.url}/v1/inference", json=body, headers=bearer("promised")) as resp:
+            return resp.status, await resp.json(), loop.time()
+
+    runners = []
+    for i in range(4):  # (one at a time, as the waiting bound of 2 would refuse a burst before its prediction)
+        runners.append(asyncio.create_task(one(i)))
+        await until(lambda: model.running == i + 1)  # noqa: B023 - awaited at once, in this iteration
+    refused = [await one(10 + i) for i in range(3)]
+    ok = await asyncio.gather(*runners)
+    assert all(status == 200 and body["usage"]["completion_tokens"] == 200 for status, body, _ in ok), ok
+    assert all(status == 503 and body["error"] == "SERVICE_OVERLOADED" and "time to first token" in body["message"]
+               for status, body, _ in refused), refused
+    assert max(at for _, _, at in refused) < min(at for _, _, at in ok)  # at once: before any admitted one is done
+    in_time, total = _ttft_counts(model, 0.5)
+    assert total - all_before == len(ok)  # (one first token each)
+    assert in_time - in_time_before == total - all_before  # every first token within the objective
+    assert await unfinished_after(server) == 0 and model.book.waiting == 0
+
+
+def _ttft_counts(model, bound_s: float) -> tuple[int, int]:
+    """First tokens at or under `bound_s` (from arrival), and all of them, so far."""
+    buckets = dict(model.metrics.ttft.cumulative())
+    return int(buckets[str(bound_s)]), int(buckets["+Inf"])

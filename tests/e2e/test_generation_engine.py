@@ -143,7 +143,7 @@ async def test_a_deadline_and_a_client_leaving_abort_in_the_engine(server, clien
         resp.close()
     await until(lambda: model.engine.unfinished_requests() == 0, timeout_s=3)
     assert model.metrics.aborts.get("client_disconnect", 0) == before + 1
-    assert model.running == 0 and not model.waiting
+    assert model.running == 0 and model.waiting == 0
 
 
 async def test_the_waiting_bound_gives_503_and_enterprise_runs_ahead_of_free(server, client):
@@ -162,9 +162,9 @@ async def test_the_waiting_bound_gives_503_and_enterprise_runs_ahead_of_free(ser
         return status
 
     free_waiting = asyncio.create_task(tracked("free-queued", "free"))
-    await until(lambda: len(model.waiting) == 1)
+    await until(lambda: model.waiting == 1)
     enterprise = asyncio.create_task(tracked("enterprise", "enterprise"))
-    await until(lambda: len(model.waiting) == 2)
+    await until(lambda: model.waiting == 2)
     status, body = await post(client, server.url, "/v1/inference", {"model": "echo", "input": "one too many"})
     assert (status, body["error"]) == (503, "SERVICE_OVERLOADED") and body["retry_after_ms"] >= 1
     assert await enterprise == 200 and await free_waiting == 200

@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from inferd.backends import EngineStats
 from inferd.config import ModelConfig
 from inferd.errors import ServiceOverloaded
 from inferd.models.generation import GenerationModel
@@ -18,6 +19,7 @@ class HeldTokeniser:
     prompts are still being tokenised."""
 
     max_model_len = 512
+    stats = EngineStats()
 
     def __init__(self, tokens_per_prompt: int) -> None:
         self.go = threading.Event()
@@ -38,8 +40,8 @@ def model_with(engine: HeldTokeniser, **limits) -> GenerationModel:
 
 
 async def admit_and_tokenise(model: GenerationModel) -> list[int]:
-    model.check_capacity()
-    return await model.prompt_ids("a prompt")
+    promise = model.check_capacity()
+    return await model.prompt_ids(promise, "a prompt")
 
 
 @pytest.mark.asyncio
@@ -50,11 +52,12 @@ async def test_a_burst_cannot_all_pass_the_waiting_bound_while_being_tokenised()
     await asyncio.sleep(0)  # every call has run its admission check
     refused = [c for c in calls if c.done() and isinstance(c.exception(), ServiceOverloaded)]
     assert len(refused) == 52
-    assert model.preparing == 8
+    assert model.preparing == 8 and model.book.waiting == 8
     engine.go.set()
     admitted = await asyncio.gather(*(c for c in calls if c not in refused))
     assert len(admitted) == 8
-    assert model.preparing == 0  # every reserved place given back
+    assert model.preparing == 0  # every reserved place moved on to the waiting
+    assert model.book.waiting == 8 and model.waiting == 8
     model._tokenizing.shutdown()
 
 
@@ -65,13 +68,14 @@ async def test_prompt_tokens_past_their_bound_are_refused_once_known():
     model = model_with(engine, max_waiting_requests=100, max_waiting_prompt_tokens=1000)
     streams = []
     for _ in range(3):  # 900 tokens waiting (each in the engine's queue, no first token yet)
-        ids = await admit_and_tokenise(model)
-        model.waiting[f"r{len(streams)}"] = len(ids)
+        promise = model.check_capacity()
+        ids = await model.prompt_ids(promise, "a prompt")
+        promise.submitted_at = 1.0  # (handed to the engine, as `stream` would)
         model._waiting_tokens += len(ids)
         streams.append(ids)
     with pytest.raises(ServiceOverloaded):
         await admit_and_tokenise(model)  # 900 + 300 > 1000, found once the prompt is tokenised
-    assert model.preparing == 0
+    assert model.preparing == 0 and model.book.waiting == 3  # the refused one's place given back
     model._tokenizing.shutdown()
 
 

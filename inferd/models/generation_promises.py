@@ -1,0 +1,229 @@
+"""What a generation engine has been given and promised: every admitted request, from its admission
+to its last token, and the prediction of a new request's time to first token (TTFT) and time per
+output token (TPOT) that admission compares with its objectives.
+
+The prediction replays the engine's queue forward with the learnt costs (`EngineCosts`), in the
+engine's own order (priority, then arrival: vLLM's priority scheduling): the running sequences free
+their places as their expected remaining tokens are made; each request ahead of the new one takes the
+next free place, reads its prompt (one prefill at a time: prefill shares the engine's token budget),
+and runs for its expected output; the new request's first token comes once the step in progress has
+ended and its own prefill has been read, in the step that makes it. A request's places are the engine's running maximum, or fewer when the KV cache holds fewer of
+the sequences admitted (prompt plus expected output each): admission then waits for KV to be freed
+instead of making the engine preempt what was promised. Requests of lower priority are not ahead: a
+higher tier passes them, and they are the ones that wait (or, once their objective has passed, are
+withdrawn).
+
+The error of every TTFT and TPOT prediction is kept (`PredictionErrors`, as for batch models), and
+the margin a refusal adds is calibrated from it: one slow step widens it for seconds, not for good.
+Each error is a whole prediction's (actual over predicted TTFT), so the margin is that ratio's 99th
+percentile times the prediction, not the square-root rule of independent batches.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+
+from ..errors import ServiceOverloaded, retry_after_ms
+from ..scheduling.prediction_errors import PredictionErrors
+from .engine_costs import EngineCosts
+
+
+@dataclass(frozen=True, slots=True)
+class Objectives:
+    """What a request was promised: the tighter of its model's and its tier's objectives (None: none)."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+
+
+NO_OBJECTIVES = Objectives()
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """A new request's predicted figures (seconds from now), and the margins their errors add."""
+
+    ttft_s: float
+    tpot_s: float
+    ttft_margin_s: float
+    tpot_margin_s: float
+    free_place: bool  # nothing ahead and a place free: its first token waits for its own prefill only
+
+
+@dataclass(slots=True, eq=False)
+class Promise:
+    """One admitted request of a generation model, until its last token (or its withdrawal)."""
+
+    request_id: str
+    priority: int  # the engine's (lower first)
+    order: int  # arrival, among the engine's requests
+    arrived_at: float  # when the request reached the server (its objectives count from here)
+    prompt_tokens: int  # judged from its characters until it is tokenised
+    max_tokens: int
+    expected_output: float
+    objectives: Objectives
+    tokenised: bool = False
+    submitted_at: float = 0.0  # handed to the engine (0: not yet)
+    predicted_ttft_s: float = 0.0  # from its hand-off, as predicted then
+    predicted_tpot_s: float = 0.0
+    free_place: bool = False
+    first_at: float = 0.0
+    last_at: float = 0.0
+    made: int = 0  # output tokens so far
+
+
+class EngineBook:
+    """The promises of one generation engine (see the module's docstring)."""
+
+    def __init__(self, costs: EngineCosts) -> None:
+        self.costs = costs
+        self.ttft_errors = PredictionErrors()
+        self.tpot_errors = PredictionErrors()
+        self._waiting: dict[int, dict[str, Promise]] = {}  # by priority, in arrival order: no first token yet
+        self.running: dict[str, Promise] = {}
+        self._orders = itertools.count()
+        self.places = 0  # the engine's running maximum (0: not known)
+        self.kv_cache_tokens = 0  # what its KV cache holds (0: not known)
+
+    # ---- the book --------------------------------------------------------------------------------
+
+    def reserve(self, request_id: str, priority: int, arrived_at: float, prompt_tokens: int, max_tokens: int,
+                objectives: Objectives) -> Promise:
+        """A request admitted before tokenising: it counts among the waiting from here."""
+        promise = Promise(request_id, priority, next(self._orders), arrived_at, prompt_tokens, max_tokens,
+                          self.costs.expected_output(max_tokens), objectives)
+        self._waiting.setdefault(priority, {})[request_id] = promise
+        return promise
+
+    def tokenised(self, promise: Promise, prompt_tokens: int, max_tokens: int) -> None:
+        promise.prompt_tokens, promise.max_tokens, promise.tokenised = prompt_tokens, max_tokens, True
+        promise.expected_output = self.costs.expected_output(max_tokens)
+
+    def submitted(self, promise: Promise, prediction: Prediction, now: float) -> None:
+        promise.submitted_at = now
+        promise.predicted_ttft_s, promise.predicted_tpot_s = prediction.ttft_s, prediction.tpot_s
+        promise.free_place = prediction.free_place
+
+    def first_token(self, promise: Promise, tokens: int, now: float) -> None:
+        waiting = self._waiting.get(promise.priority)
+        if waiting is None or waiting.pop(promise.request_id, None) is None:
+            return
+        running = len(self.running)
+        self.running[promise.request_id] = promise
+        promise.first_at = promise.last_at = now
+        promise.made = tokens
+        ttft = now - promise.submitted_at
+        if promise.predicted_ttft_s > 0:
+            self.ttft_errors.observe(ttft / promise.predicted_ttft_s, now)
+        if promise.free_place:
+            self.costs.observe_first_token(promise.prompt_tokens, ttft, running + 1, now)
+
+    def tokens(self, promise: Promise, tokens: int, now: float) -> None:
+        if tokens > 0:
+            self.costs.observe_step(len(self.running), (now - promise.last_at) / tokens, now)
+            promise.made += tokens
+            promise.last_at = now
+
+    def leave(self, promise: Promise, now: float, finished: bool) -> None:
+        """Its last token, or its withdrawal (`finished` False: a deadline, a client gone, an error)."""
+        waiting = self._waiting.get(promise.priority)
+        if waiting is not None:
+            waiting.pop(promise.request_id, None)
+        if self.running.pop(promise.request_id, None) is None or not finished:
+            return
+        self.costs.observe_output(promise.made, promise.max_tokens, now)
+        if promise.made > 1 and promise.predicted_tpot_s > 0:
+            tpot = (promise.last_at - promise.first_at) / (promise.made - 1)
+            self.tpot_errors.observe(tpot / promise.predicted_tpot_s, now)
+
+    def priorities(self) -> list[int]:
+        return [q for q, w in self._waiting.items() if w] + [p.priority for p in self.running.values()]
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(w) for w in self._waiting.values())
+
+    def waiting_prompt_tokens(self) -> int:
+        return sum(p.prompt_tokens for w in self._waiting.values() for p in w.values())
+
+    # ---- prediction ------------------------------------------------------------------------------
+
+    def predict(self, priority: int, prompt_tokens: int, max_tokens: int, now: float,
+                leave_out: Promise | None = None) -> Prediction:
+        """A new request's TTFT and TPOT if it were handed to the engine now (see the module's
+        docstring); `leave_out`: its own promise, already in the book."""
+        costs = self.costs
+        ahead = [p for q in sorted(self._waiting) if q <= priority for p in self._waiting[q].values() if p is not leave_out]
+        expected = costs.expected_output(max_tokens)
+        places = self._places(ahead, prompt_tokens + expected)
+        joined = min(places, len(self.running) + len(ahead) + 1)
+        step = costs.step_s(joined)
+        finish = [max(step, (p.expected_output - p.made) * step) for p in self.running.values()]
+        heapq.heapify(finish)
+        prefill_free = 0.0
+        for p in ahead:
+            start = heapq.heappop(finish) if len(finish) >= places else 0.0
+            prefill_free = max(start, prefill_free) + costs.prefill_s(p.prompt_tokens)
+            heapq.heappush(finish, prefill_free + step * (1 + p.expected_output))
+        start = heapq.heappop(finish) if len(finish) >= places else 0.0
+        # (its first token: the step in progress ends, its prefill is read, and the step that reads its
+        # last chunk makes it)
+        ttft = max(start, prefill_free) + costs.prefill_s(prompt_tokens) + 2 * step
+        self.ttft_errors.refresh(now)
+        self.tpot_errors.refresh(now)
+        # (a free place only when nothing else waits, whatever its priority: a lower tier's request the
+        # engine has already started holds a place the queue's order does not show)
+        alone = self.waiting - (leave_out is not None and leave_out.request_id in self._waiting.get(leave_out.priority, {}))
+        return Prediction(ttft, step, self.ttft_errors.batch_excess * ttft, self.tpot_errors.batch_excess * step,
+                          free_place=alone == 0 and start == 0.0)
+
+    def _places(self, ahead: list[Promise], need: float) -> int:
+        """How many sequences run at once: the engine's maximum, or what its KV cache holds of the
+        sequences in the book (their prompt and expected output), whichever is fewer."""
+        places = self.places or max(1, len(self.running) + len(ahead) + 1)
+        if self.kv_cache_tokens > 0:
+            held = [p.prompt_tokens + p.expected_output for p in self.running.values()] + \
+                   [p.prompt_tokens + p.expected_output for p in ahead] + [need]
+            places = min(places, max(1, int(self.kv_cache_tokens * len(held) / sum(held))))
+        return places
+
+    def tightest_tpot_s(self) -> float | None:
+        """The tightest TPOT objective of the requests in the book (a newcomer must not break it)."""
+        objectives = [p.objectives.tpot_s for w in (*self._waiting.values(), self.running) for p in w.values()]
+        return min((t for t in objectives if t is not None), default=None)
+
+    def crowded(self) -> bool:
+        """Whether the engine already runs (or will, with those waiting) all it runs at once: a
+        newcomer then waits for a place and slows no one's steps."""
+        return 0 < self.places <= len(self.running) + self.waiting - 1
+
+
+def refusal(book: EngineBook, promise: Promise, prediction: Prediction, now: float) -> ServiceOverloaded | None:
+    """Why `promise` must be refused now (its own TTFT or TPOT objective, or the TPOT of the requests
+    already admitted), with the figures compared; None when it is predicted to meet them all."""
+    ttft_s, tpot_s = promise.objectives.ttft_s, promise.objectives.tpot_s
+    if ttft_s is not None:
+        budget = ttft_s - (now - promise.arrived_at)
+        predicted = prediction.ttft_s + prediction.ttft_margin_s
+        if predicted > budget:
+            return _refused("time to first token", prediction.ttft_s, prediction.ttft_margin_s, budget, ttft_s,
+                            "ttft_objective", wait_s=predicted - budget)
+    others = None if book.crowded() else book.tightest_tpot_s()
+    tightest = min((t for t in (tpot_s, others) if t is not None), default=None)
+    if tightest is not None and prediction.tpot_s + prediction.tpot_margin_s > tightest:
+        whose = "this request's" if tightest == tpot_s else "the admitted requests'"
+        return _refused("time per output token", prediction.tpot_s, prediction.tpot_margin_s, tightest, tightest,
+                        "tpot_objective", whose=whose, wait_s=prediction.tpot_s * promise.expected_output)
+    return None
+
+
+def _refused(what: str, predicted: float, margin: float, budget: float, objective: float, reason: str, *,
+             wait_s: float, whose: str = "this request's") -> ServiceOverloaded:
+    refused = ServiceOverloaded(
+        f"predicted {what} {predicted * 1000:.0f} ms plus a {margin * 1000:.0f} ms margin exceeds {whose} "
+        f"{objective * 1000:.0f} ms objective ({budget * 1000:.0f} ms of it left)",
+        retry_after_ms=retry_after_ms(max(wait_s, 0.001)), reason=reason)
+    refused.server_timing = f"predicted;dur={predicted * 1000:.3f}, margin;dur={margin * 1000:.3f}, budget;dur={budget * 1000:.3f}"
+    return refused

@@ -1,0 +1,112 @@
+"""Generation's admission by predicted TTFT and TPOT, on the fake clock (`engine_on_the_clock`): the
+simulated engine at a GPU's figures, Poisson arrivals past its capacity."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferd.backends.sim_engine import Profile
+from inferd.models.engine_costs import EngineCosts
+from inferd.models.generation_promises import EngineBook, Objectives, refusal
+from tests.unit.models.engine_on_the_clock import Arrival, capacity, poisson, run
+
+
+@pytest.mark.parametrize("load", [1.2, 2.0, 4.0])
+def test_past_capacity_every_answer_meets_its_objectives_and_the_rest_are_refused_at_once(load):
+    c = capacity()
+    result = run(poisson(load * c, 20.0, seed=int(load * 10)))
+    answered, refused, withdrawn = result.of("answered"), result.of("refused"), result.of("withdrawn")
+    assert len(answered) + len(refused) + len(withdrawn) == len(poisson(load * c, 20.0, seed=int(load * 10)))  # nothing lost
+    assert all(result.on_time(e) for e in answered), [(e.ttft_s, e.tpot_s) for e in answered if not result.on_time(e)][:5]
+    assert all(e.refused_at == e.arrival.at for e in refused)  # at once, when it came
+    assert len(withdrawn) <= 0.03 * len(answered)  # (mispredicted: withdrawn at their objective, never late)
+    assert len(answered) / result.duration_s >= 0.9 * c  # goodput: the engine's capacity, on time
+
+
+def test_below_capacity_almost_nothing_is_refused():
+    c = capacity()
+    result = run(poisson(0.5 * c, 20.0, seed=5))
+    assert len(result.of("refused")) + len(result.of("withdrawn")) <= 0.01 * len(result.ended)
+
+
+def test_a_higher_tier_passes_the_lower_ones_and_they_are_the_ones_refused():
+    c = capacity()
+    free = poisson(2.5 * c, 15.0, seed=1, priority=0)
+    enterprise = poisson(0.2 * c, 15.0, seed=2, priority=-2)
+    result = run(free + enterprise)
+    top = result.of("answered", -2)
+    assert all(result.on_time(e) for e in top) and all(result.on_time(e) for e in result.of("answered", 0))
+    refused_free = len(result.of("refused", 0)) / len(free)
+    refused_top = len(result.of("refused", -2)) / len(enterprise)
+    assert refused_free > 0.4
+    # (refused only when every place is held by requests that end later than its objective: no place
+    # is kept back for a higher tier yet, and the engine preempts for KV only, as vLLM's does)
+    assert refused_top < 0.75 * refused_free
+
+
+def test_a_refusal_names_the_figures_it_compared():
+    book = EngineBook(EngineCosts())
+    book.places = 2
+    for i in range(2):  # two long requests hold both places
+        p = book.reserve(f"r{i}", 0, 0.0, 10, 1000, Objectives())
+        book.first_token(p, 1, 0.0)
+    newcomer = book.reserve("new", 0, 0.0, 10, 10, Objectives(ttft_s=0.1))
+    prediction = book.predict(0, 10, 10, 0.0, newcomer)
+    refused = refusal(book, newcomer, prediction, 0.0)
+    assert refused is not None and refused.reason == "ttft_objective"
+    assert f"predicted time to first token {prediction.ttft_s * 1000:.0f} ms" in refused.message
+    assert "100 ms objective" in refused.message
+    assert refused.server_timing == (f"predicted;dur={prediction.ttft_s * 1000:.3f}, "
+                                     f"margin;dur={prediction.ttft_margin_s * 1000:.3f}, budget;dur=100.000")
+    assert prediction.ttft_s > 0.1  # (999 tokens of 20 ms steps before a place frees)
+
+
+def test_the_prediction_follows_the_steps_up_and_back_down():
+    costs = EngineCosts()
+    t = 0.0
+    for step_s in (0.010, 0.030, 0.010):  # 20 s of each: the engine slows threefold, then recovers
+        for _ in range(2000):
+            t += 0.01
+            costs.observe_step(8, step_s, t)
+        assert costs.step_s(8) == pytest.approx(step_s, rel=0.15)  # (within 15% once 20 s have passed)
+
+
+def test_the_step_line_is_learnt_from_steps_at_different_counts():
+    costs = EngineCosts()
+    for i in range(400):
+        n = 1 + i % 64
+        costs.observe_step(n, 0.008 + 0.0001 * n, i * 0.005)
+    assert costs.step_s(64) == pytest.approx(0.0144, rel=0.05)
+    assert costs.step_s(1) == pytest.approx(0.0081, rel=0.1)
+
+
+def test_the_prefill_rate_is_learnt_from_requests_that_found_a_free_place():
+    costs = EngineCosts()
+    for i in range(100):
+        costs.observe_step(1, 0.01, i * 0.01)
+    for i in range(100):  # 1,000-token prompts read in 50 ms (20,000 tokens/s), first token two steps later
+        costs.observe_first_token(1000, 0.05 + 2 * 0.01, 1, 1.0 + i * 0.1)
+    assert costs.prefill_s(1000) == pytest.approx(0.05, rel=0.05)
+
+
+def test_one_slow_step_does_not_refuse_requests_with_ten_times_the_time_they_need():
+    c = capacity()
+    slow = lambda t: 20.0 if 5.0 <= t < 5.02 else 1.0  # noqa: E731 - one step 20 times as long, 5 s in
+    arrivals = poisson(0.3 * c, 10.0, seed=3, objectives=Objectives(ttft_s=2.0, tpot_s=0.25))
+    result = run(arrivals, step_scale=slow)
+    assert not result.of("refused") and not result.of("withdrawn")
+
+
+def test_a_kv_cache_too_small_for_all_admitted_makes_them_wait_not_preempt():
+    profile = Profile(kv_cache_tokens=40 * 128)  # room for 40 sequences of 128 tokens, 64 places
+    c = capacity(profile)
+    result = run(poisson(2 * c, 10.0, seed=4), profile)
+    assert all(result.on_time(e) for e in result.of("answered"))
+    assert result.of("refused")
+
+
+def test_nothing_ends_twice_and_no_promise_is_left_behind():
+    c = capacity()
+    arrivals = poisson(3 * c, 5.0, seed=9) + [Arrival(2.0, priority=-1, objectives=Objectives())]
+    result = run(arrivals)
+    assert len(result.ended) == len(arrivals)
