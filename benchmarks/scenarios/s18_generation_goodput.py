@@ -169,9 +169,11 @@ def tiny_part(quick: bool) -> dict:
         out["capacity_per_s"] = round(c, 2)
         rates = [0.5 * c, 2 * c, 4 * c]
         inferd_cells = run([cell_args(url, model, max(8, round(r * seconds)), rate=r) for r in rates])
+        inferd_figures = server_figures(url)
     with inferd_server(inferd_config("inferd.backends.vllm", tiny_options(model), False)) as url:
         run([cell_args(url, model, 16, concurrency=16)])
         (twin,) = run([cell_args(url, model, max(8, round(2 * c * seconds)), rate=2 * c)])
+    out["server"] = inferd_figures
     with VllmServe(model) as vllm_url:
         run([cell_args(vllm_url, model, 16, concurrency=16)])
         vllm_cells = run([cell_args(vllm_url, model, max(8, round(r * seconds)), rate=r) for r in rates])
@@ -266,7 +268,8 @@ def main() -> None:
         return
     args = parse_args(__doc__.split("\n")[0])
     parts = os.environ.get("S18_PARTS", "sim,tiny").split(",")
-    result = {}
+    saved = Path(args.out_dir) / "S18_generation_goodput.json"
+    result = json.loads(saved.read_text()) if saved.exists() and len(parts) < 2 else {}  # (one part: the other kept)
     if "sim" in parts:
         result["sim"] = sim_part(args.quick)
         print(json.dumps(result["sim"]), flush=True)

@@ -230,6 +230,7 @@ class GenerationApi:
             failure = None
         finally:
             await deltas.aclose()  # aborts the request in the engine if it is still there
+            model.withdraw(promise)  # (a stream never begun: its place given back; otherwise nothing)
         if failure is not None:
             self.outcomes.record_error(call, failure)
             if response is None:

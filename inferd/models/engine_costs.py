@@ -118,6 +118,7 @@ class EngineCosts:
         self._output_share = AgedMean(PRIOR_OUTPUT_SHARE)
         self._tokens_per_char = AgedMean(PRIOR_TOKENS_PER_CHAR, 100.0)
         self._prompt = AgedMean(64.0)  # prompt tokens
+        self._service = AgedMean(1.0)  # seconds a request holds its place: from its first token to its last, and a step
 
     def step_s(self, running: int) -> float:
         return self.steps.at(running)
@@ -154,6 +155,14 @@ class EngineCosts:
         if chars > 0:
             self._tokens_per_char.observe(float(tokens), float(chars), at)
         self._prompt.observe(float(tokens), 1.0, at)
+
+    def observe_service(self, seconds: float, at: float) -> None:
+        self._service.observe(seconds, 1.0, at)
+
+    @property
+    def service_s(self) -> float:
+        """How long a request holds its place in the engine, recently."""
+        return self._service.value
 
     @property
     def typical_prompt_tokens(self) -> int:

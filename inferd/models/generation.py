@@ -163,8 +163,8 @@ class GenerationModel:
 
     def _check_objectives(self, promise: Promise, now: float) -> None:
         """Refuse `promise` (taking it out of the book) when it is predicted to miss an objective."""
-        if promise.objectives.ttft_s is None and promise.objectives.tpot_s is None:
-            return
+        if promise.objectives.ttft_s is None and promise.objectives.tpot_s is None and not self.book.promised_ttft:
+            return  # (nothing promised to anyone: the static bounds alone)
         prediction = self.book.predict(promise.priority, promise.prompt_tokens, promise.max_tokens, now, promise)
         refused = refusal(self.book, promise, prediction, now)
         if refused is not None:
@@ -177,6 +177,7 @@ class GenerationModel:
 
     def _refuse(self, error: ServiceOverloaded) -> ServiceOverloaded:
         self.metrics.refusals[error.reason] = self.metrics.refusals.get(error.reason, 0) + 1
+        self.book.refused(time.monotonic())
         return error
 
     def withdraw(self, promise: Promise) -> None:
@@ -324,7 +325,7 @@ class GenerationModel:
             engine_waiting=stats.waiting, engine_running=stats.running, kv_cache_usage=stats.kv_cache_usage,
             aborts=dict(m.aborts), refusals=dict(m.refusals), preemptions=stats.preemptions,
             predicted_ttft_s=self.predicted_ttft_s(now), ttft_slo_s=self.config.ttft_slo_ms / 1000 if self.config.ttft_slo_ms else None,
-            ttft_prediction=m.ttft_prediction,
+            ttft_prediction=m.ttft_prediction, demand=self.book.demand(now), places=self._stats.max_running,
         )
 
     def predicted_ttft_s(self, now: float) -> float:

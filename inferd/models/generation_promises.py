@@ -11,7 +11,11 @@ ended and its own prefill has been read, in the step that makes it. A request's 
 the sequences admitted (prompt plus expected output each): admission then waits for KV to be freed
 instead of making the engine preempt what was promised. Requests of lower priority are not ahead: a
 higher tier passes them, and they are the ones that wait (or, once their objective has passed, are
-withdrawn).
+withdrawn). And since the engine does not preempt for priority (vLLM preempts for KV cache only), a
+place a lower tier holds is not given back in time to a higher tier's request: so places are kept for
+the tiers above one that were promised a TTFT in the last minute, as many as they hold on average
+(their arrival rate times the seconds a request holds its place), with room for their bursts, and a
+lower tier's requests may hold only the rest.
 
 The error of every TTFT and TPOT prediction is kept (`PredictionErrors`, as for batch models), and
 the margin a refusal adds is calibrated from it: one slow step widens it for seconds, not for good.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from dataclasses import dataclass
 
 from ..errors import ServiceOverloaded, retry_after_ms
@@ -39,6 +44,8 @@ class Objectives:
 
 
 NO_OBJECTIVES = Objectives()
+KEPT_PLACE_MEMORY_S = 60.0  # a higher tier seen this recently still has the last place kept for it
+DEMAND_TAU_S = 10.0  # the refusal rate's memory (a scrape every 5 s reads it twice)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +92,11 @@ class EngineBook:
         self.running: dict[str, Promise] = {}
         self._orders = itertools.count()
         self.places = 0  # the engine's running maximum (0: not known)
+        self.promised_ttft: dict[int, tuple[float, float]] = {}  # by priority: (TTFT objective, last seen)
+        self._arrivals: dict[int, tuple[float, float, float]] = {}  # by priority: a decayed count, its time, the first
         self.kv_cache_tokens = 0  # what its KV cache holds (0: not known)
+        self._refusals = 0.0  # refusals, each weighing exp((t - origin) / tau) (a rate: `refusal_rate`)
+        self._refusals_at = 0.0
 
     # ---- the book --------------------------------------------------------------------------------
 
@@ -95,6 +106,10 @@ class EngineBook:
         promise = Promise(request_id, priority, next(self._orders), arrived_at, prompt_tokens, max_tokens,
                           self.costs.expected_output(max_tokens), objectives)
         self._waiting.setdefault(priority, {})[request_id] = promise
+        if objectives.ttft_s is not None:
+            self.promised_ttft[priority] = (objectives.ttft_s, arrived_at)
+        weight, at, first = self._arrivals.get(priority, (0.0, arrived_at, arrived_at))
+        self._arrivals[priority] = (weight * math.exp(-max(0.0, arrived_at - at) / DEMAND_TAU_S) + 1.0, max(at, arrived_at), first)
         return promise
 
     def tokenised(self, promise: Promise, prompt_tokens: int, max_tokens: int) -> None:
@@ -134,9 +149,26 @@ class EngineBook:
         if self.running.pop(promise.request_id, None) is None or not finished:
             return
         self.costs.observe_output(promise.made, promise.max_tokens, now)
+        self.costs.observe_service(now - promise.first_at + self.costs.step_s(len(self.running) + 1), now)  # (its place, held)
         if promise.made > 1 and promise.predicted_tpot_s > 0:
             tpot = (promise.last_at - promise.first_at) / (promise.made - 1)
             self.tpot_errors.observe(tpot / promise.predicted_tpot_s, now)
+
+    def refused(self, now: float) -> None:
+        """A request refused at admission (counted for `demand`)."""
+        self._refusals = self._refusals * math.exp(-(now - self._refusals_at) / DEMAND_TAU_S) + 1.0
+        self._refusals_at = now
+
+    def refusal_rate(self, now: float) -> float:
+        """Refusals per second, over about the last `DEMAND_TAU_S`."""
+        return self._refusals * math.exp(-(now - self._refusals_at) / DEMAND_TAU_S) / DEMAND_TAU_S
+
+    def demand(self, now: float) -> float:
+        """The sequences this engine is asked to run at once: those it holds, plus the refused ones
+        at the rate they come times the seconds each would have held a place (Little's law). It reads
+        in proportion to the offered load however far past capacity (what an autoscaler divides by
+        a replica's places), where the running and waiting alone stop at what admission lets in."""
+        return len(self.running) + self.waiting + self.refusal_rate(now) * self.costs.service_s
 
     def priorities(self) -> list[int]:
         return [q for q, w in self._waiting.items() if w] + [p.priority for p in self.running.values()]
@@ -179,6 +211,29 @@ class EngineBook:
         return Prediction(ttft, step, self.ttft_errors.batch_excess * ttft, self.tpot_errors.batch_excess * step,
                           free_place=alone == 0 and start == 0.0)
 
+    def kept_places(self, priority: int, now: float) -> int:
+        """Places kept for the tiers above `priority` that were promised a time to first token: what
+        they hold on average (their arrival rate times the seconds a request holds its place: Little's
+        law) plus two standard deviations of a Poisson stream's count (its bursts), and one more. None kept
+        where no such tier came in the last `KEPT_PLACE_MEMORY_S`."""
+        rates = [self._arrival_rate(q, now) for q, (_, at) in self.promised_ttft.items()
+                 if q < priority and now - at <= KEPT_PLACE_MEMORY_S]
+        if not rates:
+            return 0
+        held = sum(rates) * self.costs.service_s
+        return math.ceil(held + 2 * math.sqrt(held)) + 1  # (arrivals come as a Poisson stream's: its bursts too)
+
+    def held_from(self, priority: int, leave_out: Promise | None = None) -> int:
+        """Requests of `priority` and below (lower tiers) in the book: running or waiting for a place."""
+        running = sum(p.priority >= priority for p in self.running.values())
+        waiting = sum(len(w) for q, w in self._waiting.items() if q >= priority)
+        return running + waiting - (leave_out is not None and leave_out.request_id in self._waiting.get(leave_out.priority, {}))
+
+    def _arrival_rate(self, priority: int, now: float) -> float:
+        weight, at, first = self._arrivals.get(priority, (0.0, now, now))
+        seen_s = min(DEMAND_TAU_S, max(1.0, now - first))  # (a stream seen for less than the memory: over its time)
+        return weight * math.exp(-(now - at) / DEMAND_TAU_S) / seen_s
+
     def _places(self, ahead: list[Promise], need: float) -> int:
         """How many sequences run at once: the engine's maximum, or what its KV cache holds of the
         sequences in the book (their prompt and expected output), whichever is fewer."""
@@ -210,6 +265,14 @@ def refusal(book: EngineBook, promise: Promise, prediction: Prediction, now: flo
         if predicted > budget:
             return _refused("time to first token", prediction.ttft_s, prediction.ttft_margin_s, budget, ttft_s,
                             "ttft_objective", wait_s=predicted - budget)
+    kept = book.kept_places(promise.priority, now)
+    if kept and book.places and book.held_from(promise.priority, promise) + 1 > book.places - kept:
+        # (the engine preempts for KV cache only, as vLLM's does: a place a lower tier holds is not
+        # given back to a higher tier's request before that request's objective has passed)
+        return ServiceOverloaded(
+            f"{kept} of the engine's {book.places} places are kept for higher tiers' time-to-first-token objectives, "
+            f"and this tier's requests hold the rest", retry_after_ms=retry_after_ms(book.costs.service_s / max(1, kept)),
+            reason="kept_for_higher_tier")
     others = None if book.crowded() else book.tightest_tpot_s()
     tightest = min((t for t in (tpot_s, others) if t is not None), default=None)
     if tightest is not None and prediction.tpot_s + prediction.tpot_margin_s > tightest:

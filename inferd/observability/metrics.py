@@ -230,14 +230,22 @@ def _admission_families(models: list[GenerationSnapshot]) -> Iterator[Metric]:
     objective = GaugeMetricFamily("inferd_generation_ttft_objective_seconds", "The model's time-to-first-token objective.",
                                   labels=["model"])
     preemptions = CounterMetricFamily("inferd_generation_preemptions", "Sequences the engine preempted.", labels=["model"])
+    demand = GaugeMetricFamily("inferd_generation_demand_sequences",
+                               "Sequences asked of the engine at once: running, waiting, and the refused at their rate "
+                               "times the seconds each would have run (what an autoscaler divides by the places).",
+                               labels=["model"])
+    places = GaugeMetricFamily("inferd_generation_places", "Sequences the engine runs at once.", labels=["model"])
     for g in models:
+        demand.add_metric([g.name], g.demand)
+        if g.places:
+            places.add_metric([g.name], g.places)
         for reason, n in g.refusals.items():
             refusals.add_metric([g.name, reason], n)
         predicted.add_metric([g.name], g.predicted_ttft_s)
         if g.ttft_slo_s is not None:
             objective.add_metric([g.name], g.ttft_slo_s)
         preemptions.add_metric([g.name], g.preemptions)
-    yield from (refusals, predicted, objective, preemptions)
+    yield from (refusals, predicted, objective, preemptions, demand, places)
     yield _histograms("inferd_generation_ttft_prediction_ratio", "Actual over predicted time to first token, at the first token.",
                       {g.name: g.ttft_prediction for g in models if g.ttft_prediction is not None})
 

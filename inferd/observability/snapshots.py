@@ -85,3 +85,5 @@ class GenerationSnapshot:
     predicted_ttft_s: float = 0.0  # a new request of the lowest priority, now (its margin included)
     ttft_slo_s: float | None = None  # the model's objective (None: none)
     ttft_prediction: Histogram | None = None  # actual / predicted TTFT
+    demand: float = 0.0  # sequences asked of the engine at once, refused ones included (`EngineBook.demand`)
+    places: int = 0  # sequences the engine runs at once (0: not known)

@@ -89,3 +89,18 @@ async def test_the_objectives_and_predictions_are_reported(server, client):
                  'vllm:time_to_first_token_seconds_count{model_name="llm"}', 'inferd_generation_ttft_objective_seconds{model="llm"} 0.3',
                  'inferd_generation_refusals_total{model="llm",reason="ttft_objective"}', 'inferd_generation_predicted_ttft_seconds{model="llm"}'):
         assert line in text, line
+
+
+async def test_metrics_export_every_name_the_generation_autoscaler_asks_for(server, client):
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    folder = Path(__file__).parents[2] / "deploy" / "k8s-generation"
+    patches = yaml.safe_load((folder / "kustomization.yaml").read_text())["patches"]
+    (replace,) = yaml.safe_load(next(p for p in patches if p["target"]["kind"] == "ScaledObject")["patch"])
+    asked = {name for t in replace["value"] for name in re.findall(r"inferd_[a-z_]+", t["metadata"]["query"])}
+    async with client.get(f"{server.url}/metrics") as resp:
+        exported = set(re.findall(r"^(inferd_[a-z_]+)", await resp.text(), re.M))
+    assert len(asked) == 3 and asked <= exported, asked - exported

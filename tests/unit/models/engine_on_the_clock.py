@@ -39,6 +39,7 @@ class Ended:
 class Run:
     ended: list[Ended] = field(default_factory=list)
     duration_s: float = 0.0
+    demand: list[tuple[float, float]] = field(default_factory=list)  # (t, `EngineBook.demand`) once a second
 
     def of(self, how: str, priority: int | None = None) -> list[Ended]:
         return [e for e in self.ended if e.how == how and (priority is None or e.arrival.priority == priority)]
@@ -111,10 +112,13 @@ def run(arrivals: list[Arrival], profile: Profile | None = None, costs: EngineCo
             refused = refusal(book, promise, prediction, t)
             if refused is not None:
                 book.leave(promise, t, finished=False)
+                book.refused(t)
                 out.ended.append(Ended(arrival, "refused", refused_at=t, reason=refused.reason, message=refused.message))
             else:
                 book.submitted(promise, prediction, t)
                 live[core.add(promise.request_id, arrival.prompt_tokens, arrival.max_tokens, arrival.priority)] = (promise, arrival)
+        if not out.demand or t - out.demand[-1][0] >= 1.0:
+            out.demand.append((t, book.demand(t)))
         if step_end is None and core.busy:
             seconds, step_made = core.step()
             step_end = t + seconds * step_scale(t)
