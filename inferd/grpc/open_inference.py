@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
+from typing import Any
 
 import grpc
 from google.protobuf import json_format
@@ -118,6 +119,45 @@ class OpenInferenceService(pb_grpc.GRPCInferenceServiceServicer):
         context.set_trailing_metadata((("x-request-id", call.request_id),))
         return answer  # (abort raised otherwise)
 
+    # The protocol's calls inferd does not serve. The base servicer's stand-ins raise, which gRPC logs as
+    # an error with its traceback on every call (a client could fill the log with them): these end the
+    # call with UNIMPLEMENTED and log nothing.
+    async def ModelStreamInfer(self, request: Any, context: Context) -> None:
+        await _not_served(context, "ModelStreamInfer")
+
+    async def ModelStatistics(self, request: Any, context: Context) -> None:
+        await _not_served(context, "ModelStatistics")
+
+    async def RepositoryModelLoad(self, request: Any, context: Context) -> None:
+        await _not_served(context, "RepositoryModelLoad")
+
+    async def RepositoryModelUnload(self, request: Any, context: Context) -> None:
+        await _not_served(context, "RepositoryModelUnload")
+
+    async def SystemSharedMemoryStatus(self, request: Any, context: Context) -> None:
+        await _not_served(context, "SystemSharedMemoryStatus")
+
+    async def SystemSharedMemoryRegister(self, request: Any, context: Context) -> None:
+        await _not_served(context, "SystemSharedMemoryRegister")
+
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Context) -> None:
+        await _not_served(context, "SystemSharedMemoryUnregister")
+
+    async def CudaSharedMemoryStatus(self, request: Any, context: Context) -> None:
+        await _not_served(context, "CudaSharedMemoryStatus")
+
+    async def CudaSharedMemoryRegister(self, request: Any, context: Context) -> None:
+        await _not_served(context, "CudaSharedMemoryRegister")
+
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Context) -> None:
+        await _not_served(context, "CudaSharedMemoryUnregister")
+
+    async def TraceSetting(self, request: Any, context: Context) -> None:
+        await _not_served(context, "TraceSetting")
+
+    async def LogSettings(self, request: Any, context: Context) -> None:
+        await _not_served(context, "LogSettings")
+
     async def _infer(self, request: pb.ModelInferRequest, headers: CIMultiDictProxy[str], call: Call,
                      context: Context) -> pb.ModelInferResponse | InferdError:
         """The call's answer, or the error it ends with (recorded either way). The call's model is named
@@ -148,6 +188,10 @@ async def _abort(context: Context, error: InferdError, request_id: str) -> None:
     """End the call with the error's status (raises, as gRPC's abort does)."""
     code, trailing = status_of(error)
     await context.abort(code, error.message, ((("x-request-id", request_id),) if request_id else ()) + trailing)
+
+
+async def _not_served(context: Context, name: str) -> None:
+    await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name} is not served by inferd")
 
 
 def _headers(context: Context) -> CIMultiDictProxy[str]:
