@@ -4,6 +4,7 @@ the test suite (each runs for minutes).
     .venv/bin/python benchmarks/soak.py faults --duration 300 --rate 700
     .venv/bin/python benchmarks/soak.py memory --duration 600
     .venv/bin/python benchmarks/soak.py mixed --duration 600
+    .venv/bin/python benchmarks/soak.py floods
 
 `faults`: S1 load with random hangs and poison inputs, counting that every request is answered exactly
 once. Open-loop Poisson load at --rate for --duration seconds against inferd serving the faulty
@@ -30,6 +31,12 @@ for the simulated model, /v1/embeddings for MiniLM). Every answer is checked: th
 against its function, each MiniLM vector against the model called alone on that text (in this process,
 after the run). It passes with nothing lost or wrong, no worker death, every queue empty at the end,
 and RSS within +50 MB of its level after the first minute. Results go to benchmarks/results/soak_mixed.json.
+`floods`: the floods of issue 79, one after another against one server, and its memory after each:
+5,000 gRPC calls naming made-up models, 2,000 with a key no tenant has, 5,000 HTTP calls naming made-up
+models, pipelining clients that send ~100 KB requests and never read an answer, and a free-tier caller's
+eight concurrent 0.9 MB `/tokenize` calls for 10 s. The server's RSS (from /proc) and the size of its
+/metrics are read before each flood, at its peak and 10 s after it ends: each passes with RSS within
++50 MB of its level before, and /metrics no more than 10% larger. Results: benchmarks/results/soak_floods.json.
 """
 
 from __future__ import annotations
@@ -537,8 +544,191 @@ def mixed_main(argv: list[str]) -> None:
     sys.exit(0 if result["ok"] else 1)
 
 
+FLOODS_CONFIG = """
+[server]
+access_log = "off"
+grpc_port = {grpc_port}
+
+[auth]
+anonymous_tier = "free"
+
+[tiers.free]
+rate_per_s = 5
+burst = 5
+
+[[models]]
+name = "sim"
+backend = "inferd.backends.sim:create"
+max_batch_size = 64
+max_wait_ms = 5
+[models.options]
+latency_ms = 10
+max_batch_size = 64
+
+[[models]]
+name = "minilm"
+backend = "inferd.backends.transformer:create"
+max_batch_size = 8
+"""
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def metrics_bytes(url: str) -> int:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
+        return len(resp.read())
+
+
+def grpc_flood(address: str, calls: int, metadata: tuple, made_up: bool) -> Counter:
+    """`calls` ModelInfer calls from 4 threads (made-up model names, or the real one with `metadata`)."""
+    import concurrent.futures
+
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+    def some(offset: int) -> Counter:
+        seen: Counter = Counter()
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            for i in range(offset, calls, 4):
+                name = f"made-up-{i}" if made_up else "sim"
+                try:
+                    stub.ModelInfer(pb.ModelInferRequest(model_name=name), metadata=metadata, timeout=10)
+                    seen["OK"] += 1
+                except grpc.RpcError as error:
+                    seen[error.code().name] += 1
+        return seen
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        return sum(pool.map(some, range(4)), Counter())
+
+
+async def http_names_flood(url: str, calls: int) -> Counter:
+    seen: Counter = Counter()
+    async with aiohttp.ClientSession() as session:
+        async def some(offset: int) -> None:
+            for i in range(offset, calls, 16):
+                async with session.post(f"{url}/v1/inference", json={"model": f"made-up-{i}", "input": "x"}) as resp:
+                    seen[resp.status] += 1
+                    await resp.read()
+        await asyncio.gather(*(some(k) for k in range(16)))
+    return seen
+
+
+async def warm_answers(url: str, calls: int) -> Counter:
+    seen: Counter = Counter()
+    async with aiohttp.ClientSession() as session:
+        for i in range(calls):
+            for path, body in (("/v1/inference", {"model": "sim", "input": f"warm {i}"}),
+                               ("/tokenize", {"model": "minilm", "inputs": f"warm {i}"})):
+                async with session.post(f"{url}{path}", json=body) as resp:
+                    seen[resp.status] += 1
+                    await resp.read()
+    return seen
+
+
+async def pipelined_flood(url: str, seconds: float, connections: int = 4) -> Counter:
+    """Clients that write ~100 KB requests back to back on a keep-alive connection and never read."""
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"input": "p" * 100_000}).encode()
+    request = (f"POST /v1/inference HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    seen: Counter = Counter()
+
+    async def one() -> None:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        until = time.monotonic() + seconds
+        try:
+            while time.monotonic() < until:
+                writer.write(request)
+                try:
+                    await asyncio.wait_for(writer.drain(), timeout=max(0.01, until - time.monotonic()))
+                except (TimeoutError, ConnectionError):
+                    break
+                seen["sent"] += 1
+        finally:
+            writer.transport.abort()
+
+    await asyncio.gather(*(one() for _ in range(connections)))
+    return seen
+
+
+async def tokenize_flood(url: str, seconds: float) -> Counter:
+    seen: Counter = Counter()
+    text = "token " * 150_000  # ~0.9 MB
+    async with aiohttp.ClientSession() as session:
+        until = time.monotonic() + seconds
+
+        async def one() -> None:
+            while time.monotonic() < until:
+                async with session.post(f"{url}/tokenize", json={"model": "minilm", "inputs": text}) as resp:
+                    seen[resp.status] += 1
+                    await resp.read()
+        await asyncio.gather(*(one() for _ in range(8)))
+    return seen
+
+
+def floods_main(argv: list[str]) -> None:
+    """The floods of issue 79 and the server's memory after each (see the module's docstring)."""
+    from common import free_port, inferd_process
+
+    parser = argparse.ArgumentParser(prog="soak.py floods", description=floods_main.__doc__)
+    parser.add_argument("--settle", type=float, default=10.0, help="seconds after a flood before its RSS is read")
+    parser.add_argument("--out", default=str(RESULTS / "soak_floods.json"))
+    args = parser.parse_args(argv)
+    grpc_port = free_port()
+    floods = {
+        "grpc_made_up_models": lambda url: grpc_flood(f"127.0.0.1:{grpc_port}", 5000, (), True),
+        "grpc_unknown_key": lambda url: grpc_flood(f"127.0.0.1:{grpc_port}", 2000, (("authorization", "Bearer no-such-key"),), False),
+        "http_made_up_models": lambda url: asyncio.run(http_names_flood(url, 5000)),
+        "pipelined_never_read": lambda url: asyncio.run(pipelined_flood(url, 8.0)),
+        "tokenize_free_tier": lambda url: asyncio.run(tokenize_flood(url, 10.0)),
+    }
+    rows = []
+    with inferd_process(FLOODS_CONFIG.format(grpc_port=grpc_port)) as (url, pid):
+        # (warm: the first answers' own allocations and series are no flood's: made-up names, real
+        # answers, and the free tier's first refusals past its rate)
+        asyncio.run(http_names_flood(url, 64))
+        asyncio.run(warm_answers(url, 40))
+        time.sleep(args.settle)
+        for name, flood in floods.items():
+            before, before_metrics = rss_mb(pid), metrics_bytes(url)
+            peak = [before]
+            stop = [False]
+
+            def sample() -> None:
+                while not stop[0]:
+                    peak.append(rss_mb(pid))
+                    time.sleep(0.25)
+
+            import threading
+
+            sampler = threading.Thread(target=sample)
+            sampler.start()
+            started = time.monotonic()
+            answers = flood(url)
+            took = time.monotonic() - started
+            time.sleep(args.settle)
+            stop[0] = True
+            sampler.join()
+            after, after_metrics = rss_mb(pid), metrics_bytes(url)
+            row = {"flood": name, "seconds": round(took, 1), "answers": {str(k): v for k, v in answers.items()},
+                   "rss_before_mb": round(before, 1), "rss_peak_mb": round(max(peak), 1), "rss_after_mb": round(after, 1),
+                   "metrics_bytes_before": before_metrics, "metrics_bytes_after": after_metrics,
+                   "passed": after - before <= 50 and after_metrics <= 1.1 * before_metrics}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    result = {"floods": rows, "passed": all(r["passed"] for r in rows)}
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"floods: {'passed' if result['passed'] else 'FAILED'}; {args.out}")
+
+
 if __name__ == "__main__":
-    modes = {"faults": faults_main, "memory": memory_main, "mixed": mixed_main}
+    modes = {"faults": faults_main, "memory": memory_main, "mixed": mixed_main, "floods": floods_main}
     if len(sys.argv) < 2 or sys.argv[1] not in modes:
-        sys.exit(f"usage: soak.py {{faults|memory|mixed}} [options] (--help after the mode for its options)\n\n{__doc__}")
+        sys.exit(f"usage: soak.py {{faults|memory|mixed|floods}} [options] (--help after the mode for its options)\n\n{__doc__}")
     modes[sys.argv[1]](sys.argv[2:])
