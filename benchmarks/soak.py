@@ -481,8 +481,10 @@ class Mixed:
         elif status == 500 or status == 504:
             self.wrong.append(f"{model} {kind}: {status} {body.get('error')} {body.get('message')}")
         else:
-            self.tally[f"{model} {kind} {status} {body.get('reason') or body.get('error')}"] += 1
-            self.refusals.setdefault(f"{status} {body.get('error')}", body.get("message"))
+            error = body.get("error")
+            code, message = (error.get("code"), error.get("message")) if isinstance(error, dict) else (error, body.get("message"))
+            self.tally[f"{model} {kind} {status} {body.get('reason') or code}"] += 1
+            self.refusals.setdefault(f"{status} {code}", message)
 
     async def sample(self, session: aiohttp.ClientSession, started: float, until: float) -> None:
         while time.monotonic() < until:
@@ -503,7 +505,9 @@ class Mixed:
                 models = {m["id"]: m for m in (await resp.json())["data"]}
         return {name: {"worker_deaths": m["worker_deaths"], "workers_replaced": m["workers_replaced"],
                        "queue_depth": m["stats"]["queue_depth"], "batches": m["stats"]["batches"],
-                       "mean_batch_size": m["stats"]["mean_batch_size"]} for name, m in models.items()}
+                       "mean_batch_size": m["stats"]["mean_batch_size"]} if m.get("kind") != "generation" else
+                {"worker_deaths": 0, "queue_depth": m["stats"]["waiting"] + m["stats"]["running"],
+                 "output_tokens": m["stats"]["output_tokens"]} for name, m in models.items()}
 
 
 def mixed_main(argv: list[str]) -> None:
@@ -512,12 +516,26 @@ def mixed_main(argv: list[str]) -> None:
     parser.add_argument("--duration", type=float, default=600)
     parser.add_argument("--singles", type=int, default=8, help="closed-loop single-request clients per model")
     parser.add_argument("--callers", type=int, default=3, help="closed-loop multi-input call clients per model")
-    parser.add_argument("--out", default=str(RESULTS / "soak_mixed.json"))
+    parser.add_argument("--every-kind", action="store_true",
+                        help="a reranker, a classifier, an image embedder and a generation engine beside them")
+    parser.add_argument("--out", default=None, help="default: results/soak_mixed.json (soak_every_kind.json)")
     args = parser.parse_args(argv)
+    out = args.out or str(RESULTS / ("soak_every_kind.json" if args.every_kind else "soak_mixed.json"))
     config = MIXED_CONFIG.format(paid_sha256=hashlib.sha256(PAID_KEY.encode()).hexdigest())
+    paths: dict[str, str] = {}
+    if args.every_kind:
+        import tempfile
+
+        from inferd.backends.small_models import build_classifier, build_cross_encoder, build_tiny_vit
+
+        folder = Path(tempfile.mkdtemp(prefix="soak-models-"))
+        paths = {"rr": str(build_cross_encoder(folder / "rr")), "clf": str(build_classifier(folder / "clf")),
+                 "vit": str(build_tiny_vit(folder / "vit"))}
+        config += EVERY_KIND_MODELS.format(**paths)
     with inferd_server(config) as url:
-        soak = Mixed(url, args.duration)
+        soak = EveryKind(url, args.duration, paths) if args.every_kind else Mixed(url, args.duration)
         models = asyncio.run(soak.run(args.singles, args.callers))
+    kinds_checked = soak.check_against_the_models() if isinstance(soak, EveryKind) else 0
     from inferd.backends.transformer import TextModel  # (the reference: the model called alone, one text at a time)
 
     reference = TextModel("cpu", {"max_tokens": 64, "bucket_edges": [16, 32, 64]})
@@ -530,18 +548,181 @@ def mixed_main(argv: list[str]) -> None:
     rss = [s["rss"] for s in soak.samples if s["t"] >= 60] or [s["rss"] for s in soak.samples[-1:]]
     growth_mb = (max(rss) - rss[0]) / 1e6 if rss else None
     result = {
-        "command": f".venv/bin/python benchmarks/soak.py mixed --duration {args.duration:g}",
+        "command": f".venv/bin/python benchmarks/soak.py mixed --duration {args.duration:g}" + (" --every-kind" if args.every_kind else ""),
         "statuses": dict(soak.tally), "refusals": soak.refusals, "wrong": len(soak.wrong), "wrong_examples": soak.wrong[:10],
         "lost": sum(v for k, v in soak.tally.items() if k.startswith("no_answer")),
         "minilm_texts": len(texts), "minilm_checked_against_the_model_alone": len(checked), "models": models,
+        "rerank_and_classifier_checked_against_the_model_alone": kinds_checked,
         "rss_growth_after_the_first_minute_mb": round(growth_mb, 1) if growth_mb is not None else None,
         "samples": soak.samples,
     }
     result["ok"] = (result["lost"] == 0 and result["wrong"] == 0 and growth_mb is not None and growth_mb <= 50
                     and all(m["worker_deaths"] == 0 and m["queue_depth"] == 0 for m in models.values()))
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=2))
     sys.exit(0 if result["ok"] else 1)
+
+
+EVERY_KIND_MODELS = """
+[[models]]
+name = "rr"
+backend = "inferd.backends.transformer:create"
+max_batch_size = 16
+max_wait_ms = 5
+timeout_ms = 20000
+[models.options]
+model_path = "{rr}"
+task = "rerank"
+max_tokens = 64
+bucket_edges = [32, 64]
+
+[[models]]
+name = "clf"
+backend = "inferd.backends.transformer:create"
+max_batch_size = 16
+max_wait_ms = 5
+timeout_ms = 20000
+cache_bytes = 1048576
+[models.options]
+model_path = "{clf}"
+task = "classification"
+max_tokens = 64
+bucket_edges = [32, 64]
+
+[[models]]
+name = "vit"
+backend = "inferd.backends.vision:create"
+max_batch_size = 16
+max_wait_ms = 5
+timeout_ms = 20000
+[models.options]
+model_path = "{vit}"
+
+[[models]]
+name = "gen"
+kind = "generation"
+backend = "inferd.backends.echo_engine"
+timeout_ms = 20000
+ttft_slo_ms = 5000
+[models.options]
+step_ms = 2
+max_running = 8
+max_tokens = 8
+"""
+
+
+class EveryKind(Mixed):
+    """The mixed soak with a model of every kind beside the simulated model and MiniLM: a reranker, a
+    classifier, an image embedder and a generation engine, each under closed-loop clients of its own
+    route (every 5th input one of 50, as for the others). Checks: the generation engine's text is a
+    function of its prompt (checked exactly); the reranker's and the classifier's answers against the
+    model called alone through transformers after the run (a sample), the image vectors' size, and every
+    repeated input's answer the same as its first."""
+
+    def __init__(self, url: str, duration_s: float, paths: dict[str, str]) -> None:
+        super().__init__(url, duration_s)
+        self.paths = paths
+        self.seen: dict[tuple[str, str], object] = {}  # (model, input) -> its first answer
+
+    def same_as_first(self, model: str, key: str, answer: object, close: float = 1e-4) -> None:
+        first = self.seen.setdefault((model, key), answer)
+        if first is answer:
+            return
+        a, b = (first if isinstance(first, list) else [first]), (answer if isinstance(answer, list) else [answer])
+        if len(a) != len(b) or any(abs(x - y) > close for x, y in zip(a, b, strict=True)):
+            self.wrong.append(f"{model} {key!r}: two answers differ")
+
+    async def kind_client(self, session: aiohttp.ClientSession, model: str, who: str, until: float) -> None:
+        import base64
+        import io
+
+        from PIL import Image
+
+        from inferd.backends.echo_engine import EchoText, Sampling
+
+        i = 0
+        while time.monotonic() < until:
+            i += 1
+            text = self.text(model, who, i)
+            if model == "rr":
+                documents = [f"{text} document {k}" for k in range(1 + i % 3)]
+                body, path = {"model": "rr", "query": text, "documents": documents}, "/v1/rerank"
+
+                def check(answer: dict, text: str = text, documents: list[str] = documents) -> None:
+                    scores = {r["index"]: r["relevance_score"] for r in answer["results"]}
+                    if sorted(scores) != list(range(len(documents))):
+                        self.wrong.append(f"rr {text!r}: not one score per document")
+                    for k, document in enumerate(documents):
+                        self.same_as_first("rr", f"{text}\0{document}", scores[k])
+            elif model == "clf":
+                body, path = {"model": "clf", "input": text}, "/v1/classify"
+
+                def check(answer: dict, text: str = text) -> None:
+                    self.same_as_first("clf", text, answer["data"][0]["probs"])
+            elif model == "vit":
+                shade = (i % 5 == 0) and (i % 50) or i  # (every 5th image one of 50, as the texts)
+                image = Image.new("RGB", (32, 32), ((shade * 37) % 256, (shade * 11) % 256, (shade // 7) % 256))
+                buffer = io.BytesIO()
+                image.save(buffer, "PNG")
+                key = f"image {shade}"
+                body = {"model": "vit", "input": {"image": base64.b64encode(buffer.getvalue()).decode()}}
+                path = "/v1/inference"
+
+                def check(answer: dict, key: str = key) -> None:
+                    if not isinstance(answer["output"], list) or len(answer["output"]) != 32:
+                        self.wrong.append(f"vit {key}: not a 32-float vector")
+                    else:
+                        self.same_as_first("vit", key, answer["output"])
+            else:
+                body, path = {"model": "gen", "prompt": text, "max_tokens": 8}, "/v1/completions"
+
+                def check(answer: dict, text: str = text) -> None:
+                    echo = EchoText([ord(c) for c in text], Sampling(1, 8, (), None, 0), False)
+                    want = ""
+                    while not echo.ended:
+                        want += "".join(d.text for d in echo.step())
+                    if answer["choices"][0]["text"] != want:
+                        self.wrong.append(f"gen {text!r}: not its prompt's echo")
+            give_up_s = 0.01 if self.rng.random() < 0.02 else None
+            answer = await self.post(session, path, body, PAID if i % 3 == 0 else None, give_up_s)
+            if answer is not None:
+                self.count(model, "single", answer, check)
+                if answer[0] in (429, 503):
+                    await asyncio.sleep(min(1.0, answer[1].get("retry_after_ms", 100) / 1000))
+
+    async def run(self, singles: int, callers: int) -> dict:
+        until = time.monotonic() + self.duration_s
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=200)) as session:
+            extra = asyncio.gather(*(self.kind_client(session, m, f"k{m}{i}", until)
+                                     for m in ("rr", "clf", "vit", "gen") for i in range(max(1, singles // 2))))
+            models, _ = await asyncio.gather(super().run(singles, callers), extra)
+        return models
+
+    def check_against_the_models(self, sample: int = 300) -> int:
+        """The reranker's scores and the classifier's probabilities against transformers called alone."""
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        checked = 0
+        for model, path in (("rr", self.paths["rr"]), ("clf", self.paths["clf"])):
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            net = AutoModelForSequenceClassification.from_pretrained(path).eval()
+            keys = [k for (m, k) in self.seen if m == model]
+            for key in self.rng.sample(keys, min(sample, len(keys))):
+                with torch.no_grad():
+                    if model == "rr":
+                        query, document = key.split("\0")
+                        encoded = tokenizer(query, document, truncation=True, max_length=64, return_tensors="pt")
+                        want: list[float] = [float(torch.sigmoid(net(**encoded).logits[0, 0]))]
+                    else:
+                        encoded = tokenizer(key, truncation=True, max_length=64, return_tensors="pt")
+                        want = [float(p) for p in torch.softmax(net(**encoded).logits[0], dim=-1)]
+                got = self.seen[(model, key)]
+                got = got if isinstance(got, list) else [got]
+                if any(abs(a - b) > 1e-4 for a, b in zip(want, got, strict=True)):  # type: ignore[arg-type]
+                    self.wrong.append(f"{model} {key!r}: not the model's answer for it")
+                checked += 1
+        return checked
 
 
 FLOODS_CONFIG = """

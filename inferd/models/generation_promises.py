@@ -15,7 +15,8 @@ withdrawn). And since the engine does not preempt for priority (vLLM preempts fo
 place a lower tier holds is not given back in time to a higher tier's request: so places are kept for
 the tiers above one that were promised a TTFT in the last minute, as many as they hold on average
 (their arrival rate times the seconds a request holds its place), with room for their bursts, and a
-lower tier's requests may hold only the rest.
+lower tier's requests may hold only the rest, unless places turn over faster than that tier's objective
+(every running request ends within it) and as many would come in time anyway.
 
 The error of every TTFT and TPOT prediction is kept (`PredictionErrors`, as for batch models), and
 the margin a refusal adds is calibrated from it: one slow step widens it for seconds, not for good.
@@ -223,6 +224,31 @@ class EngineBook:
         held = sum(rates) * self.costs.service_s
         return math.ceil(held + 2 * math.sqrt(held)) + 1  # (arrivals come as a Poisson stream's: its bursts too)
 
+    def higher_ttft_s(self, priority: int, now: float) -> float:
+        """The tightest TTFT objective of the tiers above `priority` seen in the last `KEPT_PLACE_MEMORY_S`."""
+        return min((ttft for q, (ttft, at) in self.promised_ttft.items() if q < priority and now - at <= KEPT_PLACE_MEMORY_S),
+                   default=0.0)
+
+    def ending_within(self, seconds: float) -> int:
+        """Running requests expected to make their last token within `seconds`."""
+        if seconds <= 0:
+            return 0
+        step = self.costs.step_s(len(self.running))
+        return sum(max(1.0, p.expected_output - p.made) * step <= seconds for p in self.running.values())
+
+    def in_time_for_higher(self, promise: Promise, now: float, step_s: float) -> int:
+        """Places a higher tier's requests would find within their objective even with `promise`
+        admitted, where every running request ends within it (places turn over faster than that
+        objective): those free now and those the running free, less what the lower tiers' waiting
+        requests (and `promise`) take first. 0 otherwise: a request that ends later holds its place
+        past the objective, and the kept places are what the higher tier can count on."""
+        window = self.higher_ttft_s(promise.priority, now) - 2 * step_s
+        if self.ending_within(window) < len(self.running):
+            return 0
+        lower_waiting = sum(len(w) for q, w in self._waiting.items() if q >= promise.priority)  # (`promise` among them)
+        free = max(0, self.places - len(self.running) - self.waiting)
+        return free + len(self.running) - lower_waiting
+
     def held_from(self, priority: int, leave_out: Promise | None = None) -> int:
         """Requests of `priority` and below (lower tiers) in the book: running or waiting for a place."""
         running = sum(p.priority >= priority for p in self.running.values())
@@ -266,7 +292,8 @@ def refusal(book: EngineBook, promise: Promise, prediction: Prediction, now: flo
             return _refused("time to first token", prediction.ttft_s, prediction.ttft_margin_s, budget, ttft_s,
                             "ttft_objective", wait_s=predicted - budget)
     kept = book.kept_places(promise.priority, now)
-    if kept and book.places and book.held_from(promise.priority, promise) + 1 > book.places - kept:
+    if kept and book.places and book.held_from(promise.priority, promise) + 1 > book.places - kept \
+            and book.in_time_for_higher(promise, now, prediction.tpot_s) < kept:
         # (the engine preempts for KV cache only, as vLLM's does: a place a lower tier holds is not
         # given back to a higher tier's request before that request's objective has passed)
         return ServiceOverloaded(

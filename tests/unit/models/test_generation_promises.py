@@ -148,3 +148,15 @@ def test_the_generation_autoscaler_asks_for_the_replicas_the_offered_load_needs(
             assert asked == 1
         else:
             assert load / asked <= 0.85 and asked <= math.ceil(load / 0.8) + 1, (load, demand, asked)
+
+
+def test_no_place_is_kept_where_places_turn_over_faster_than_the_higher_tiers_objective():
+    """A small engine (8 places) of short requests (8 tokens of 2 ms steps: ~440 a second at most) at
+    about half of that, a higher tier with a 5 s objective beside a lower one: every running request
+    ends long before a higher request would miss, so the lower tier is not refused for its sake."""
+    profile = Profile(max_running=8, step_ms=2.0, step_ms_per_sequence=0.0)
+    slow = Objectives(ttft_s=5.0, tpot_s=0.1)
+    arrivals = (poisson(180.0, 10.0, seed=11, priority=0, max_tokens=8, objectives=slow)
+                + poisson(40.0, 10.0, seed=12, priority=-1, max_tokens=8, objectives=slow))
+    result = run(arrivals, profile)
+    assert not result.of("refused") and not result.of("withdrawn")
