@@ -34,7 +34,8 @@ from ..observability.histogram import Histogram
 from ..observability.snapshots import GenerationSnapshot
 from .adapters import Adapter, Adapters
 from .engine_costs import EngineCosts
-from .generation_promises import NO_OBJECTIVES, EngineBook, Objectives, Promise, refusal
+from .generation_promises import NO_OBJECTIVES, EngineBook, Objectives, Promise
+from .generation_refusals import refusal
 from .memory import check_fits
 
 log = logging.getLogger("inferd.generation")

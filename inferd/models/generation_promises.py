@@ -16,7 +16,7 @@ place a lower tier holds is not given back in time to a higher tier's request: s
 the tiers above one that were promised a TTFT in the last minute, as many as they hold on average
 (their arrival rate times the seconds a request holds its place), with room for their bursts, and a
 lower tier's requests may hold only the rest, unless places turn over faster than that tier's objective
-(every running request ends within it) and as many would come in time anyway.
+(every running request, and the newcomer, ends within it).
 
 The error of every TTFT and TPOT prediction is kept (`PredictionErrors`, as for batch models), and
 the margin a refusal adds is calibrated from it: one slow step widens it for seconds, not for good.
@@ -31,7 +31,6 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from ..errors import ServiceOverloaded, retry_after_ms
 from ..scheduling.prediction_errors import PredictionErrors
 from .engine_costs import EngineCosts
 
@@ -236,18 +235,11 @@ class EngineBook:
         step = self.costs.step_s(len(self.running))
         return sum(max(1.0, p.expected_output - p.made) * step <= seconds for p in self.running.values())
 
-    def in_time_for_higher(self, promise: Promise, now: float, step_s: float) -> int:
-        """Places a higher tier's requests would find within their objective even with `promise`
-        admitted, where every running request ends within it (places turn over faster than that
-        objective): those free now and those the running free, less what the lower tiers' waiting
-        requests (and `promise`) take first. 0 otherwise: a request that ends later holds its place
-        past the objective, and the kept places are what the higher tier can count on."""
+    def turns_over_in_time(self, promise: Promise, now: float, step_s: float) -> bool:
+        """Whether every running request, and `promise` too, ends within the higher tiers' objective:
+        places then come in time for their requests anyway, and none needs keeping."""
         window = self.higher_ttft_s(promise.priority, now) - 2 * step_s
-        if self.ending_within(window) < len(self.running):
-            return 0
-        lower_waiting = sum(len(w) for q, w in self._waiting.items() if q >= promise.priority)  # (`promise` among them)
-        free = max(0, self.places - len(self.running) - self.waiting)
-        return free + len(self.running) - lower_waiting
+        return promise.expected_output * step_s <= window and self.ending_within(window) >= len(self.running)
 
     def held_from(self, priority: int, leave_out: Promise | None = None) -> int:
         """Requests of `priority` and below (lower tiers) in the book: running or waiting for a place."""
@@ -279,41 +271,3 @@ class EngineBook:
         """Whether the engine already runs (or will, with those waiting) all it runs at once: a
         newcomer then waits for a place and slows no one's steps."""
         return 0 < self.places <= len(self.running) + self.waiting - 1
-
-
-def refusal(book: EngineBook, promise: Promise, prediction: Prediction, now: float) -> ServiceOverloaded | None:
-    """Why `promise` must be refused now (its own TTFT or TPOT objective, or the TPOT of the requests
-    already admitted), with the figures compared; None when it is predicted to meet them all."""
-    ttft_s, tpot_s = promise.objectives.ttft_s, promise.objectives.tpot_s
-    if ttft_s is not None:
-        budget = ttft_s - (now - promise.arrived_at)
-        predicted = prediction.ttft_s + prediction.ttft_margin_s
-        if predicted > budget:
-            return _refused("time to first token", prediction.ttft_s, prediction.ttft_margin_s, budget, ttft_s,
-                            "ttft_objective", wait_s=predicted - budget)
-    kept = book.kept_places(promise.priority, now)
-    if kept and book.places and book.held_from(promise.priority, promise) + 1 > book.places - kept \
-            and book.in_time_for_higher(promise, now, prediction.tpot_s) < kept:
-        # (the engine preempts for KV cache only, as vLLM's does: a place a lower tier holds is not
-        # given back to a higher tier's request before that request's objective has passed)
-        return ServiceOverloaded(
-            f"{kept} of the engine's {book.places} places are kept for higher tiers' time-to-first-token objectives, "
-            f"and this tier's requests hold the rest", retry_after_ms=retry_after_ms(book.costs.service_s / max(1, kept)),
-            reason="kept_for_higher_tier")
-    others = None if book.crowded() else book.tightest_tpot_s()
-    tightest = min((t for t in (tpot_s, others) if t is not None), default=None)
-    if tightest is not None and prediction.tpot_s + prediction.tpot_margin_s > tightest:
-        whose = "this request's" if tightest == tpot_s else "the admitted requests'"
-        return _refused("time per output token", prediction.tpot_s, prediction.tpot_margin_s, tightest, tightest,
-                        "tpot_objective", whose=whose, wait_s=prediction.tpot_s * promise.expected_output)
-    return None
-
-
-def _refused(what: str, predicted: float, margin: float, budget: float, objective: float, reason: str, *,
-             wait_s: float, whose: str = "this request's") -> ServiceOverloaded:
-    refused = ServiceOverloaded(
-        f"predicted {what} {predicted * 1000:.0f} ms plus a {margin * 1000:.0f} ms margin exceeds {whose} "
-        f"{objective * 1000:.0f} ms objective ({budget * 1000:.0f} ms of it left)",
-        retry_after_ms=retry_after_ms(max(wait_s, 0.001)), reason=reason)
-    refused.server_timing = f"predicted;dur={predicted * 1000:.3f}, margin;dur={margin * 1000:.3f}, budget;dur={budget * 1000:.3f}"
-    return refused

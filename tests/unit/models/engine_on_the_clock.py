@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from inferd.backends.sim_engine import EngineCore, Profile, Sequence
 from inferd.models.engine_costs import EngineCosts
-from inferd.models.generation_promises import EngineBook, Objectives, Promise, refusal
+from inferd.models.generation_promises import EngineBook, Objectives, Promise
+from inferd.models.generation_refusals import refusal
 
 
 @dataclass

@@ -7,7 +7,8 @@ import pytest
 
 from inferd.backends.sim_engine import Profile
 from inferd.models.engine_costs import EngineCosts
-from inferd.models.generation_promises import EngineBook, Objectives, refusal
+from inferd.models.generation_promises import EngineBook, Objectives
+from inferd.models.generation_refusals import refusal
 from tests.unit.models.engine_on_the_clock import Arrival, capacity, poisson, run
 
 
