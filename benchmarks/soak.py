@@ -31,6 +31,7 @@ for the simulated model, /v1/embeddings for MiniLM). Every answer is checked: th
 against its function, each MiniLM vector against the model called alone on that text (in this process,
 after the run). It passes with nothing lost or wrong, no worker death, every queue empty at the end,
 and RSS within +50 MB of its level after the first minute. Results go to benchmarks/results/soak_mixed.json.
+With `--every-kind`, a model of every kind beside them (`EveryKind`): results/soak_every_kind.json.
 `floods`: the floods of issue 79, one after another against one server, and its memory after each:
 5,000 gRPC calls naming made-up models, 2,000 with a key no tenant has, 5,000 HTTP calls naming made-up
 models, pipelining clients that send ~100 KB requests and never read an answer, and a free-tier caller's
@@ -350,6 +351,7 @@ PAID_KEY = "soak-paid-key"
 MIXED_CONFIG = """
 [server]
 access_log = "off"
+keep_freed_memory_mb = {keep_freed_mb}
 
 [auth]
 anonymous_tier = "free"
@@ -518,10 +520,12 @@ def mixed_main(argv: list[str]) -> None:
     parser.add_argument("--callers", type=int, default=3, help="closed-loop multi-input call clients per model")
     parser.add_argument("--every-kind", action="store_true",
                         help="a reranker, a classifier, an image embedder and a generation engine beside them")
+    parser.add_argument("--keep-freed-mb", type=int, default=512,
+                        help="the server's keep_freed_memory_mb (its default 512: freed memory malloc keeps for reuse)")
     parser.add_argument("--out", default=None, help="default: results/soak_mixed.json (soak_every_kind.json)")
     args = parser.parse_args(argv)
     out = args.out or str(RESULTS / ("soak_every_kind.json" if args.every_kind else "soak_mixed.json"))
-    config = MIXED_CONFIG.format(paid_sha256=hashlib.sha256(PAID_KEY.encode()).hexdigest())
+    config = MIXED_CONFIG.format(paid_sha256=hashlib.sha256(PAID_KEY.encode()).hexdigest(), keep_freed_mb=args.keep_freed_mb)
     paths: dict[str, str] = {}
     if args.every_kind:
         import tempfile
@@ -548,7 +552,8 @@ def mixed_main(argv: list[str]) -> None:
     rss = [s["rss"] for s in soak.samples if s["t"] >= 60] or [s["rss"] for s in soak.samples[-1:]]
     growth_mb = (max(rss) - rss[0]) / 1e6 if rss else None
     result = {
-        "command": f".venv/bin/python benchmarks/soak.py mixed --duration {args.duration:g}" + (" --every-kind" if args.every_kind else ""),
+        "command": f".venv/bin/python benchmarks/soak.py mixed --duration {args.duration:g}" + (" --every-kind" if args.every_kind else "")
+                   + (f" --keep-freed-mb {args.keep_freed_mb}" if args.keep_freed_mb != 512 else ""),
         "statuses": dict(soak.tally), "refusals": soak.refusals, "wrong": len(soak.wrong), "wrong_examples": soak.wrong[:10],
         "lost": sum(v for k, v in soak.tally.items() if k.startswith("no_answer")),
         "minilm_texts": len(texts), "minilm_checked_against_the_model_alone": len(checked), "models": models,
