@@ -166,7 +166,8 @@ class GenerationModel:
         """Refuse `promise` (taking it out of the book) when it is predicted to miss an objective."""
         if promise.objectives.ttft_s is None and promise.objectives.tpot_s is None and not self.book.promised_ttft:
             return  # (nothing promised to anyone: the static bounds alone)
-        prediction = self.book.predict(promise.priority, promise.prompt_tokens, promise.max_tokens, now, promise)
+        prediction = promise.prediction = self.book.predict(promise.priority, promise.prompt_tokens, promise.max_tokens,
+                                                            now, promise)
         refused = refusal(self.book, promise, prediction, now)
         if refused is not None:
             self.book.leave(promise, now, finished=False)
@@ -288,7 +289,10 @@ class GenerationModel:
         assert self.engine is not None
         book = self.book
         started = time.monotonic()
-        book.submitted(promise, book.predict(promise.priority, len(prompt_ids), promise.max_tokens, started, promise), started)
+        # (the prediction made once its tokens were known, with no await since; else one made now)
+        prediction = promise.prediction if promise.prediction is not None else \
+            book.predict(promise.priority, len(prompt_ids), promise.max_tokens, started, promise)
+        book.submitted(promise, prediction, started)
         self._waiting_tokens += len(prompt_ids)
         self.metrics.prompt_tokens += len(prompt_ids)
         first_at = 0.0

@@ -72,6 +72,7 @@ class Promise:
     expected_output: float
     objectives: Objectives
     tokenised: bool = False
+    prediction: Prediction | None = None  # the last made for it, with its own tokens (reused at its hand-off)
     submitted_at: float = 0.0  # handed to the engine (0: not yet)
     predicted_ttft_s: float = 0.0  # from its hand-off, as predicted then
     predicted_tpot_s: float = 0.0
@@ -114,6 +115,7 @@ class EngineBook:
 
     def tokenised(self, promise: Promise, prompt_tokens: int, max_tokens: int) -> None:
         promise.prompt_tokens, promise.max_tokens, promise.tokenised = prompt_tokens, max_tokens, True
+        promise.prediction = None  # (made from its judged length: not its own)
         promise.expected_output = self.costs.expected_output(max_tokens)
 
     def submitted(self, promise: Promise, prediction: Prediction, now: float) -> None:
@@ -176,9 +178,6 @@ class EngineBook:
     @property
     def waiting(self) -> int:
         return sum(len(w) for w in self._waiting.values())
-
-    def waiting_prompt_tokens(self) -> int:
-        return sum(p.prompt_tokens for w in self._waiting.values() for p in w.values())
 
     # ---- prediction ------------------------------------------------------------------------------
 
