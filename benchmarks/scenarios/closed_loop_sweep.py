@@ -4,14 +4,38 @@ batch a cycle, N / (batch time + ~2 ms of turnaround), at most max_batch_size / 
 checkout, on `--baseline-tree` where given, and on Mosec 0.9.8 with the same function and linger (wrk),
 all in the same run. Every request's body is distinct (`{i}`).
 
+Beside them, one batch per cycle on the floor of the front end, with each client
+(`benchmarks/floor/one_batch_per_cycle.py`: a bare aiohttp + uvloop + orjson server told N, that
+gathers exactly N requests a batch): what this host and this client allow at most, since the ~2 ms
+turnaround is wrk's alone and a loaded Python client takes 10-25 ms to trade 50-100 answers for the
+next requests. inferd's share of it is the batching rule's own loss.
+
     .venv/bin/python benchmarks/scenarios/closed_loop_sweep.py --batch-ms 100 [--baseline-tree DIR]
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from common import RESULTS, inferd_server, mosec_server, own_option, parse_args, save_table, sim_config, step
+from common import (
+    REPO,
+    RESULTS,
+    free_port,
+    inferd_server,
+    mosec_server,
+    own_option,
+    parse_args,
+    save_table,
+    sim_config,
+    step,
+)
 
 CLIENTS = (1, 2, 5, 10, 20, 50, 100, 200, 400, 1000)
 BODY = b'{"input": "E equals {i}"}'
@@ -40,6 +64,41 @@ def sweep(url: str, engines: tuple[str, ...], quick: bool, duration_s: float, st
     return found
 
 
+@contextmanager
+def floor_server(clients: int, batch_ms: float) -> Iterator[str]:
+    """The one-batch-per-cycle floor told `clients`, on a free port; yields its base URL."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "floor" / "one_batch_per_cycle.py"), "--port",
+                             str(port), "--clients", str(clients), "--batch-ms", str(batch_ms)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        give_up = time.monotonic() + 30
+        while time.monotonic() < give_up:
+            try:
+                urllib.request.urlopen(f"{url}/", timeout=1)
+            except urllib.error.HTTPError:
+                break  # (it answers: 404 for /)
+            except OSError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def floor_sweep(batch_ms: float, quick: bool, duration_s: float) -> dict:
+    found = {}
+    for clients in CLIENTS:
+        with floor_server(clients, batch_ms) as url:
+            for engine in ("wrk", "python"):
+                result = step(url, clients=clients, duration_s=duration_s, quick=quick, engine=engine, body=BODY,
+                              timeout_s=60, stats_path=None, warmup_s=1.5)
+                found[f"{clients} {engine}"] = row(result)
+                print(clients, engine, "floor", found[f"{clients} {engine}"], file=sys.stderr, flush=True)
+    return found
+
+
 if __name__ == "__main__":
     batch_ms = float(own_option("--batch-ms") or 100)
     args = parse_args(__doc__, baseline=True)
@@ -50,12 +109,13 @@ if __name__ == "__main__":
     if args.baseline_tree:
         with inferd_server(sim_config(latency_ms=batch_ms), tree=args.baseline_tree) as url:
             results["baseline"] = sweep(url, ("wrk", "python"), args.quick, duration)
+    results["floor"] = floor_sweep(batch_ms, args.quick, duration)
     with mosec_server(args.quick, batch_ms) as mosec:
         if mosec is not None:
             results["mosec"] = sweep(mosec[0], ("wrk",), args.quick, duration, stats=False)
     batch_s = batch_ms / 1000
-    names = [n for n in ("inferd", "baseline", "mosec") if n in results]
-    head = ["clients", "ideal req/s"] + [f"{n} {e}: req/s (of ideal), p50 / p90 ms, batch" for n in names
+    names = [n for n in ("inferd", "baseline", "floor", "mosec") if n in results]
+    head = ["clients", "ideal req/s"] + [f"{n} {e}: req/s (of ideal; of the floor), p50 / p90 ms, batch" for n in names
                                          for e in (("wrk", "python") if n != "mosec" else ("wrk",))]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rows = []
@@ -64,9 +124,13 @@ if __name__ == "__main__":
         for n in names:
             for e in (("wrk", "python") if n != "mosec" else ("wrk",)):
                 r = results[n][f"{clients} {e}"]
+                floor = results["floor"][f"{clients} {e}"]["rps"]
                 batch = f", {r['batch']:.1f}" if r.get("batch") else ""
-                cells.append(f"{r['rps']:.1f} ({r['rps'] / ideal(clients, batch_s):.2f}), {r['p50']:.0f} / {r['p90']:.0f}{batch}")
-                rows.append({"clients": clients, "server": n, "engine": e, **r, "ideal": ideal(clients, batch_s)})
+                cells.append(f"{r['rps']:.1f} ({r['rps'] / ideal(clients, batch_s):.2f}; {r['rps'] / floor:.2f}), "
+                             f"{r['p50']:.0f} / {r['p90']:.0f}{batch}")
+                rows.append({"clients": clients, "server": n, "engine": e, **r, "ideal": ideal(clients, batch_s),
+                             "floor_rps": floor})
         lines.append("| " + " | ".join(cells) + " |")
-    title = f"Closed loop at every concurrency, {batch_ms:g} ms a batch of up to 100, linger 20 ms"
+    title = (f"Closed loop at every concurrency, {batch_ms:g} ms a batch of up to 100, linger 20 ms (of ideal: of "
+             f"N / (batch + 2 ms); of the floor: of one batch per cycle on a bare aiohttp server, the same client)")
     save_table(f"closed_loop_sweep_{batch_ms:g}ms", title, rows, lines, args.out_dir or RESULTS)

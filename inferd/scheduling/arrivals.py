@@ -15,7 +15,11 @@ answered (each request names its connection: `messages.Client`): their batch lea
 last of them sent again, or as many requests came as it answered (a client's pool may send on any of
 its connections), and at the latest when the first of them to come has lingered its linger (or a
 batch's time passed without any): one batch per cycle, each request waiting one batch and its clients'
-turnaround. A deadline or objective still sends a batch whenever it must (`policy`). A connection that
+turnaround. Where a client's echo spreads past the linger (a loaded Python client sends a few at once
+and the rest 15-20 ms later), the first one's wait stretches to the spread lately seen (a whole echo's
+last arrival after its first, the highest of late, plus a quarter) but to a third of a batch's time at
+most: the late ones would otherwise wait a whole batch more, and the clients split into two groups.
+A deadline or objective still sends a batch whenever it must (`policy`). A connection that
 did not come back within two holds in a row is not waited for again (`Client.slow`) until it comes
 back while a worker is held; requests on no known connection (gRPC, in-process) are counted back.
 
@@ -36,6 +40,8 @@ RATE_STEP_S = 0.05  # ...applied in steps this long (no exponential per event)
 _HALF_WINDOW_S = RATE_WINDOW_S / 2
 ECHO_SCORE_TO_HOLD = 0.5  # the moving average of "this cycle echoed" past which a free worker waits
 _ECHO_ALPHA = 0.3
+SPREAD_MARGIN = 1.25  # a hold stretched for an echo's spread waits this much longer than the spread seen...
+_SPREAD_FALL = 0.05  # ...the highest of late: a loaded client's spread varies by half from cycle to cycle
 CYCLE_ARRIVALS = 1024  # the arrivals of a cycle whose times the echo's score reads
 BESIDE_S = 30.0  # short calls are beside large ones while an input of each came within this long
 
@@ -86,6 +92,7 @@ class Echo:
     def __init__(self) -> None:
         self.score = 0.0
         self.echo_s = 0.0  # how long after its batch an echo's burst ends, lately
+        self.spread_s = 0.0  # how long after its first arrival an echo is back whole: the highest of late
         self.cycle_start = 0.0  # when the last batch finished
         self._cycle_size = 0  # how many requests it answered
         self._offsets: list[float] = []  # when each arrival since came, after it (the first CYCLE_ARRIVALS)
@@ -93,6 +100,7 @@ class Echo:
         self.hold_until = 0.0  # while a free worker is held: when the hold ends at the latest (0: none is)
         self._held_at = 0.0
         self._capped = False  # the hold's end is already the first arrival's linger
+        self._longest_s = 0.0  # the hold's batch time
         self._awaited: set[Client] = set()  # the connections it is held for, until each sends again...
         self._counted = False  # ...and whether some requests came on no known connection (counted back)
         self.holds = 0  # times a free worker was held for an echo...
@@ -109,9 +117,10 @@ class Echo:
             self._offsets.append(now - self.cycle_start)
         if not self.hold_until or now >= self.hold_until:
             return False  # (none, or it ran out: the batch that leaves next ends it, `batch_left`)
-        if not self._capped:  # the first to come: the hold ends with its linger at the latest
+        if not self._capped:  # the first to come: the hold ends with its linger (or the echo's spread) at the latest
             self._capped = True
-            self.hold_until = min(self.hold_until, now + linger_s)
+            stretch = min(SPREAD_MARGIN * self.spread_s, self._longest_s / 3)
+            self.hold_until = min(self.hold_until, now + max(linger_s, stretch))
         awaited = self._awaited
         if client is not None:
             awaited.discard(client)
@@ -133,6 +142,9 @@ class Echo:
             self.score += _ECHO_ALPHA * (float(echoed) - self.score)
             if echoed:  # the burst's end: its last arrival in the first quarter (a slow client's later one is not it)
                 self.echo_s += _ECHO_ALPHA * (offsets[early - 1] - self.echo_s)
+                if len(offsets) >= self._cycle_size:  # back whole: as many came as it answered
+                    spread = offsets[self._cycle_size - 1] - offsets[0]  # (rises at once, falls over ~20 cycles)
+                    self.spread_s = spread if spread > self.spread_s else self.spread_s + _SPREAD_FALL * (spread - self.spread_s)
         self.cycle_start, self._cycle_size = now, answered
         self._offsets.clear()
         self.arrivals = 0
@@ -162,7 +174,7 @@ class Echo:
         if not awaited and not counted:
             return False
         self._counted = counted
-        self._held_at, self.hold_until, self._capped = now, now + longest_s, False
+        self._held_at, self.hold_until, self._capped, self._longest_s = now, now + longest_s, False, longest_s
         self.holds += 1
         return True
 

@@ -34,6 +34,28 @@ def test_closed_loop_clients_that_fit_in_a_batch_run_one_batch_per_cycle(batch_s
     assert run.p50(since) <= batch_s + 0.010
 
 
+@pytest.mark.parametrize("clients", [50, 100])
+def test_a_client_whose_echo_spreads_past_the_linger_still_runs_one_batch_per_cycle(clients: int):
+    """A loaded Python load generator: of every batch's answers, a few are sent again within 2-4 ms and
+    the rest 18-26 ms later (its loop reads the other answers first), past the 20 ms linger counted
+    from the first. Held only for the linger, the late ones wait a whole batch more, and the clients
+    split in two groups; held for the spread seen, all of them are in every batch."""
+    sim = Simulation(batch_s=0.1, max_batch_size=100, max_wait_ms=20)
+    rng = random.Random(clients)
+    first = set(range(0, clients, 10))
+    closed_loop(sim, {c: rng.uniform(0, 0.3) for c in range(clients)},
+                lambda c: rng.uniform(0.002, 0.004) if c in first else rng.uniform(0.018, 0.026))
+    run = sim.until(40.0)
+    sim.close()
+    since = 10.0
+    served = len(run.after(since)) / (40.0 - since - 0.1)
+    one_batch_per_cycle = clients / (0.1 + 0.026)  # a cycle: the batch and its slowest client's turnaround
+    assert served >= 0.95 * one_batch_per_cycle, (served, one_batch_per_cycle)
+    assert [size for start, size, _ in run.batches if start >= since][1:-1] == [clients] * (
+        len([start for start, _, _ in run.batches if start >= since]) - 2)
+    assert sim.batcher.echo.spread_s <= 0.030
+
+
 def test_two_groups_of_closed_loop_clients_out_of_step_merge_within_two_cycles():
     """The e2e test's case: 10 clients, then 10 more that start while the first ten's batch computes.
     Each group would run half a batch in turn for ever; held for the echo, the worker merges them."""
