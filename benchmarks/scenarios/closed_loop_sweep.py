@@ -10,7 +10,11 @@ gathers exactly N requests a batch): what this host and this client allow at mos
 turnaround is wrk's alone and a loaded Python client takes 10-25 ms to trade 50-100 answers for the
 next requests. inferd's share of it is the batching rule's own loss.
 
+`--hogs N`: N busy processes per core beside every server all through (other work on a shared host);
+`--clients 10,100`: those steps only. The results' name then says so (`closed_loop_sweep_100ms_hogs1`).
+
     .venv/bin/python benchmarks/scenarios/closed_loop_sweep.py --batch-ms 100 [--baseline-tree DIR]
+        [--hogs N] [--clients LIST]
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ from common import (
     parse_args,
     save_table,
     sim_config,
+    start_hogs,
     step,
+    stop_hogs,
 )
 
 CLIENTS = (1, 2, 5, 10, 20, 50, 100, 200, 400, 1000)
@@ -101,9 +107,14 @@ def floor_sweep(batch_ms: float, quick: bool, duration_s: float) -> dict:
 
 if __name__ == "__main__":
     batch_ms = float(own_option("--batch-ms") or 100)
+    hogs_per_core = int(own_option("--hogs") or 0)
+    chosen = own_option("--clients")
+    if chosen:
+        CLIENTS = tuple(int(c) for c in chosen.split(","))
     args = parse_args(__doc__, baseline=True)
     duration = 6.0
     results: dict[str, dict] = {}
+    hogs = start_hogs(hogs_per_core) if hogs_per_core else []
     with inferd_server(sim_config(latency_ms=batch_ms)) as url:
         results["inferd"] = sweep(url, ("wrk", "python"), args.quick, duration)
     if args.baseline_tree:
@@ -113,6 +124,7 @@ if __name__ == "__main__":
     with mosec_server(args.quick, batch_ms) as mosec:
         if mosec is not None:
             results["mosec"] = sweep(mosec[0], ("wrk",), args.quick, duration, stats=False)
+    stop_hogs(hogs)
     batch_s = batch_ms / 1000
     names = [n for n in ("inferd", "baseline", "floor", "mosec") if n in results]
     head = ["clients", "ideal req/s"] + [f"{n} {e}: req/s (of ideal; of the floor), p50 / p90 ms, batch" for n in names
@@ -131,6 +143,8 @@ if __name__ == "__main__":
                 rows.append({"clients": clients, "server": n, "engine": e, **r, "ideal": ideal(clients, batch_s),
                              "floor_rps": floor})
         lines.append("| " + " | ".join(cells) + " |")
-    title = (f"Closed loop at every concurrency, {batch_ms:g} ms a batch of up to 100, linger 20 ms (of ideal: of "
-             f"N / (batch + 2 ms); of the floor: of one batch per cycle on a bare aiohttp server, the same client)")
-    save_table(f"closed_loop_sweep_{batch_ms:g}ms", title, rows, lines, args.out_dir or RESULTS)
+    beside = f", {hogs_per_core} CPU hog(s) per core beside" if hogs_per_core else ""
+    title = (f"Closed loop at every concurrency, {batch_ms:g} ms a batch of up to 100, linger 20 ms{beside} (of ideal: "
+             f"of N / (batch + 2 ms); of the floor: of one batch per cycle on a bare aiohttp server, the same client)")
+    name = f"closed_loop_sweep_{batch_ms:g}ms" + (f"_hogs{hogs_per_core}" if hogs_per_core else "")
+    save_table(name, title, rows, lines, args.out_dir or RESULTS)

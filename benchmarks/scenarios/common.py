@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import re
 import signal
@@ -296,3 +297,22 @@ max_queue = {max_queue}
 latency_ms = {latency_ms}
 max_batch_size = {max_batch}
 """
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def start_hogs(per_core: int) -> list[multiprocessing.Process]:
+    """Busy processes beside the server: `per_core` for each of this machine's cores."""
+    hogs = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(per_core * (os.cpu_count() or 1))]
+    for hog in hogs:
+        hog.start()
+    return hogs
+
+
+def stop_hogs(hogs: list[multiprocessing.Process]) -> None:
+    for hog in hogs:
+        hog.terminate()
+        hog.join(5)

@@ -23,15 +23,13 @@ the default 10 s deadlines, `--closed-s` seconds a run, with the last of `--hogs
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
-import os
 import random
 import time
 from collections import Counter
 from typing import Any
 
 import aiohttp
-from common import RESULTS, inferd_server, own_option, parse_args, save_table
+from common import RESULTS, inferd_server, own_option, parse_args, save_table, start_hogs, stop_hogs
 
 from inferd.bench.loadgen import open_loop
 
@@ -76,25 +74,6 @@ name = "m"
 max_queue = 100000
 timeout_ms = {DEADLINE_MS}
 {early}{WORKLOADS[workload]["model"]}"""
-
-
-def _spin() -> None:
-    while True:
-        pass
-
-
-def start_hogs(per_core: int) -> list[multiprocessing.Process]:
-    """Busy processes beside the server: `per_core` for each of this machine's cores."""
-    hogs = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(per_core * (os.cpu_count() or 1))]
-    for hog in hogs:
-        hog.start()
-    return hogs
-
-
-def stop_hogs(hogs: list[multiprocessing.Process]) -> None:
-    for hog in hogs:
-        hog.terminate()
-        hog.join(5)
 
 
 async def offer(url: str, path: str, body: str, rate: float, seconds: float, seed: int) -> list[tuple[int, float]]:
