@@ -80,12 +80,14 @@ def floor_server(clients: int, batch_ms: float) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         give_up = time.monotonic() + 30
-        while time.monotonic() < give_up:
+        while True:
             try:
                 urllib.request.urlopen(f"{url}/", timeout=1)
             except urllib.error.HTTPError:
                 break  # (it answers: 404 for /)
             except OSError:
+                if time.monotonic() > give_up:
+                    raise RuntimeError("the one-batch-per-cycle floor did not start") from None
                 time.sleep(0.1)
         yield url
     finally:
@@ -115,16 +117,18 @@ if __name__ == "__main__":
     duration = 6.0
     results: dict[str, dict] = {}
     hogs = start_hogs(hogs_per_core) if hogs_per_core else []
-    with inferd_server(sim_config(latency_ms=batch_ms)) as url:
-        results["inferd"] = sweep(url, ("wrk", "python"), args.quick, duration)
-    if args.baseline_tree:
-        with inferd_server(sim_config(latency_ms=batch_ms), tree=args.baseline_tree) as url:
-            results["baseline"] = sweep(url, ("wrk", "python"), args.quick, duration)
-    results["floor"] = floor_sweep(batch_ms, args.quick, duration)
-    with mosec_server(args.quick, batch_ms) as mosec:
-        if mosec is not None:
-            results["mosec"] = sweep(mosec[0], ("wrk",), args.quick, duration, stats=False)
-    stop_hogs(hogs)
+    try:
+        with inferd_server(sim_config(latency_ms=batch_ms)) as url:
+            results["inferd"] = sweep(url, ("wrk", "python"), args.quick, duration)
+        if args.baseline_tree:
+            with inferd_server(sim_config(latency_ms=batch_ms), tree=args.baseline_tree) as url:
+                results["baseline"] = sweep(url, ("wrk", "python"), args.quick, duration)
+        results["floor"] = floor_sweep(batch_ms, args.quick, duration)
+        with mosec_server(args.quick, batch_ms) as mosec:
+            if mosec is not None:
+                results["mosec"] = sweep(mosec[0], ("wrk",), args.quick, duration, stats=False)
+    finally:
+        stop_hogs(hogs)
     batch_s = batch_ms / 1000
     names = [n for n in ("inferd", "baseline", "floor", "mosec") if n in results]
     head = ["clients", "ideal req/s"] + [f"{n} {e}: req/s (of ideal; of the floor), p50 / p90 ms, batch" for n in names

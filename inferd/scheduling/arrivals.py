@@ -100,7 +100,7 @@ class Echo:
         self.hold_until = 0.0  # while a free worker is held: when the hold ends at the latest (0: none is)
         self._held_at = 0.0
         self._capped = False  # the hold's end is already the first arrival's linger
-        self._longest_s = 0.0  # the hold's batch time
+        self._stretch_s = 0.0  # how long past the first arrival the hold lasts where that is longer than the linger
         self._awaited: set[Client] = set()  # the connections it is held for, until each sends again...
         self._counted = False  # ...and whether some requests came on no known connection (counted back)
         self.holds = 0  # times a free worker was held for an echo...
@@ -119,8 +119,7 @@ class Echo:
             return False  # (none, or it ran out: the batch that leaves next ends it, `batch_left`)
         if not self._capped:  # the first to come: the hold ends with its linger (or the echo's spread) at the latest
             self._capped = True
-            stretch = min(SPREAD_MARGIN * self.spread_s, self._longest_s / 3)
-            self.hold_until = min(self.hold_until, now + max(linger_s, stretch))
+            self.hold_until = min(self.hold_until, now + max(linger_s, self._stretch_s))
         awaited = self._awaited
         if client is not None:
             awaited.discard(client)
@@ -174,7 +173,8 @@ class Echo:
         if not awaited and not counted:
             return False
         self._counted = counted
-        self._held_at, self.hold_until, self._capped, self._longest_s = now, now + longest_s, False, longest_s
+        self._held_at, self.hold_until, self._capped = now, now + longest_s, False
+        self._stretch_s = min(SPREAD_MARGIN * self.spread_s, longest_s / 3)
         self.holds += 1
         return True
 
