@@ -248,8 +248,10 @@ class EngineBook:
 
     def _arrival_rate(self, priority: int, now: float) -> float:
         weight, at, first = self._arrivals.get(priority, (0.0, now, now))
-        seen_s = min(DEMAND_TAU_S, max(1.0, now - first))  # (a stream seen for less than the memory: over its time)
-        return weight * math.exp(-(now - at) / DEMAND_TAU_S) / seen_s
+        # a steady rate r since `first` holds r x tau x (1 - e^(-age / tau)) by now: read over that reach
+        # (over min(age, tau) it read 37% low at 10 s); at least a second's, a first arrival or two are no rate
+        reach_s = DEMAND_TAU_S * -math.expm1(-max(1.0, now - first) / DEMAND_TAU_S)
+        return weight * math.exp(-(now - at) / DEMAND_TAU_S) / reach_s
 
     def _places(self, ahead: list[Promise], need: float) -> int:
         """How many sequences run at once: the engine's maximum, or what its KV cache holds of the

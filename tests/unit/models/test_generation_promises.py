@@ -3,6 +3,8 @@ simulated engine at a GPU's figures, Poisson arrivals past its capacity."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from inferd.backends.sim_engine import Profile
@@ -161,3 +163,19 @@ def test_no_place_is_kept_where_places_turn_over_faster_than_the_higher_tiers_ob
                 + poisson(40.0, 10.0, seed=12, priority=-1, max_tokens=8, objectives=slow))
     result = run(arrivals, profile)
     assert not result.of("refused") and not result.of("withdrawn")
+
+
+@pytest.mark.parametrize("seconds", [2.0, 10.0, 20.0, 60.0])
+def test_a_higher_tier_s_places_are_kept_for_its_whole_rate_however_long_it_has_come(seconds):
+    """A tier arriving steadily at 45/s: the places kept for it follow its whole rate from its first
+    second on (a decayed count read over its age, not over its decay's reach, read it 37% low at 10 s)."""
+    book = EngineBook(EngineCosts())
+    rate, n = 45.0, int(45.0 * seconds)
+    for i in range(n):
+        at = i / rate
+        p = book.reserve(f"r{i}", 0, at, 10, 64, Objectives(ttft_s=0.5))
+        book.leave(p, at, finished=False)
+    now = (n - 1) / rate
+    held = rate * book.costs.service_s
+    expected = math.ceil(held + 2 * math.sqrt(held)) + 1
+    assert expected - 1 <= book.kept_places(1, now) <= expected + 1
