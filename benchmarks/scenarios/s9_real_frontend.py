@@ -11,6 +11,14 @@ post-processing costs the event loop over a model that costs it nothing.
 Then S9 once with the stand-in following the H200's direct MiniLM curve (2.9 ms at batch 1 to 6.6 ms
 at 256) instead of a flat 10 ms. With --baseline-tree, the unchanged main's S2 and S9 once each.
 
+`--routes`, each route against its floor instead (`route_floor.{md,json}`, ~8 minutes): the server's CPU
+per answered request (its whole process, from /proc) at 400 closed-loop clients (wrk, 2 processes), for
+`/v1/inference` on the seed's function (S2) and on MiniLM (S9), OpenAI's `/v1/embeddings`, TEI's
+`/embed`, Cohere's `/v2/embed` and KServe v2's infer, one input a call, beside a bare aiohttp + uvloop
++ orjson server answering the same bytes on the same paths (`benchmarks/floor/same_bytes.py`), three
+rounds alternated (with `--baseline-tree`, that checkout too); the ratio of the medians is the figure. Then `/v1/embeddings` once with the stand-in
+on the H200's MiniLM curve: what one process serves when the GPU is that fast.
+
 `--gil`, the GIL check instead (`gil_interference.{md,json}`): how much longer one forward of the real
 MiniLM on the CPU takes while the same process serves S2's load, and how much of that is the GIL rather
 than the machine's two cores.
@@ -28,14 +36,31 @@ main is measured the same way in the same run.
 """
 
 import json
+import os
+import signal
+import subprocess
 import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from statistics import median
 
-from common import inferd_server, median_of, parse_args, save, sim_config, step
+from common import (
+    REPO,
+    free_port,
+    inferd_process,
+    inferd_server,
+    measured_step,
+    median_of,
+    parse_args,
+    save,
+    save_table,
+    sim_config,
+    step,
+)
 
 S9_BODY = b'{"model": "minilm", "input": "E equals {i}"}'
 ROUNDS = 3
@@ -152,7 +177,88 @@ def gil_check() -> None:
     print("\n".join(lines))
 
 
+ROUTES = (  # (label, path, body): one input a call, every body distinct
+    ("S2: /v1/inference, the seed's function", "/v1/inference", b'{"input": "E equals {i}"}'),
+    ("S9: /v1/inference, MiniLM", "/v1/inference", S9_BODY),
+    ("OpenAI /v1/embeddings", "/v1/embeddings", b'{"model": "minilm", "input": "E equals {i}"}'),
+    ("TEI /embed", "/embed", b'{"inputs": "E equals {i}"}'),
+    ("Cohere /v2/embed", "/v2/embed", b'{"model": "minilm", "texts": ["E equals {i}"]}'),
+    ("KServe v2 infer", "/v2/models/minilm/infer",
+     b'{"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["E equals {i}"]}]}'),
+)
+
+
+@contextmanager
+def floor_process() -> Iterator[tuple[str, int]]:
+    """`benchmarks/floor/same_bytes.py` on a free port: (its URL, its pid)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "floor" / "same_bytes.py"), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        give_up = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(url + "/", timeout=1)
+            except urllib.error.HTTPError:
+                break  # (it answers: 404 for /)
+            except OSError:
+                if time.monotonic() > give_up:
+                    raise RuntimeError("the floor server did not start") from None
+                time.sleep(0.1)
+        yield url, proc.pid
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def route_rounds(quick: bool, baseline: str | None, out_dir: str) -> None:
+    """`--routes` (see the module docstring); `baseline`: a checkout measured the same way, in each round."""
+    config = sim_config(latency_ms=10) + standin_config("gpu_ms = 10").replace("[server]", "")
+    servers = ("inferd", "floor") + (("baseline",) if baseline else ())
+    found: dict[str, dict[str, list[dict]]] = {label: {s: [] for s in servers} for label, _, _ in ROUTES}
+    for _ in range(1 if quick else 3):
+        for server in servers:
+            started = (inferd_process(config) if server == "inferd" else floor_process() if server == "floor" else
+                       inferd_process(config, tree=baseline))  # type: ignore[arg-type]
+            with started as (url, pid):
+                for label, path, body in ROUTES:
+                    result = measured_step(url, pid, clients=400, duration_s=8, quick=quick, path=path, body=body)
+                    found[label][server].append({"rps": result["achieved_rps"], "errors": result.get("errors", 0),
+                                                 "cpu_us": result["server"]["cpu_us_per_request"]})
+                    print(server, label, found[label][server][-1], file=sys.stderr, flush=True)
+    with inferd_process(standin_config("", max_batch=256)) as (url, pid):
+        h200 = measured_step(url, pid, clients=400, duration_s=8, quick=quick, path="/v1/embeddings", body=ROUTES[2][2])
+    head = "| route | inferd: server CPU µs/request (median) | the floor's | ÷ the floor | inferd req/s | the floor's req/s |"
+    lines = [head + (" baseline: CPU µs/request (÷ the floor), req/s |" if baseline else ""),
+             "|---|---|---|---|---|---|" + ("---|" if baseline else "")]
+    rows = []
+    for label, path, _ in ROUTES:
+        cpu = {s: median(r["cpu_us"] for r in found[label][s]) for s in servers}
+        rps = {s: median(r["rps"] for r in found[label][s]) for s in servers}
+        mine, floor = cpu["inferd"], cpu["floor"]
+        line = f"| {label} | {mine:.1f} | {floor:.1f} | {mine / floor:.2f} | {rps['inferd']:,.0f} | {rps['floor']:,.0f} |"
+        if baseline:
+            line += f" {cpu['baseline']:.1f} ({cpu['baseline'] / floor:.2f}), {rps['baseline']:,.0f} |"
+        lines.append(line)
+        rows.append({"route": label, "path": path, "cpu_us": cpu, "rps": rps, "ratio": mine / floor,
+                     "rounds": found[label]})
+    lines += ["", f"`/v1/embeddings` with the stand-in on the H200's MiniLM curve (batches of up to 256), one process on "
+              f"this host: {h200['achieved_rps']:,.0f} req/s at {h200['server']['cpu_us_per_request']} µs of server CPU "
+              f"a request (p50 {h200['latency_ms']['p50']:.1f} ms)."]
+    rows.append({"route": "OpenAI /v1/embeddings, H200 curve", "inferd_rps": h200["achieved_rps"],
+                 "inferd_cpu_us": h200["server"]["cpu_us_per_request"], "p50_ms": h200["latency_ms"]["p50"]})
+    save_table("route_floor", "Each route against its floor: server CPU per request at 400 closed-loop clients (wrk), "
+               "10 ms a batch of up to 100 (the GPU a stand-in), one input a call, 3 rounds alternated", rows, lines,
+               out_dir)
+
+
 if __name__ == "__main__":
+    if "--routes" in sys.argv:
+        sys.argv.remove("--routes")
+        route_args = parse_args(__doc__, baseline=True)
+        route_rounds(route_args.quick, route_args.baseline_tree, route_args.out_dir)
+        sys.exit(0)
     if "--gil" in sys.argv:
         sys.argv.remove("--gil")
         gil_check()

@@ -129,7 +129,7 @@ class ServerConfig:
     max_connections: int = 0  # open connections (0: the file-descriptor limit less 256); past it, closed at once
     connection_reserve: int = 32  # the last of max_connections: /healthz and /readyz only
     answer_half_closed: bool = False  # true: a client that shuts its side after sending still gets the answer
-    fast_path: bool = True  # one-input /v1/inference answered from the connection, without aiohttp's per-request task
+    fast_path: bool = True  # /v1/inference and the calls of several inputs answered from the connection, without aiohttp's task
     idempotency_window_s: float = 300.0  # a repeated Idempotency-Key gets the stored answer this long (0: off)
     idempotency_max_keys: int = 100_000  # answers kept for repeats, at most (the heaviest tenant's oldest go first)
     idempotency_max_bytes: int = 64 << 20  # and at most this many bytes of them

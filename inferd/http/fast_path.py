@@ -8,14 +8,18 @@ the awaits between them. Without them an S2 request costs ~252,000 instructions 
 clients each batch waits for the previous one's answers to go out and the next requests to come in, so
 that CPU is the turnaround (issue 27).
 
-What it takes: `POST /v1/inference` (or `/api/inference`) to a batch model, the whole body in with its
+What it takes: `POST /v1/inference` (or `/api/inference`) to a batch model, and every route whose call
+holds several inputs (`dialects`: OpenAI's `/v1/embeddings` and `/v1/classify`, TEI's `/embed`,
+`/predict`, `/rerank` and `POST /`, Cohere's `/v2/embed` and `/v1/rerank`), the whole body in with its
 headers or in the next read (the connection waits up to `BODY_GRACE_S` for it, then hands the request
 on), on a connection with nothing else in hand; no query string, `Idempotency-Key`, `Expect`,
 `Content-Encoding` or image body. Everything else, and anything it is unsure of, goes the usual way
 (`api.HttpApi.handle`). The call itself runs through the same steps as the handler's
-(`InferenceApi.identify / route / admit / answered / refused`): the same admission, errors, records,
-trace and headers. The request's future calls back when it resolves; a client that goes away has its
-input withdrawn as a cancelled handler's is. `[server] fast_path = false` turns it off.
+(`InferenceApi.identify / route / admit / answered / refused`, or `identify / take / answered_many /
+refused` for a call of several inputs): the same admission, errors, records, trace and headers. Each
+input's future calls back when it resolves (a call of several is answered when the last one is, or
+refused with the first error, the rest withdrawn, as the handler's gather does); a client that goes
+away has its inputs withdrawn as a cancelled handler's are. `[server] fast_path = false` turns it off.
 """
 
 from __future__ import annotations
@@ -31,12 +35,28 @@ from ..lifecycle import Lifecycle
 from ..messages import Client
 from ..observability.tracing import Tracing
 from .batch_calls import call_start, withdraw_unanswered
-from .inference import InferenceApi, OneInput
+from .dialects import (
+    CLASSIFY,
+    COHERE_EMBED,
+    EMBEDDINGS,
+    RERANK,
+    TEI_EMBED,
+    TEI_PREDICT,
+    TEI_RERANK,
+    TEI_ROOT_BY_KIND,
+    Dialect,
+)
+from .inference import InferenceApi, ManyInputs, OneInput
 from .responses import answer_bytes
 
 log = logging.getLogger("inferd.http")
 
-_PATHS = frozenset({"/v1/inference", "/api/inference"})
+_TEI_ROOT = "/"  # (its dialect is the default model's: `TEI_ROOT_BY_KIND`)
+_PATHS: dict[str, Dialect | None] = {  # None: one input (`/v1/inference`)
+    "/v1/inference": None, "/api/inference": None, "/v1/embeddings": EMBEDDINGS, "/embed": TEI_EMBED,
+    "/v2/embed": COHERE_EMBED, "/v1/classify": CLASSIFY, "/predict": TEI_PREDICT, "/v1/rerank": RERANK,
+    "/rerank": TEI_RERANK, _TEI_ROOT: TEI_EMBED,
+}
 BODY_GRACE_S = 0.05  # how long a connection holds a request whose body is on its way before the usual way takes it
 _GO_THE_USUAL_WAY = ("Idempotency-Key", "Expect", "Content-Encoding")
 
@@ -54,13 +74,14 @@ class Connection(Protocol):
 class InFlight:
     """A request the fast path took, until its answer is written or its client goes away."""
 
-    __slots__ = ("path", "one", "connection", "keep_alive")
+    __slots__ = ("path", "one", "connection", "keep_alive", "unanswered")
 
-    def __init__(self, path: FastPath, one: OneInput, connection: Connection, keep_alive: bool) -> None:
+    def __init__(self, path: FastPath, one: OneInput | ManyInputs, connection: Connection, keep_alive: bool) -> None:
         self.path = path
         self.one = one
         self.connection = connection
         self.keep_alive = keep_alive  # the client's (HTTP/1.0, `Connection: close`), before the answer's own
+        self.unanswered = 1  # its inputs whose futures have not called back yet
 
     def __call__(self, future: asyncio.Future) -> None:
         """Its future's done-callback. (Held by the future only until it runs: nothing here holds the
@@ -108,6 +129,14 @@ class FastPath:
         """Answer a request `takes` accepted: at once (a refusal), or when its future resolves (the
         connection's `fast_flight` meanwhile); None. Or it is not one after all (it names a generation
         model): nothing was done, and the request (its body unread again) is returned to go the usual way."""
+        dialect = _PATHS[message.path]
+        if dialect is not None:
+            if message.path == _TEI_ROOT:
+                model = self.inference.models.route(self.inference.models.default)
+                kind = model.output_kind if model is not None else None
+                dialect = TEI_ROOT_BY_KIND.get(kind, TEI_EMBED) if kind else TEI_EMBED
+            self._start_many(connection, message, payload, dialect)
+            return None
         inference, headers = self.inference, message.headers
         one = OneInput(call_start(inference.ids, headers))
         one.call.client = connection.client
@@ -149,7 +178,38 @@ class FastPath:
         one.call.requests[0].future.add_done_callback(flight)
         return None
 
-    def _trace(self, one: OneInput, headers: Any, path: str) -> bool:
+    def _start_many(self, connection: Connection, message: Any, payload: Any, dialect: Dialect) -> None:
+        """`start` for a call of several inputs: traced from its start, as the handler's route is."""
+        inference, headers = self.inference, message.headers
+        many = ManyInputs(call_start(inference.ids, headers), dialect)
+        many.call.client = connection.client
+        connection.fast_flight = flight = InFlight(self, many, connection, not message.should_close)
+        self.lifecycle.enter()
+        try:
+            if self.tracing is not None:
+                self._trace(many, headers, message.path)
+            inference.identify(many, headers)
+            body = whole_body(payload)
+            if len(body) > self.max_body_bytes:
+                raise PayloadTooLarge(f"body exceeds {self.max_body_bytes} bytes")
+            inference.take(many, body, headers)
+        except InferdError as error:
+            self._finish(flight, *self._refusal(flight, error))
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug: this request's 500, as aiohttp answers a handler's
+            log.error("request %s failed: %s", many.call.request_id, describe(exc), exc_info=exc)
+            self._finish(flight, *self._refusal(flight, InternalError("internal error (logged with this request id)")))
+            return
+        except BaseException:
+            connection.fast_flight = None
+            self.lifecycle.leave()
+            raise
+        requests = many.call.requests
+        flight.unanswered = len(requests)
+        for request in requests:
+            request.future.add_done_callback(flight)
+
+    def _trace(self, one: OneInput | ManyInputs, headers: Any, path: str) -> bool:
         """Draw the call's trace (`Tracing.begin`), from its start, once it is known to be a batch model's
         call or refused: a generation model's handler draws its own, and a second draw would take a
         client's sampled `traceparent` twice from `max_client_traced_per_s`. Returns True: drawn."""
@@ -166,7 +226,14 @@ class FastPath:
                 raise InternalError("the request was withdrawn while its client still waited")
             error = future.exception()
             if error is None:
-                data = answer_bytes(200, *self.inference.answered(one, future.result()), flight.keep_alive)
+                if type(one) is OneInput:
+                    answer = self.inference.answered(one, future.result())
+                else:
+                    flight.unanswered -= 1
+                    if flight.unanswered:
+                        return  # (answered with the last of its inputs)
+                    answer = self.inference.answered_many(one, [r.future.result() for r in one.call.requests])  # type: ignore[arg-type]
+                data = answer_bytes(200, *answer, flight.keep_alive)
         except InferdError as raised:
             error = raised
         except Exception as exc:  # noqa: BLE001 - a bug (e.g. an output JSON cannot hold): this request's 500
@@ -178,6 +245,7 @@ class FastPath:
             log.error("request %s failed: %s", one.call.request_id, describe(error), exc_info=error)
             error = InternalError("internal error (logged with this request id)")
         self._finish(flight, *self._refusal(flight, error))
+        withdraw_unanswered(one.model, one.call.requests)  # (a call of several: the rest, never computed)
 
     def _refusal(self, flight: InFlight, error: InferdError) -> tuple[int, bytes, bool]:
         response = self.inference.refused(flight.one, error)

@@ -10,7 +10,7 @@ away cancels the handler: its inputs still waiting are withdrawn and never compu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,33 +26,22 @@ from ..models.registry import Models
 from ..observability.outcomes import Call, Outcomes
 from .batch_calls import BatchCalls, cache_allowed, call_start, call_timing, client_of
 from .body_reader import BodyReader
-from .classify_body import (
-    ClassifyCall,
-    classify_payload,
-    parse_classify_body,
-    parse_tei_predict_body,
-    tei_predict_payload,
+from .classify_body import ClassifyCall
+from .dialects import (
+    CLASSIFY,
+    COHERE_EMBED,
+    EMBEDDINGS,
+    RERANK,
+    TEI_EMBED,
+    TEI_PREDICT,
+    TEI_RERANK,
+    Dialect,
 )
-from .embeddings import (
-    EmbeddingsCall,
-    cohere_embed_payload,
-    embeddings_payload,
-    parse_cohere_embed_body,
-    parse_embeddings_body,
-    parse_tei_embed_body,
-    shaped,
-)
+from .embeddings import EmbeddingsCall, shaped
 from .generation import GenerationApi
 from .inference_body import InferenceCall, encode_vector, input_kind, parse_image_body, parse_inference_body
 from .request_ids import RequestIds
-from .rerank_body import (
-    RerankCall,
-    parse_rerank_body,
-    parse_tei_rerank_body,
-    ranked,
-    rerank_payload,
-    tei_rerank_payload,
-)
+from .rerank_body import RerankCall
 from .responses import WholeResponse, dumps, error_response
 
 _ATTACHED, _CACHED = RequestState.ATTACHED, RequestState.CACHED
@@ -103,7 +92,7 @@ class InferenceApi:
 
     # The steps of `inference`, which the connection's fast path (`fast_path`) takes too, without a task.
 
-    def identify(self, one: OneInput, headers: Mapping[str, str]) -> None:
+    def identify(self, one: OneInput | ManyInputs, headers: Mapping[str, str]) -> None:
         one.who = who = self.admission.identify(headers)
         one.call.tier, one.call.tenant = who.tier, who.tenant
 
@@ -134,11 +123,12 @@ class InferenceApi:
         self.calls.admit(one.model, one.call, (one.parsed.input,), one.who, one.parsed.timeout_ms,  # type: ignore[arg-type, union-attr]
                          cache_allowed(headers))
 
-    def refused(self, one: OneInput, error: InferdError) -> WholeResponse:
-        """The call's error answer, recorded."""
+    def refused(self, one: OneInput | ManyInputs, error: InferdError) -> WholeResponse:
+        """The call's error answer (in OpenAI's shape on its routes), recorded."""
         call = one.call
         now = self.outcomes.record_error(call, error)
-        return error_response(error, call.request_id, close=self.lifecycle.draining, held_s=now - call.started)
+        return error_response(error, call.request_id, close=self.lifecycle.draining, held_s=now - call.started,
+                              openai=type(one) is ManyInputs and one.dialect.openai)
 
     def answered(self, one: OneInput, output: Any) -> tuple[bytes, tuple[tuple[str, str], ...]]:
         """The call's answer (its body and headers), recorded."""
@@ -162,76 +152,78 @@ class InferenceApi:
 
     async def embeddings(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         """OpenAI's `POST /v1/embeddings`: each item batched like a request of its own, answered in order."""
-        return await self._call_of_many(request, call, parse_embeddings_body, "embedding", _embeddings_answer,
-                                        openai=True)
+        return await self._call_of_many(request, call, EMBEDDINGS)
 
     async def tei_embed(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         """Text Embeddings Inference's `POST /embed`: the same computation, TEI's body and an array of vectors."""
-        return await self._call_of_many(request, call, parse_tei_embed_body, "embedding", _tei_embed_answer)
+        return await self._call_of_many(request, call, TEI_EMBED)
 
     async def cohere_embed(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         """Cohere's `POST /v2/embed`: the same computation, each vector in the types asked."""
-        return await self._call_of_many(request, call, parse_cohere_embed_body, "embedding", _cohere_embed_answer)
+        return await self._call_of_many(request, call, COHERE_EMBED)
 
     async def classify(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         """vLLM's `POST /v1/classify`: each text classified like a request of its own, every label's probability."""
-        return await self._call_of_many(request, call, parse_classify_body, "classification", classify_payload,
-                                        openai=True)
+        return await self._call_of_many(request, call, CLASSIFY)
 
     async def tei_predict(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         """Text Embeddings Inference's `POST /predict`: the same computation, TEI's body and answer."""
-        return await self._call_of_many(request, call, parse_tei_predict_body, "classification", tei_predict_payload)
+        return await self._call_of_many(request, call, TEI_PREDICT)
 
     async def rerank(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         """Cohere's `POST /v1/rerank` (Jina's clients send the same): relevance scores, best first."""
-        return await self._call_of_many(request, call, parse_rerank_body, "rerank", _rerank_answer)
+        return await self._call_of_many(request, call, RERANK)
 
     async def tei_rerank(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         """Text Embeddings Inference's `POST /rerank`: the same computation, TEI's body and answer."""
-        return await self._call_of_many(request, call, parse_tei_rerank_body, "rerank", _tei_rerank_answer)
+        return await self._call_of_many(request, call, TEI_RERANK)
 
-    async def _call_of_many(self, request: web.BaseRequest, call: Call | None, parse: Callable[[bytes], Any],
-                            kind: str, answer: Answer, *, openai: bool = False) -> web.StreamResponse:
-        """A call holding several inputs, each batched like a request of its own: `parse` reads the body
-        (its `inputs`, `model`, `timeout_ms`), the model must give outputs of `kind`, and `answer` writes
-        the payload from the outputs in the call's order."""
+    async def _call_of_many(self, request: web.BaseRequest, call: Call | None, dialect: Dialect) -> web.StreamResponse:
+        """A call holding several inputs, each batched like a request of its own, in `dialect`."""
         headers = request.headers
-        if call is None:
-            call = call_start(self.ids, headers)
-        call.client = client_of(request)
+        many = ManyInputs(call_start(self.ids, headers) if call is None else call, dialect)
+        many.call.client = client_of(request)
         try:
-            who = self.admission.identify(headers)
-            call.tier, call.tenant = who.tier, who.tenant
-            parsed = parse(await self.body.read(request))
-            name = parsed.model or self.models.default_for(kind)
-            model = self.models.route(name)
-            if model is None:
-                raise ModelNotFound(f"no {kind} model named {name!r}; see GET /v1/models")
-            call.model, call.version = model.name, model.version
-            if model.ready and model.output_kind != kind:
-                raise InvalidInput(f"model {name} {_NOT_OF_KIND[kind]}")
-            cap = model.config.max_inputs_per_call
-            if parsed.count > cap:  # (before each input is read: their number alone can be a 400)
-                raise InvalidInput(f"the call holds {parsed.count} inputs; model {name} takes at most {cap} per call")
-            inputs = parsed.inputs
-            _refuse_what_the_model_cannot_honour(parsed, model, inputs)
-            self.calls.admit(model, call, inputs, who, parsed.timeout_ms, cache_allowed(headers))
-            outputs = await self.calls.answers(model, call)
+            self.identify(many, headers)
+            self.take(many, await self.body.read(request), headers)
+            outputs = await self.calls.answers(many.model, many.call)  # type: ignore[arg-type]
         except InferdError as error:
-            now = self.outcomes.record_error(call, error)
-            return error_response(error, call.request_id, close=self.lifecycle.draining, openai=openai,
-                                  held_s=now - call.started)
+            return self.refused(many, error)
+        return WholeResponse(200, *self.answered_many(many, outputs))
+
+    # The steps of `_call_of_many`, which the fast path takes too.
+
+    def take(self, many: ManyInputs, body: bytes, headers: Mapping[str, str]) -> None:
+        """Read the call from the body, find its model (`many.model`), refuse what it cannot honour, and
+        admit its inputs (`many.call.requests`)."""
+        call, kind = many.call, many.dialect.kind
+        many.parsed = parsed = many.dialect.parse(body)
+        name = parsed.model or self.models.default_for(kind)
+        many.model = model = self.models.route(name)
+        if model is None:
+            raise ModelNotFound(f"no {kind} model named {name!r}; see GET /v1/models")
+        call.model, call.version = model.name, model.version
+        if model.ready and model.output_kind != kind:
+            raise InvalidInput(f"model {name} {_NOT_OF_KIND[kind]}")
+        cap = model.config.max_inputs_per_call
+        if parsed.count > cap:  # (before each input is read: their number alone can be a 400)
+            raise InvalidInput(f"the call holds {parsed.count} inputs; model {name} takes at most {cap} per call")
+        inputs = parsed.inputs
+        _refuse_what_the_model_cannot_honour(parsed, model, inputs)
+        self.calls.admit(model, call, inputs, many.who, parsed.timeout_ms, cache_allowed(headers))  # type: ignore[arg-type]
+
+    def answered_many(self, many: ManyInputs, outputs: list[Any]) -> tuple[bytes, tuple[tuple[str, str], ...]]:
+        """The call's answer (its body and headers) from its outputs in order, recorded."""
+        call, parsed = many.call, many.parsed
         now = self.outcomes.record(call)
         if isinstance(parsed, EmbeddingsCall):  # (cut to `dimensions`, normalised as asked)
-            outputs = shaped(outputs, parsed, model.offers.normalized)
+            outputs = shaped(outputs, parsed, many.model.offers.normalized)  # type: ignore[union-attr]
         requests = call.requests
-        payload = answer(parsed, outputs, call.model, call.request_id, sum(r.tokens for r in requests))
-        return WholeResponse(200, dumps(payload), (("X-Request-ID", call.request_id), ("X-Model-Version", call.version),
-                                                   ("Server-Timing", call_timing(requests, now - call.started))))
+        payload = many.dialect.answer(parsed, outputs, call.model, call.request_id, sum(r.tokens for r in requests))
+        return dumps(payload), (("X-Request-ID", call.request_id), ("X-Model-Version", call.version),
+                                ("Server-Timing", call_timing(requests, now - call.started)))
 
 
-# A call of several inputs answered: (the parsed call, its outputs in order, the model, the request id, tokens).
-Answer = Callable[[Any, list[Any], str, str, int], Any]
 _NOT_OF_KIND = {"embedding": "does not produce embeddings",
                 "rerank": 'is not a reranker (task = "rerank" of the text backend)',
                 "classification": 'is not a text classifier (task = "classification" of the text backend)'}
@@ -273,22 +265,12 @@ def _refuse_long_pairs(call: RerankCall, model: BatchModel) -> None:
         raise InvalidInput(f"a query and document are {longest} characters; model {model.name} accepts at most {cap}")
 
 
-def _embeddings_answer(call: EmbeddingsCall, vectors: list[Any], model: str, request_id: str, tokens: int) -> Any:
-    return embeddings_payload(model, vectors, tokens, call.encodings[0])
+@dataclass(slots=True)
+class ManyInputs:
+    """A call of several inputs (`Dialect`) as far as it got: its record, and what routing found."""
 
-
-def _cohere_embed_answer(call: EmbeddingsCall, vectors: list[Any], model: str, request_id: str, tokens: int) -> Any:
-    return cohere_embed_payload(call, vectors, request_id, tokens)
-
-
-def _tei_embed_answer(call: EmbeddingsCall, vectors: list[Any], model: str, request_id: str, tokens: int) -> Any:
-    return vectors
-
-
-def _rerank_answer(call: RerankCall, logits: list[float], model: str, request_id: str, tokens: int) -> Any:
-    return rerank_payload(call, ranked(call, logits), model, request_id, tokens)
-
-
-def _tei_rerank_answer(call: RerankCall, logits: list[float], model: str, request_id: str, tokens: int) -> Any:
-    return tei_rerank_payload(call, ranked(call, logits))
-
+    call: Call
+    dialect: Dialect
+    who: Identity | None = None
+    parsed: Any = None  # the body (`EmbeddingsCall`, `RerankCall`, `ClassifyCall`)
+    model: BatchModel | None = None

@@ -1,6 +1,7 @@
-"""The connection's fast path for one-input inference (`inferd.http.fast_path`): the same answers as the
-handler's, in order on a connection, nothing computed for a client that left, and the connection's
-timers (keep-alive, headers) as they are for the usual way."""
+"""The connection's fast path (`inferd.http.fast_path`): the same answers as the handler's on every route
+it takes (one-input inference and every dialect of a call of several inputs), in order on a
+connection, nothing computed for a client that left, and the connection's timers (keep-alive, headers)
+as they are for the usual way."""
 
 from __future__ import annotations
 
@@ -38,10 +39,10 @@ async def _raw(url: str, raw: bytes, answers: int = 1, timeout_s: float = 5.0) -
     return out
 
 
-def _post(body: bytes, *headers: str) -> bytes:
+def _post(body: bytes, *headers: str, path: str = "/v1/inference") -> bytes:
     extra = "".join(f"{h}\r\n" for h in headers)
-    return b"POST /v1/inference HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s" % (
-        extra.encode(), len(body), body)
+    return b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s" % (
+        path.encode(), extra.encode(), len(body), body)
 
 
 CASES = [  # (the request, what its answer must say)
@@ -208,3 +209,103 @@ async def test_a_bug_writing_the_answer_is_a_500_for_that_request_alone():
         ((status, _, body),) = await _raw(srv.url, _post(b'{"input": "fine"}'))
         assert status == 200 and body["output"] == expected_output("fine")
         await until(lambda: srv.lifecycle.in_flight == 0)
+
+
+DIALECT_CASES = [  # (path, body, the status its answer must have): every route of several inputs, both ways
+    ("/v1/embeddings", b'{"model": "emb", "input": "one text"}', 200),
+    ("/v1/embeddings", b'{"model": "emb", "input": ["a", "bb", "ccc"], "encoding_format": "base64"}', 200),
+    ("/v1/embeddings", b'{"model": "emb", "input": ["a", ""]}', 400),
+    ("/v1/embeddings", b'{"model": "nope", "input": "x"}', 404),
+    ("/v1/embeddings", b'{"model": "rr", "input": "x"}', 400),
+    ("/v1/embeddings", b"not json", 400),
+    ("/embed", b'{"inputs": ["a", "b"]}', 200),
+    ("/embed", b'{"inputs": "a", "normalize": 3}', 400),
+    ("/", b'{"inputs": "the root"}', 200),
+    ("/v2/embed", b'{"model": "emb", "texts": ["a", "b"], "embedding_types": ["float", "int8"]}', 200),
+    ("/v2/embed", b'{"model": "emb", "texts": []}', 400),
+    ("/v1/classify", b'{"model": "clf", "input": ["fine", "bad"]}', 200),
+    ("/predict", b'{"model": "clf", "inputs": "fine"}', 200),
+    ("/v1/rerank", b'{"model": "rr", "query": "q", "documents": ["a", "b", "c"]}', 200),
+    ("/rerank", b'{"model": "rr", "query": "q", "texts": ["a", "b"]}', 200),
+    ("/rerank", b'{"model": "rr", "query": "q"}', 400),
+    ("/v1/embeddings", b'{"model": "emb", "input": ["' + b"z" * 300 + b'"]}', 413),
+    # One input refused by the model's own preparation (too long, not truncated): the call's first error.
+    ("/v1/embeddings", b'{"model": "short", "input": ["fits", "far too many words for eight tokens", "fits too"]}', 400),
+]
+
+
+def _dialect_models(tmp_path_factory) -> tuple:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from inferd.backends.small_models import build_classifier, build_cross_encoder
+    from inferd.config import ModelConfig
+
+    reranker = str(build_cross_encoder(tmp_path_factory.mktemp("rr")))
+    classifier = str(build_classifier(tmp_path_factory.mktemp("clf")))
+    return (
+        sim_model("emb", backend="tests.fakes:fake_embedder", latency_ms=5),  # (first: TEI's `POST /` embeds)
+        ModelConfig(name="rr", backend="inferd.backends.transformer:create", max_wait_ms=5,
+                    options={"model_path": reranker, "task": "rerank", "max_tokens": 32, "bucket_edges": [32]}),
+        ModelConfig(name="clf", backend="inferd.backends.transformer:create", max_wait_ms=5,
+                    options={"model_path": classifier, "task": "classification", "max_tokens": 32, "bucket_edges": [32]}),
+        ModelConfig(name="short", backend="inferd.backends.transformer:create", max_wait_ms=5,
+                    options={"max_tokens": 8, "truncate": False, "bucket_edges": [8]}),  # (the packaged MiniLM)
+    )
+
+
+def _timing_names(value: str | None) -> list[str]:
+    return [entry.strip().split(";")[0] for entry in value.split(",")] if value else []
+
+
+async def test_every_dialect_answers_the_same_with_and_without_the_fast_path(tmp_path_factory):
+    """Status, headers (but their timings' values and the date), bodies and records, route by route."""
+    models = _dialect_models(tmp_path_factory)
+    tenants = (TenantConfig("t", "free", hashlib.sha256(KEY.encode()).hexdigest()),)
+    seen: dict[bool, list] = {}
+    records: dict[bool, dict] = {}
+    for fast_path in (True, False):
+        async with running_server(*models, auth=AuthConfig(enabled=True), tenants=tenants, tiers=(TierConfig("free"),),
+                                  fast_path=fast_path, max_body_bytes=250, ready_timeout_s=120) as srv:
+            answers = []
+            for n, (path, body, status) in enumerate(DIALECT_CASES):
+                ((got, headers, answer),) = await _raw(srv.url, _post(body, f"Authorization: Bearer {KEY}",
+                                                                       f"X-Request-ID: fpd-{n}", path=path))
+                assert got == status, (path, body, answer)
+                kept = {k: v for k, v in headers.items() if k not in ("date", "server-timing")}
+                if isinstance(answer, dict):
+                    answer.pop("created", None)  # (a clock's second)
+                answers.append((got, kept, _timing_names(headers.get("server-timing")), answer))
+            ((got, _, answer),) = await _raw(srv.url, _post(DIALECT_CASES[0][1], "Authorization: Bearer wrong",
+                                                            path="/v1/embeddings"))
+            answers.append((got, answer["error"]["code"]))
+            await until(lambda: srv.lifecycle.in_flight == 0)
+            seen[fast_path] = answers
+            records[fast_path] = {key: n for model in models
+                                  for key, n in srv.models[model.name].metrics.requests.items() if n}
+            taken = srv.api.fast_path.taken if fast_path else None
+            assert taken == (len(DIALECT_CASES) + 1 if fast_path else None)
+    for fast, usual, (path, body, _) in zip(seen[True], seen[False], [*DIALECT_CASES, ("", b"", 0)], strict=True):
+        assert fast == usual, (path, body)
+    assert records[True] == records[False]
+    assert seen[True][-1][0] == 401
+
+
+async def test_a_call_of_several_inputs_whose_client_leaves_has_them_all_withdrawn():
+    async with running_server(sim_model("emb", backend="tests.fakes:fake_embedder", latency_ms=300, max_batch_size=1,
+                                        max_wait_ms=0)) as srv:
+        busy = asyncio.create_task(_raw(srv.url, _post(b'{"input": "occupies"}', path="/v1/embeddings")))
+        model = srv.models["emb"]
+        await until(lambda: model.workers[0].current is not None)
+        reader, writer = await connect(srv.url)
+        writer.write(_post(b'{"input": ["gone-1", "gone-2", "gone-3"]}', path="/v1/embeddings"))
+        await until(lambda: model.batcher.depth == 3)
+        writer.close()  # gone while its inputs are queued
+        await until(lambda: model.batcher.depth == 0)
+        assert (await busy)[0][0] == 200
+        await until(lambda: srv.lifecycle.in_flight == 0)
+        computed = backend_of(srv, "emb").gpu.computed
+        assert [computed[f"gone-{i}"] for i in (1, 2, 3)] == [0, 0, 0]
+        assert srv.api.fast_path.taken == 2
+        assert sum(n for (_, _, _, code, error), n in model.metrics.requests.items()
+                   if (code, error) == (499, "CLIENT_DISCONNECTED")) == 1
+
