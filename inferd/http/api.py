@@ -82,7 +82,6 @@ class HttpApi:
                                        lifecycle=lifecycle, ids=self.ids, body=body)
         inference = InferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle, ids=self.ids,
                                  body=body, generation=generation)
-        self.fast_path = FastPath(inference, lifecycle, tracing) if fast_path else None  # (answers from the connection)
         untraced: tuple[CallHandler, ...] = (inference.inference, inference.embeddings, inference.rerank,
                                              inference.tei_rerank, inference.tei_embed, inference.cohere_embed,
                                              inference.classify, inference.tei_predict)
@@ -90,6 +89,7 @@ class HttpApi:
             traced_route(tracing, self.ids, route) for route in untraced)
         self.open_inference = OpenInferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle,
                                                ids=self.ids, body=body, tracing=tracing)
+        self.fast_path = FastPath(inference, self.open_inference, lifecycle, tracing) if fast_path else None  # (answers from the connection)
         self.admin = AdminApi(rollouts=rollouts, auth=admission.auth, body=body, ids=self.ids,
                               file_drift=file_drift) if rollouts else None
         self.idempotency = IdempotentReplies(admission.auth, body, self.ids, idempotency_window_s, idempotency_max_keys,

@@ -1,25 +1,32 @@
-"""One-input inference answered from the connection itself: the common request, without the
-per-request machinery of aiohttp's server around it.
+"""Inference answered from the connection itself: the common request, without the per-request
+machinery of aiohttp's server around it.
 
 Why: around each request aiohttp makes a task, a request object, a writer and a response object, with
 the awaits between them. Without them an S2 request costs ~252,000 instructions instead of ~295,000
 (callgrind, real sockets), S2's throughput is 1.09-1.27 of what it was at 100 and 400 clients and S9's
-1.05-1.21 (`benchmarks/results/callgrind_request.md`, `request_path_fast*.md`). At 100 closed-loop
-clients each batch waits for the previous one's answers to go out and the next requests to come in, so
-that CPU is the turnaround (issue 27).
+1.05-1.21 (`benchmarks/results/callgrind_request.md`, `request_path_fast*.md`); an embedding route's
+request 14-23% less server CPU (`route_floor.md`). At 100 closed-loop clients each batch waits for the
+previous one's answers to go out and the next requests to come in, so that CPU is the turnaround
+(issue 27).
 
-What it takes: `POST /v1/inference` (or `/api/inference`) to a batch model, and every route whose call
+What it takes: `POST /v1/inference` (or `/api/inference`) to a batch model; every route whose call
 holds several inputs (`dialects`: OpenAI's `/v1/embeddings` and `/v1/classify`, TEI's `/embed`,
-`/predict`, `/rerank` and `POST /`, Cohere's `/v2/embed` and `/v1/rerank`), the whole body in with its
-headers or in the next read (the connection waits up to `BODY_GRACE_S` for it, then hands the request
-on), on a connection with nothing else in hand; no query string, `Idempotency-Key`, `Expect`,
-`Content-Encoding` or image body. Everything else, and anything it is unsure of, goes the usual way
-(`api.HttpApi.handle`). The call itself runs through the same steps as the handler's
-(`InferenceApi.identify / route / admit / answered / refused`, or `identify / take / answered_many /
-refused` for a call of several inputs): the same admission, errors, records, trace and headers. Each
-input's future calls back when it resolves (a call of several is answered when the last one is, or
-refused with the first error, the rest withdrawn, as the handler's gather does); a client that goes
-away has its inputs withdrawn as a cancelled handler's are. `[server] fast_path = false` turns it off.
+`/predict`, `/rerank` and `POST /`, Cohere's `/v2/embed` and `/v1/rerank`); KServe v2's
+`/v2/models/{name}[/versions/{v}]/infer` once its model is found and its caller known (else the usual
+way answers it, as it did). The whole body in with its headers or in the next read (the connection
+waits up to `BODY_GRACE_S` for it, then hands the request on), on a connection with nothing else in
+hand; no query string, `Idempotency-Key`, `Expect`, `Content-Encoding` or image body. Everything else,
+and anything it is unsure of, goes the usual way (`api.HttpApi.handle`). The call runs through the
+handler's own steps (`InferenceApi.identify / route / admit / answered / refused`; `identify / take /
+answered_many / refused` for a call of several inputs; `OpenInferenceApi.take / answered / refused`):
+the same admission, errors, records, trace and headers. Each input's future calls back when it
+resolves (a call of several is answered with its last, or refused with its first error and the rest
+withdrawn, as the handler's gather does); a client that goes away has its inputs withdrawn as a
+cancelled handler's are. `[server] fast_path = false` turns it off.
+
+Why one module: taking a request off the connection, and answering it there, is one protocol with the
+connection (`Connection`, `InFlight`); the three kinds of call differ only in which handler steps it
+runs.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from .dialects import (
     Dialect,
 )
 from .inference import InferenceApi, ManyInputs, OneInput
+from .open_inference import TRACED_ROUTE, OpenInferenceApi, V2Infer
 from .responses import answer_bytes
 
 log = logging.getLogger("inferd.http")
@@ -76,7 +84,8 @@ class InFlight:
 
     __slots__ = ("path", "one", "connection", "keep_alive", "unanswered")
 
-    def __init__(self, path: FastPath, one: OneInput | ManyInputs, connection: Connection, keep_alive: bool) -> None:
+    def __init__(self, path: FastPath, one: OneInput | ManyInputs | V2Infer, connection: Connection,
+                 keep_alive: bool) -> None:
         self.path = path
         self.one = one
         self.connection = connection
@@ -92,8 +101,10 @@ class InFlight:
 class FastPath:
     """Takes the requests it can answer from a connection's `data_received` (see the module docstring)."""
 
-    def __init__(self, inference: InferenceApi, lifecycle: Lifecycle, tracing: Tracing | None) -> None:
+    def __init__(self, inference: InferenceApi, open_inference: OpenInferenceApi, lifecycle: Lifecycle,
+                 tracing: Tracing | None) -> None:
         self.inference = inference
+        self.open_inference = open_inference
         self.lifecycle = lifecycle
         self.tracing = tracing
         self.max_body_bytes = inference.body.max_bytes
@@ -101,7 +112,7 @@ class FastPath:
 
     def takes(self, message: Any, payload: Any) -> bool:
         """Whether a parsed request is one it answers: checked before it leaves aiohttp's queue."""
-        if message.method != "POST" or message.path not in _PATHS or message.upgrade:
+        if message.method != "POST" or not _taken_path(message.path) or message.upgrade:
             return False
         if payload is EMPTY_PAYLOAD or not payload.is_eof() or payload.exception() is not None:
             return False
@@ -110,7 +121,7 @@ class FastPath:
     def waits_for_body(self, message: Any, payload: Any) -> bool:
         """Whether it would take this request once its body is in: announced (within the size limit) and
         not all come. Many clients write the headers and the body apart (aiohttp's, for one)."""
-        if message.method != "POST" or message.path not in _PATHS or message.upgrade:
+        if message.method != "POST" or not _taken_path(message.path) or message.upgrade:
             return False
         if payload is EMPTY_PAYLOAD or payload.is_eof() or payload.exception() is not None:
             return False
@@ -129,6 +140,8 @@ class FastPath:
         """Answer a request `takes` accepted: at once (a refusal), or when its future resolves (the
         connection's `fast_flight` meanwhile); None. Or it is not one after all (it names a generation
         model): nothing was done, and the request (its body unread again) is returned to go the usual way."""
+        if message.path not in _PATHS:
+            return self._start_v2(connection, message, payload)
         dialect = _PATHS[message.path]
         if dialect is not None:
             if message.path == _TEI_ROOT:
@@ -209,7 +222,51 @@ class FastPath:
         for request in requests:
             request.future.add_done_callback(flight)
 
-    def _trace(self, one: OneInput | ManyInputs, headers: Any, path: str) -> bool:
+    def _start_v2(self, connection: Connection, message: Any, payload: Any) -> tuple[Any, Any] | None:
+        """`start` for KServe v2's infer, once its model is found and its caller known: else nothing was
+        done, and the request goes the usual way (whose answer, a 404 or 401 before the call starts, is
+        neither counted in flight nor recorded)."""
+        api, headers = self.open_inference, message.headers
+        parts = message.path.split("/")[3:]  # (after "", "v2", "models"; the path ends in /infer)
+        name, version = parts[0], parts[2] if len(parts) == 4 and parts[1] == "versions" else None
+        if len(parts) not in (2, 4) or len(parts) == 4 and version is None or "@" in name:
+            return message, payload
+        try:
+            who = api.admission.identify(headers)
+            model = api.models.route(name, version)
+        except InferdError:
+            return message, payload
+        if model is None:
+            return message, payload
+        infer = V2Infer(api.started(model, api.ids.pick(headers.get("X-Request-ID"))), model, who)
+        infer.call.client = connection.client
+        connection.fast_flight = flight = InFlight(self, infer, connection, not message.should_close)
+        self.lifecycle.enter()
+        try:
+            if self.tracing is not None:
+                self._trace(infer, headers, TRACED_ROUTE)
+            body = whole_body(payload)
+            if len(body) > self.max_body_bytes:
+                raise PayloadTooLarge(f"body exceeds {self.max_body_bytes} bytes")
+            api.take(infer, body, headers)
+        except InferdError as error:
+            self._finish(flight, *self._refusal(flight, error))
+            return None
+        except Exception as exc:  # noqa: BLE001 - a bug: this request's 500, as aiohttp answers a handler's
+            log.error("request %s failed: %s", infer.call.request_id, describe(exc), exc_info=exc)
+            self._finish(flight, *self._refusal(flight, InternalError("internal error (logged with this request id)")))
+            return None
+        except BaseException:
+            connection.fast_flight = None
+            self.lifecycle.leave()
+            raise
+        requests = infer.call.requests
+        flight.unanswered = len(requests)
+        for request in requests:
+            request.future.add_done_callback(flight)
+        return None
+
+    def _trace(self, one: OneInput | ManyInputs | V2Infer, headers: Any, path: str) -> bool:
         """Draw the call's trace (`Tracing.begin`), from its start, once it is known to be a batch model's
         call or refused: a generation model's handler draws its own, and a second draw would take a
         client's sampled `traceparent` twice from `max_client_traced_per_s`. Returns True: drawn."""
@@ -227,13 +284,17 @@ class FastPath:
             error = future.exception()
             if error is None:
                 if type(one) is OneInput:
-                    answer = self.inference.answered(one, future.result())
+                    data = answer_bytes(200, *self.inference.answered(one, future.result()), flight.keep_alive)
                 else:
                     flight.unanswered -= 1
                     if flight.unanswered:
                         return  # (answered with the last of its inputs)
-                    answer = self.inference.answered_many(one, [r.future.result() for r in one.call.requests])  # type: ignore[arg-type]
-                data = answer_bytes(200, *answer, flight.keep_alive)
+                    outputs = [r.future.result() for r in one.call.requests]
+                    if type(one) is ManyInputs:
+                        data = answer_bytes(200, *self.inference.answered_many(one, outputs), flight.keep_alive)
+                    else:
+                        body, extra, content_type = self.open_inference.answered(one, outputs)  # type: ignore[arg-type]
+                        data = answer_bytes(200, body, extra, flight.keep_alive, content_type)
         except InferdError as raised:
             error = raised
         except Exception as exc:  # noqa: BLE001 - a bug (e.g. an output JSON cannot hold): this request's 500
@@ -248,7 +309,8 @@ class FastPath:
         withdraw_unanswered(one.model, one.call.requests)  # (a call of several: the rest, never computed)
 
     def _refusal(self, flight: InFlight, error: InferdError) -> tuple[int, bytes, bool]:
-        response = self.inference.refused(flight.one, error)
+        one = flight.one
+        response = self.open_inference.refused(one, error) if type(one) is V2Infer else self.inference.refused(one, error)  # type: ignore[arg-type]
         keep_alive = flight.keep_alive and not response.closes
         return error.status, response.encoded(keep_alive), keep_alive
 
@@ -274,6 +336,10 @@ class FastPath:
                 self.tracing.end(one.call.trace, one.call.request_id, 499)  # type: ignore[union-attr]
         finally:
             self.lifecycle.leave()
+
+
+def _taken_path(path: str) -> bool:
+    return path in _PATHS or path[:11] == "/v2/models/" and path[-6:] == "/infer"
 
 
 _READ_LIMIT = 2**16  # (aiohttp's own for a request's body)

@@ -14,22 +14,24 @@ index (`POST /v2/repository/index`).
 from __future__ import annotations
 
 import time
-from functools import partial
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from .. import __version__
 from ..admission.admission import Admission
+from ..admission.rate_limits import Identity
 from ..errors import InferdError, MethodNotAllowed, ModelNotFound, NotFound
 from ..lifecycle import Lifecycle
 from ..models.batch_model import BatchModel
 from ..models.registry import Models
 from ..observability.outcomes import Call, Outcomes
 from ..observability.tracing import Tracing
-from .batch_calls import BatchCalls, cache_allowed, call_timing, traced
+from .batch_calls import BatchCalls, cache_allowed, call_timing, client_of, traced
 from .body_reader import BodyReader, entered, json_object
-from .open_inference_wire import HEADER_LENGTH, IMAGE_INPUT, INPUT, OUTPUT, infer_response, parse_infer
+from .open_inference_wire import HEADER_LENGTH, IMAGE_INPUT, INPUT, OUTPUT, InferCall, infer_response, parse_infer
 from .request_ids import RequestIds
 from .responses import WholeResponse, dumps, error_response
 
@@ -70,8 +72,9 @@ class OpenInferenceApi:
             if parts[0] != "models" or len(parts) < 2:
                 raise NotFound(f"no route for {request.method} {path}")
             # The caller first: an unauthenticated one learns nothing of which models and versions exist.
+            who = None
             if parts[-1] == "infer":
-                self.admission.identify(request.headers)
+                who = self.admission.identify(request.headers)
             elif self.admission.auth.config.operations != "open":
                 self.admission.auth.require_operations(request.headers)  # (as GET /v1/models)
             model, rest = self._model(parts[1:])
@@ -83,8 +86,10 @@ class OpenInferenceApi:
                 return _json(triton_config(model), request_id)
             if rest == ["infer"]:
                 entered(self.lifecycle, request)
+                infer = V2Infer(self.started(model, request_id), model, who)  # type: ignore[arg-type]
+                infer.call.client = client_of(request)  # (the connection, as the batcher's echo knows it)
                 try:
-                    return await self.infer(request, model, request_id)
+                    return await self.infer(request, infer)
                 finally:
                     self.lifecycle.leave()
             raise NotFound(f"no route for {request.method} {path}")
@@ -99,32 +104,64 @@ class OpenInferenceApi:
             version, rest = rest[1], rest[2:]
         return routed_model(self.models, name, version), rest
 
-    async def infer(self, request: web.BaseRequest, model: BatchModel, request_id: str) -> web.StreamResponse:
-        call = Call(time.monotonic(), request_id, model=model.name, version=model.version)
-        if self.tracing is None:
-            return await self._infer(request, model, call)
-        return await traced(self.tracing, request, call, partial(self._infer, request, model), "/v2/models/{model}/infer")
+    @staticmethod
+    def started(model: BatchModel, request_id: str) -> Call:
+        """An infer call's record, from now."""
+        return Call(time.monotonic(), request_id, model=model.name, version=model.version)
 
-    async def _infer(self, request: web.BaseRequest, model: BatchModel, call: Call) -> web.StreamResponse:
-        headers = request.headers
+    async def infer(self, request: web.BaseRequest, infer: V2Infer) -> web.StreamResponse:
+        if self.tracing is None:
+            return await self._infer(request, infer)
+        return await traced(self.tracing, request, infer.call, lambda _: self._infer(request, infer), TRACED_ROUTE)
+
+    async def _infer(self, request: web.BaseRequest, infer: V2Infer) -> web.StreamResponse:
         try:
-            who = self.admission.identify(headers)
-            call.tier, call.tenant = who.tier, who.tenant
-            cap = model.config.max_inputs_per_call
-            parsed = parse_infer(await self.body.read(request), headers.get(HEADER_LENGTH), model.input_kind == "image", cap)
-            self.calls.admit(model, call, parsed.inputs, who, parsed.timeout_ms, cache_allowed(headers))
-            outputs = await self.calls.answers(model, call)
+            self.take(infer, await self.body.read(request), request.headers)
+            outputs = await self.calls.answers(infer.model, infer.call)
         except InferdError as error:
-            now = self.outcomes.record_error(call, error)
-            return error_response(error, call.request_id, close=self.lifecycle.draining, open_inference=True,
-                                  held_s=now - call.started)
+            return self.refused(infer, error)
+        body, headers, content_type = self.answered(infer, outputs)
+        return WholeResponse(200, body, headers, content_type=content_type)
+
+    # The steps of `_infer`, which the connection's fast path (`fast_path`) takes too.
+
+    def take(self, infer: V2Infer, body: bytes, headers: Mapping[str, str]) -> None:
+        """Read the call from the body and admit its inputs (`infer.call.requests`)."""
+        model, call, who = infer.model, infer.call, infer.who
+        call.tier, call.tenant = who.tier, who.tenant
+        infer.parsed = parsed = parse_infer(body, headers.get(HEADER_LENGTH), model.input_kind == "image",
+                                            model.config.max_inputs_per_call)
+        self.calls.admit(model, call, parsed.inputs, who, parsed.timeout_ms, cache_allowed(headers))
+
+    def refused(self, infer: V2Infer, error: InferdError) -> WholeResponse:
+        """The call's error answer in the protocol's shape, recorded."""
+        call = infer.call
+        now = self.outcomes.record_error(call, error)
+        return error_response(error, call.request_id, close=self.lifecycle.draining, open_inference=True,
+                              held_s=now - call.started)
+
+    def answered(self, infer: V2Infer, outputs: list[Any]) -> tuple[bytes, tuple[tuple[str, str], ...], bytes]:
+        """The call's answer (its body, headers and content type), recorded."""
+        call, parsed = infer.call, infer.parsed
         now = self.outcomes.record(call)
-        body, header_length = infer_response(model.name, model.version, parsed.id, outputs, parsed.binary_output)
-        answer_headers = (("X-Request-ID", call.request_id), ("Server-Timing", call_timing(call.requests, now - call.started)))
+        body, header_length = infer_response(call.model, call.version, parsed.id, outputs, parsed.binary_output)  # type: ignore[union-attr]
+        headers = (("X-Request-ID", call.request_id), ("Server-Timing", call_timing(call.requests, now - call.started)))
         if header_length is None:
-            return WholeResponse(200, body, answer_headers)
-        return WholeResponse(200, body, (*answer_headers, (HEADER_LENGTH, str(header_length))),
-                             content_type=b"application/octet-stream")
+            return body, headers, b"application/json"
+        return body, (*headers, (HEADER_LENGTH, str(header_length))), b"application/octet-stream"
+
+
+TRACED_ROUTE = "/v2/models/{model}/infer"
+
+
+@dataclass(slots=True)
+class V2Infer:
+    """An infer call as far as it got: its record (model and version routed), the caller, the body."""
+
+    call: Call
+    model: BatchModel
+    who: Identity
+    parsed: InferCall | None = None
 
 
 # What the protocol's metadata routes answer, over HTTP here and over gRPC (`inferd.grpc`) alike.

@@ -63,7 +63,7 @@ async def test_a_request_handed_on_leaves_its_clients_trace_decision_to_the_hand
     # handler's own draw finds the budget empty and the client's trace is lost (sample_rate 0).
     tracing = Tracing(TracingConfig(enabled=True, sample_rate=0.0, max_client_traced_per_s=1.0), InMemorySpanExporter())
     lifecycle = Lifecycle()
-    path = FastPath(GenerationRouting(), lifecycle, tracing)  # type: ignore[arg-type]
+    path = FastPath(GenerationRouting(), None, lifecycle, tracing)  # type: ignore[arg-type]
     connection = Connection()
     body = b'{"model": "tiny", "input": "hello"}'
     message = SimpleNamespace(headers=CIMultiDictProxy(CIMultiDict(SAMPLED)), path="/v1/inference", should_close=False)
