@@ -25,7 +25,7 @@ from ..http.open_inference_wire import (
     element_count,
     input_values,
     output_tensor,
-    timeout_ms,
+    timeout_parameter_ms,
     unpack_bytes,
 )
 
@@ -73,7 +73,7 @@ def parse_infer(request: pb.ModelInferRequest, images: bool, max_elements: int |
     timeout = request.parameters["timeout"] if "timeout" in request.parameters else None
     if timeout is not None and timeout.WhichOneof("parameter_choice") not in ("int64_param", "uint64_param"):
         raise InvalidInput("the `timeout` parameter must be a positive integer (microseconds)")
-    call_timeout_ms = None if timeout is None else timeout_ms(getattr(timeout, str(timeout.WhichOneof("parameter_choice"))))
+    call_timeout_ms = None if timeout is None else timeout_parameter_ms(getattr(timeout, str(timeout.WhichOneof("parameter_choice"))))
     if deadline_s is not None:
         left_ms = max(1, math.ceil(deadline_s * 1000))
         call_timeout_ms = left_ms if call_timeout_ms is None else min(call_timeout_ms, left_ms)

@@ -62,7 +62,7 @@ def parse_infer(body: bytes, header_length: str | None, images: bool = False, ma
             if asked.get("name") != OUTPUT:
                 raise InvalidInput(f"unknown output {asked.get('name')!r}: this model has one, `{OUTPUT}`")
             binary = _flag(_table(asked.get("parameters"), "outputs[].parameters"), "binary_data", binary)
-    return InferCall(call_id, values, timeout_ms(parameters.get("timeout")), binary)
+    return InferCall(call_id, values, timeout_parameter_ms(parameters.get("timeout")), binary)
 
 
 def input_values(elements: list[str | bytes], images: bool) -> list[Any]:
@@ -181,7 +181,8 @@ def unpack_bytes(raw: bytes, count: int) -> list[str | bytes]:
     return elements
 
 
-def timeout_ms(value: Any) -> int | None:
+def timeout_parameter_ms(value: Any) -> int | None:
+    """The `timeout` parameter (Triton's, in microseconds) as a call's timeout in milliseconds."""
     if value is None:
         return None
     if type(value) is not int or value <= 0:

@@ -20,7 +20,7 @@ from .shared_work import SharedWork
 from .timeliness import Timeliness
 
 
-class BatchModel(Protocol):
+class ReportedModel(Protocol):
     """What a report reads of the batch model it describes (`batch_model.BatchModel`)."""
 
     name: str
@@ -47,7 +47,7 @@ class BatchModel(Protocol):
     def predicted_wait_s(self, tier: str | None = None, now: float | None = None, tenant: str | None = None) -> float: ...
 
 
-def snapshot(model: BatchModel, now: float) -> BatchModelSnapshot:
+def snapshot(model: ReportedModel, now: float) -> BatchModelSnapshot:
     model.costs.refresh_margins(now)  # (they fade with time: the gauge shows them as they stand now)
     return BatchModelSnapshot(
         name=model.name, version=model.version, takes_traffic=model.takes_traffic, ready=model.ready, waiting_by_tier=model.batcher.depth_by_tier(),
@@ -69,7 +69,7 @@ def _cache_snapshot(cache: ResultCache | None) -> CacheSnapshot | None:
                          bytes=cache.bytes, entries=len(cache))
 
 
-def _echo(model: BatchModel) -> dict[str, Any]:
+def _echo(model: ReportedModel) -> dict[str, Any]:
     """How the closed-loop echo held free workers (`scheduling.arrivals.Echo`): how often, for how long in
     all, how long an echo takes to come back whole after its first arrival (`spread_ms`, the highest of
     late), how often the clients came back whole (their batch left at once, trigger "echo") or the batch
@@ -81,7 +81,7 @@ def _echo(model: BatchModel) -> dict[str, Any]:
             "cut": echo.cut, "held_ms_total": round(echo.held_s * 1000, 1), "slow_connections": echo.slow}
 
 
-def describe(model: BatchModel) -> dict[str, Any]:
+def describe(model: ReportedModel) -> dict[str, Any]:
     c, pool, preprocessor = model.config, model.pool, model.preprocessor
     settings = ("backend", "max_batch_size", "max_wait_ms", "slo_ms", "max_batch_tokens", "max_queue", "timeout_ms",
                 "max_timeout_ms", "collapse")
@@ -126,7 +126,7 @@ def describe(model: BatchModel) -> dict[str, Any]:
     }
 
 
-def _objectives(model: BatchModel) -> dict[str, dict[str, Any]]:
+def _objectives(model: ReportedModel) -> dict[str, dict[str, Any]]:
     """Per tier: admitted requests with a latency objective that met it and missed it, and the share met."""
     counts: dict[str, dict[str, Any]] = {}
     for (name, version, tier, result), n in list(model.metrics.objectives.items()):
@@ -138,7 +138,7 @@ def _objectives(model: BatchModel) -> dict[str, dict[str, Any]]:
     return counts
 
 
-def _wait_errors(model: BatchModel) -> dict[str, dict[str, Any]]:
+def _wait_errors(model: ReportedModel) -> dict[str, dict[str, Any]]:
     """Per tier: how far actual waits have been from the waits predicted at admission (ms)."""
     return {tier: {"requests": h.count, "mean_ms": round(h.mean * 1000, 3) if h.mean is not None else None}
             for tier, h in model.timeliness.wait_error.items()}

@@ -348,11 +348,7 @@ class RequestQueue:
             items.popleft()
             left += 1
             tokens += tokens_of(request)
-            if request.deadline <= now:
-                request.state = RequestState.EXPIRED
-            else:
-                request.state = RequestState.TAKEN
-                batch.add(request)
+            into_batch(request, now, batch)
         tier.live -= left
         self.live -= left
         self.tokens -= tokens
@@ -378,12 +374,7 @@ class RequestQueue:
     def _claim(self, tier: TierQueue, request: PendingRequest, now: float, batch: BatchFilling) -> bool:
         """Take `request` out of the queue, into `batch` unless its deadline passed (False: it did)."""
         self._left(tier, request)
-        if request.deadline <= now:
-            request.state = RequestState.EXPIRED
-            return False
-        request.state = RequestState.TAKEN
-        batch.add(request)
-        return True
+        return into_batch(request, now, batch)
 
     def drain(self) -> Iterator[PendingRequest]:
         """Remove and yield every live request (shutdown, breaker)."""
@@ -396,3 +387,14 @@ class RequestQueue:
             tier.tenants.clear()
             tier.turns.clear()
             tier.calls.clear()
+
+
+def into_batch(request: PendingRequest, now: float, batch: BatchFilling) -> bool:
+    """The one rule of taking a request off the queue: into `batch`, unless its deadline passed (then it
+    is expired, never run: its deadline timer answers 504). False: it had."""
+    if request.deadline <= now:
+        request.state = RequestState.EXPIRED
+        return False
+    request.state = RequestState.TAKEN
+    batch.add(request)
+    return True
