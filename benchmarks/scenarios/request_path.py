@@ -1,6 +1,7 @@
 """Before/after of a change to the request path: S2 (the simulated GPU, which costs the server no CPU)
 and S9 (the real MiniLM front end, a stand-in only for the GPU's time) on this checkout and on
-`--baseline-tree`, alternated round by round so both see the same machine. 10 ms per batch of up to
+`--baseline-tree`, alternated round by round so both see the same machine (and which goes first swapped
+each round). 10 ms per batch of up to
 100, wrk at 100 and 400 clients. The figures are the ratios of the medians, and the median of the
 round-by-round ratios (this machine is noisy: one pair proves little).
 """
@@ -47,11 +48,13 @@ if __name__ == "__main__":
         raise SystemExit("--baseline-tree is required (git worktree add DIR REF)")
     paths = {"S2": (sim_config(latency_ms=10), S2_BODY), "S9": (standin_config("gpu_ms = 10"), S9_BODY)}
     rounds = []
-    for _ in range(1 if args.quick else n_rounds):
+    for n in range(1 if args.quick else n_rounds):
         one = {}
         for name, (config, body) in paths.items():
-            one[f"{name} baseline"] = measure(args.baseline_tree, config, body, args.quick)
-            one[name] = measure(None, config, body, args.quick)
+            # (which goes first swaps round by round: a server started second in a pair ran slower often
+            # enough to read as a change)
+            for tree in ((args.baseline_tree, None) if n % 2 == 0 else (None, args.baseline_tree)):
+                one[name if tree is None else f"{name} baseline"] = measure(tree, config, body, args.quick)
         rounds.append(one)
     summary = {f"{name} {c} clients": summarise(rounds, name, c) for name in paths for c in CLIENTS}
     out = Path(args.out_dir or RESULTS)
