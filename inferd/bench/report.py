@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,8 @@ def plot(
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        print("plots skipped: matplotlib is not installed (pip install matplotlib, or 'inferd[bench]'; "
+              "--no-plots to skip them quietly)", file=sys.stderr)
         return []
     written = []
     for mode in ("open", "closed"):
