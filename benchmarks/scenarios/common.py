@@ -179,6 +179,53 @@ def mosec_server(quick: bool, batch_ms: float = 10) -> Iterator[tuple[str, int] 
             proc.wait()
 
 
+@contextmanager
+def infinity_server(model_path: str, batch_size: int) -> Iterator[str | None]:
+    """Infinity 0.0.78 (`infinity-emb`, torch engine, float32 on the CPU) serving `model_path` as "minilm"
+    on a free port, in benchmarks/.infinity-venv (made on first use with pip, about 3 minutes); yields its
+    base URL (OpenAI's `/embeddings`), or None when it cannot be installed here."""
+    venv = REPO / "benchmarks" / ".infinity-venv"
+    binary = venv / "bin" / "infinity_emb"
+    if not binary.exists():
+        made = subprocess.run([sys.executable, "-m", "venv", str(venv)]).returncode == 0 and subprocess.run(
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "infinity-emb[server,torch]==0.0.78",
+             "torch==2.13.0"]).returncode == 0
+        if not made:
+            print("Infinity could not be installed: measured without it", file=sys.stderr)
+            yield None
+            return
+    port = free_port()
+    proc = subprocess.Popen([str(binary), "v2", "--model-id", model_path, "--served-model-name", "minilm",
+                             "--batch-size", str(batch_size), "--device", "cpu", "--engine", "torch", "--dtype",
+                             "float32", "--no-bettertransformer", "--host", "127.0.0.1", "--port", str(port),
+                             "--log-level", "warning"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0",
+                                 "DO_NOT_TRACK": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        give_up = time.monotonic() + 180
+        while True:
+            try:
+                request = urllib.request.Request(f"{url}/embeddings", data=b'{"model": "minilm", "input": ["up"]}',
+                                                 headers={"Content-Type": "application/json"}, method="POST")
+                with urllib.request.urlopen(request, timeout=5) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                if time.monotonic() > give_up or proc.poll() is not None:
+                    raise RuntimeError("Infinity did not start") from None
+                time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def measured_step(url: str, pid: int, *, clients: int, duration_s: float, quick: bool, path: str, body: bytes = BODY,
                   processes: int = 2) -> dict[str, Any]:
     """A wrk step against any server, its CPU per request read from /proc for its whole process tree
