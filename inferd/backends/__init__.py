@@ -30,6 +30,7 @@ from .contract import (  # noqa: F401 - the contract, re-exported
     module_check_options,
     module_memory_bytes,
 )
+from .hooks import protocol_members
 
 BackendFactory = Callable[[str, Mapping[str, Any]], BatchBackend]
 T = TypeVar("T")
@@ -102,8 +103,7 @@ def build_batch_function(
     return obj
 
 
-_ENGINE_MEMBERS = ("max_model_len", "stats", "lora_enabled", "adapter_room", "start", "shutdown", "preload", "encode",
-                   "encode_chat", "tool_plan", "sampling", "generate", "add_adapter", "remove_adapter", "client_mistake")
+_ENGINE_MEMBERS = protocol_members(GenerationEngine)  # (what build_engine checks an engine has: the protocol's own)
 
 
 def build_engine(spec: str, options: Mapping[str, Any], adapters: int = 0) -> GenerationEngine:

@@ -45,6 +45,8 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from .hooks import HOOKS
+
 In = TypeVar("In")
 Out = TypeVar("Out", covariant=True)
 
@@ -59,8 +61,6 @@ class BatchBackend(Protocol[In, Out]):
 
 
 INPUT_KINDS = ("text", "image", "pair")
-_HOOKS = ("prepare_batch", "prepare", "check_call", "warmup", "warmup_batches", "cost", "close", "launch", "collect",
-          "tokens_of", "text_of")
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class Capabilities:
         if not callable(backend):
             raise TypeError(f"a backend must be callable (a batch function), not {type(backend).__name__}")
         hooks = {}
-        for name in _HOOKS:
+        for name in HOOKS:
             hook = getattr(backend, name, None)
             if hook is not None and not callable(hook):
                 raise TypeError(f"backend {type(backend).__name__}: `{name}` must be a method, not {type(hook).__name__}")

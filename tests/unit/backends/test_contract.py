@@ -79,3 +79,34 @@ def test_the_bucketed_sim_offers_prepare_and_its_module_estimates_its_memory():
     assert offers.prepare_batch is None
     assert module_memory_bytes("inferd.backends.sim:create", {"memory_mb": 3}) == 3 << 20
     assert module_memory_bytes("tests.unit.backends.test_contract:shout", {}) == 0  # no estimate: 0
+
+
+def test_the_hooks_are_read_from_their_protocols_and_written_once_everywhere_else():
+    """One place to add a hook (a protocol in `hooks`): `Capabilities` has a field for each, and the
+    contract's table in its docstring names each."""
+    import dataclasses
+
+    from inferd.backends import contract
+    from inferd.backends.hooks import HOOKS
+
+    assert HOOKS[:3] == ("prepare_batch", "prepare", "check_call") and "launch" in HOOKS and "text_of" in HOOKS
+    fields = [f.name for f in dataclasses.fields(Capabilities)]
+    assert fields[:len(HOOKS)] == list(HOOKS)  # (the bound hooks first, then what is not a hook)
+    table = [line for line in (contract.__doc__ or "").splitlines() if line.startswith("| `")]
+    assert all(any(f"`{hook}(" in line for line in table) for hook in HOOKS), HOOKS
+
+
+def test_an_engine_is_checked_for_every_member_its_protocol_declares(monkeypatch):
+    from inferd.backends import build_engine, echo_engine
+
+    engine = build_engine("inferd.backends.echo_engine", {})
+    assert engine.default_max_tokens > 0
+
+    def create(options, adapters=0):  # an engine without one of the protocol's members
+        made = echo_engine.EchoEngine(options, adapters)
+        del made.default_max_tokens
+        return made
+
+    monkeypatch.setattr(echo_engine, "create", create)
+    with pytest.raises(TypeError, match="lacks default_max_tokens"):
+        build_engine("inferd.backends.echo_engine", {})
