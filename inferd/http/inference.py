@@ -201,7 +201,7 @@ class InferenceApi:
         name = parsed.model or self.models.default_for(kind)
         many.model = model = self.models.route(name)
         if model is None:
-            raise ModelNotFound(f"no {kind} model named {name!r}; see GET /v1/models")
+            raise self.models.not_found(name, f"{kind} model")
         call.model, call.version = model.name, model.version
         if model.ready and model.output_kind != kind:
             raise InvalidInput(f"model {name} {_NOT_OF_KIND[kind]}")

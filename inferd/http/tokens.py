@@ -74,7 +74,7 @@ class TokensApi:
         if name is not None:
             model = self.models.route(name)
             if model is None:
-                raise ModelNotFound(f"no model named {name!r}; see GET /v1/models")
+                raise self.models.not_found(name, "batch model")
         else:  # (TEI's body names none: the default model, else the first with a tokeniser, else one still loading)
             candidates = [m for m in (self.models.route(self.models.default), *self.models.batch.values()) if m is not None]
             model = next((m for m in candidates if m.offers.tokens_of is not None), None) or \

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InferdError, InvalidInput, NotReady
+from ..errors import InferdError, InvalidInput, ModelNotFound, NotReady
 from ..observability.snapshots import BatchModelSnapshot, GenerationSnapshot
 from .batch_model import BatchModel
 from .versions import ServedModel, VersionState
@@ -46,6 +46,15 @@ class Models:
         if default is not None and default.output_kind == kind:
             return self.default
         return next((name for name, model in batch.items() if model.output_kind == kind), self.default)
+
+    def not_found(self, name: str, wanted: str = "model") -> ModelNotFound:
+        """The 404 of a route that found no `wanted` (e.g. "embedding model") named `name`: saying what
+        the name is, where it is something else (a generation model named on an embedding route)."""
+        holder = self.holder(name)
+        if holder is None:
+            return ModelNotFound(f"no {wanted} named {name!r}; see GET /v1/models")
+        article = "" if holder.startswith("an ") else "a "
+        return ModelNotFound(f"{name!r} names {article}{holder}, and this route takes {wanted}s only; see GET /v1/models")
 
     def holder(self, name: str) -> str | None:
         """What answers to `name` now, if anything: a batch model, a generation model, or an adapter of

@@ -184,3 +184,20 @@ async def test_a_call_past_its_deadline_gets_a_504_in_openai_shape(http):
     # refused at once when the prediction says it cannot make it: either way a clear, retry-safe answer.
     assert (status, body["error"]["code"]) in ((504, "DEADLINE_EXCEEDED"), (503, "SERVICE_OVERLOADED"))
     assert "late" not in served.workers[0].backend.gpu.computed
+
+
+async def test_naming_a_generation_model_on_an_embedding_route_says_what_it_is(http):
+    """`/v1/models` lists a generation model; naming it on `/v1/embeddings` or `/tokenize` is a 404 that
+    says it is one (it said "no model named"), and a name nothing holds is still "no ... named"."""
+    models = (ModelConfig(name="emb", backend="tests.fakes:fake_embedder", options={"latency_ms": 5}),
+              ModelConfig(name="gen", kind="generation", backend="inferd.backends.echo_engine"))
+    async with running_server(*models) as srv:
+        for path, body in (("/v1/embeddings", {"model": "gen", "input": "x"}), ("/tokenize", {"model": "gen", "inputs": "x"})):
+            async with http.post(f"{srv.url}{path}", json=body) as resp:
+                answer = await resp.json()
+            assert resp.status == 404, answer
+            message = answer["error"]["message"] if isinstance(answer["error"], dict) else answer["message"]
+            assert "'gen' names a generation model gen" in message, message
+        async with http.post(f"{srv.url}/v1/embeddings", json={"model": "nothing", "input": "x"}) as resp:
+            answer = await resp.json()
+        assert resp.status == 404 and "no embedding model named 'nothing'" in answer["error"]["message"]
