@@ -46,6 +46,7 @@ class Objectives:
 NO_OBJECTIVES = Objectives()
 KEPT_PLACE_MEMORY_S = 60.0  # a higher tier seen this recently still has the last place kept for it
 DEMAND_TAU_S = 10.0  # the refusal rate's memory (a scrape every 5 s reads it twice)
+RATE_MIN_AGE_S = 0.25  # a tier's rate is read over its age since its first arrival, at least this
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,8 +250,10 @@ class EngineBook:
     def _arrival_rate(self, priority: int, now: float) -> float:
         weight, at, first = self._arrivals.get(priority, (0.0, now, now))
         # a steady rate r since `first` holds r x tau x (1 - e^(-age / tau)) by now: read over that reach
-        # (over min(age, tau) it read 37% low at 10 s); at least a second's, a first arrival or two are no rate
-        reach_s = DEMAND_TAU_S * -math.expm1(-max(1.0, now - first) / DEMAND_TAU_S)
+        # (over min(age, tau) it read 37% low at 10 s); at least a quarter second's: a first arrival or two
+        # are no rate, but over a whole second a tier's first half second read half its rate, and lower
+        # tiers took the places its start needed
+        reach_s = DEMAND_TAU_S * -math.expm1(-max(RATE_MIN_AGE_S, now - first) / DEMAND_TAU_S)
         return weight * math.exp(-(now - at) / DEMAND_TAU_S) / reach_s
 
     def _places(self, ahead: list[Promise], need: float) -> int:
