@@ -102,6 +102,7 @@ class Echo:
         self._capped = False  # the hold's end is already the first arrival's linger
         self._stretch_s = 0.0  # how long past the first arrival the hold lasts where that is longer than the linger
         self._awaited: set[Client] = set()  # the connections it is held for, until each sends again...
+        self._returning: set[Client] = set()  # (the last batch's connections not back yet, held for or not)
         self._counted = False  # ...and whether some requests came on no known connection (counted back)
         self.holds = 0  # times a free worker was held for an echo...
         self.returned = 0  # ...of them, times the echo came back whole (its batch left at once)...
@@ -116,7 +117,15 @@ class Echo:
         if self.arrivals <= CYCLE_ARRIVALS:
             self._offsets.append(now - self.cycle_start)
         if not self.hold_until or now >= self.hold_until:
-            return False  # (none, or it ran out: the batch that leaves next ends it, `batch_left`)
+            # (none, or it ran out: the batch that leaves next ends it, `batch_left`). Clients not held
+            # for (their echo comes back over more than a third of a batch) are still back whole when
+            # every connection the batch answered has sent again: their batch goes then, not at the
+            # linger's end.
+            returning = self._returning
+            if client is None or not returning or client not in returning:
+                return False
+            returning.discard(client)
+            return not returning
         if not self._capped:  # the first to come: the hold ends with its linger (or the echo's spread) at the latest
             self._capped = True
             self.hold_until = min(self.hold_until, now + max(linger_s, self._stretch_s))
@@ -130,8 +139,9 @@ class Echo:
         self._end_hold(now)
         return True
 
-    def batch_finished(self, now: float, answered: int) -> None:
-        """Score the cycle since the previous batch finished, and start the next one."""
+    def batch_finished(self, now: float, answered: Sequence[Client | None]) -> None:
+        """Score the cycle since the previous batch finished, and start the next one (`answered`: the
+        connections the batch answered, None for one not known)."""
         length = now - self.cycle_start
         if self.cycle_start and self._cycle_size and length > 0:
             offsets = self._offsets  # (in the order they came: sorted)
@@ -144,7 +154,8 @@ class Echo:
                 if len(offsets) >= self._cycle_size:  # back whole: as many came as it answered
                     spread = offsets[self._cycle_size - 1] - offsets[0]  # (rises at once, falls over ~20 cycles)
                     self.spread_s = spread if spread > self.spread_s else self.spread_s + _SPREAD_FALL * (spread - self.spread_s)
-        self.cycle_start, self._cycle_size = now, answered
+        self.cycle_start, self._cycle_size = now, len(answered)
+        self._returning = set() if None in answered or len(answered) < 2 else set(answered)  # type: ignore[arg-type]
         self._offsets.clear()
         self.arrivals = 0
 

@@ -56,6 +56,25 @@ def test_a_client_whose_echo_spreads_past_the_linger_still_runs_one_batch_per_cy
     assert sim.batcher.echo.spread_s <= 0.030
 
 
+@pytest.mark.parametrize("clients", [30, 50, 70])
+def test_a_closed_loop_too_slow_to_hold_for_still_leaves_when_it_is_back_whole(clients: int):
+    """wrk's 50 clients against 10 ms batches: the answers go out and come back over 3-6 ms, more than
+    a third of a batch, so no worker is held for them (`Echo.hold`); their batch still leaves once as
+    many came back as it answered, not at the 20 ms linger's end (a 30 ms cycle: 0.41 of one batch
+    per cycle, measured)."""
+    sim = Simulation(batch_s=0.01, max_batch_size=100, max_wait_ms=20)
+    starts = random.Random(clients)
+    closed_loop(sim, {c: starts.uniform(0, 0.03) for c in range(clients)}, turnarounds(low_s=0.003, high_s=0.006))
+    run = sim.until(4.0)
+    sim.close()
+    since = 1.0
+    served = len(run.after(since)) / (4.0 - since - 0.01)
+    one_batch_per_cycle = clients / (0.01 + 0.006)
+    assert served >= 0.95 * one_batch_per_cycle, (served, one_batch_per_cycle)
+    assert run.p50(since) <= 0.01 + 0.010
+    assert sim.batcher.echo.holds == 0 or sim.batcher.echo.echo_s > 0.01 / 3  # (not held for: back whole alone)
+
+
 def test_two_groups_of_closed_loop_clients_out_of_step_merge_within_two_cycles():
     """The e2e test's case: 10 clients, then 10 more that start while the first ten's batch computes.
     Each group would run half a batch in turn for ever; held for the echo, the worker merges them."""
