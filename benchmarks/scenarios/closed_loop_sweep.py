@@ -31,7 +31,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -49,6 +48,7 @@ from common import (
     start_hogs,
     step,
     stop_hogs,
+    wait_answering,
 )
 
 CLIENTS = (1, 2, 5, 10, 20, 50, 100, 200, 400, 1000)
@@ -87,16 +87,7 @@ def floor_server(clients: int, batch_ms: float) -> Iterator[str]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        give_up = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/", timeout=1)
-            except urllib.error.HTTPError:
-                break  # (it answers: 404 for /)
-            except OSError:
-                if time.monotonic() > give_up:
-                    raise RuntimeError("the one-batch-per-cycle floor did not start") from None
-                time.sleep(0.1)
+        wait_answering(url, "the one-batch-per-cycle floor")
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGKILL)

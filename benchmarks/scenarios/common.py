@@ -171,12 +171,7 @@ def mosec_server(quick: bool, batch_ms: float = 10) -> Iterator[tuple[str, int] 
                 time.sleep(0.2)
         yield url, proc.pid
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc)
 
 
 @contextmanager
@@ -218,12 +213,32 @@ def infinity_server(model_path: str, batch_size: int) -> Iterator[str | None]:
                 time.sleep(0.5)
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
+        stop_group(proc)
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """End a server started in its own process group (`start_new_session`): SIGINT, then SIGKILL after 30 s."""
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def wait_answering(url: str, what: str, timeout_s: float = 30) -> None:
+    """Until the server at `url` answers `GET /` (with anything, a 404 too); RuntimeError after `timeout_s`."""
+    give_up = time.monotonic() + timeout_s
+    while True:
         try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            urllib.request.urlopen(f"{url}/", timeout=1)
+            return
+        except urllib.error.HTTPError:
+            return  # (it answers)
+        except OSError:
+            if time.monotonic() > give_up:
+                raise RuntimeError(f"{what} did not start") from None
+            time.sleep(0.1)
 
 
 def measured_step(url: str, pid: int, *, clients: int, duration_s: float, quick: bool, path: str, body: bytes = BODY,

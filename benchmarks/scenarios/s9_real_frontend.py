@@ -60,6 +60,7 @@ from common import (
     save_table,
     sim_config,
     step,
+    wait_answering,
 )
 
 S9_BODY = b'{"model": "minilm", "input": "E equals {i}"}'
@@ -196,16 +197,7 @@ def floor_process() -> Iterator[tuple[str, int]]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        give_up = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(url + "/", timeout=1)
-            except urllib.error.HTTPError:
-                break  # (it answers: 404 for /)
-            except OSError:
-                if time.monotonic() > give_up:
-                    raise RuntimeError("the floor server did not start") from None
-                time.sleep(0.1)
+        wait_answering(url, "the floor server")
         yield url, proc.pid
     finally:
         os.killpg(proc.pid, signal.SIGKILL)

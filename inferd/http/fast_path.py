@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
@@ -195,32 +196,8 @@ class FastPath:
         """`start` for a call of several inputs: traced from its start, as the handler's route is."""
         inference, headers = self.inference, message.headers
         many = ManyInputs(call_start(inference.ids, headers), dialect)
-        many.call.client = connection.client
-        connection.fast_flight = flight = InFlight(self, many, connection, not message.should_close)
-        self.lifecycle.enter()
-        try:
-            if self.tracing is not None:
-                self._trace(many, headers, message.path)
-            inference.identify(many, headers)
-            body = whole_body(payload)
-            if len(body) > self.max_body_bytes:
-                raise PayloadTooLarge(f"body exceeds {self.max_body_bytes} bytes")
-            inference.take(many, body, headers)
-        except InferdError as error:
-            self._finish(flight, *self._refusal(flight, error))
-            return
-        except Exception as exc:  # noqa: BLE001 - a bug: this request's 500, as aiohttp answers a handler's
-            log.error("request %s failed: %s", many.call.request_id, describe(exc), exc_info=exc)
-            self._finish(flight, *self._refusal(flight, InternalError("internal error (logged with this request id)")))
-            return
-        except BaseException:
-            connection.fast_flight = None
-            self.lifecycle.leave()
-            raise
-        requests = many.call.requests
-        flight.unanswered = len(requests)
-        for request in requests:
-            request.future.add_done_callback(flight)
+        self._start_call(connection, message, payload, many, lambda body: inference.take(many, body, headers), message.path,
+                         lambda: inference.identify(many, headers))
 
     def _start_v2(self, connection: Connection, message: Any, payload: Any) -> tuple[Any, Any] | None:
         """`start` for KServe v2's infer, once its model is found and its caller known: else nothing was
@@ -239,32 +216,41 @@ class FastPath:
         if model is None:
             return message, payload
         infer = V2Infer(api.started(model, api.ids.pick(headers.get("X-Request-ID"))), model, who)
-        infer.call.client = connection.client
-        connection.fast_flight = flight = InFlight(self, infer, connection, not message.should_close)
+        self._start_call(connection, message, payload, infer, lambda body: api.take(infer, body, headers), TRACED_ROUTE)
+        return None
+
+    def _start_call(self, connection: Connection, message: Any, payload: Any, state: ManyInputs | V2Infer,
+                    take: Callable[[bytes], None], route: str, identify: Callable[[], None] | None = None) -> None:
+        """In flight from here: traced (`route`), the caller identified (where not yet: `identify`), the
+        body read, `take(body)` admits its inputs; then answered when the last of their futures calls
+        back, or refused at once."""
+        state.call.client = connection.client
+        connection.fast_flight = flight = InFlight(self, state, connection, not message.should_close)
         self.lifecycle.enter()
         try:
             if self.tracing is not None:
-                self._trace(infer, headers, TRACED_ROUTE)
+                self._trace(state, message.headers, route)
+            if identify is not None:
+                identify()
             body = whole_body(payload)
             if len(body) > self.max_body_bytes:
                 raise PayloadTooLarge(f"body exceeds {self.max_body_bytes} bytes")
-            api.take(infer, body, headers)
+            take(body)
         except InferdError as error:
             self._finish(flight, *self._refusal(flight, error))
-            return None
+            return
         except Exception as exc:  # noqa: BLE001 - a bug: this request's 500, as aiohttp answers a handler's
-            log.error("request %s failed: %s", infer.call.request_id, describe(exc), exc_info=exc)
+            log.error("request %s failed: %s", state.call.request_id, describe(exc), exc_info=exc)
             self._finish(flight, *self._refusal(flight, InternalError("internal error (logged with this request id)")))
-            return None
+            return
         except BaseException:
             connection.fast_flight = None
             self.lifecycle.leave()
             raise
-        requests = infer.call.requests
+        requests = state.call.requests
         flight.unanswered = len(requests)
         for request in requests:
             request.future.add_done_callback(flight)
-        return None
 
     def _trace(self, one: OneInput | ManyInputs | V2Infer, headers: Any, path: str) -> bool:
         """Draw the call's trace (`Tracing.begin`), from its start, once it is known to be a batch model's

@@ -297,6 +297,9 @@ async def test_every_dialect_answers_the_same_with_and_without_the_fast_path(tmp
             ((got, _, answer),) = await _raw(srv.url, _post(DIALECT_CASES[0][1], "Authorization: Bearer wrong",
                                                             path="/v1/embeddings"))
             answers.append((got, answer["error"]["code"]))
+            too_big = b'{"model": "emb", "input": ["' + b"z" * 300 + b'"]}'  # (the caller is refused first)
+            ((got, _, answer),) = await _raw(srv.url, _post(too_big, "Authorization: Bearer wrong", path="/v1/embeddings"))
+            answers.append((got, answer["error"]["code"]))
             ((got, _, answer),) = await _raw(srv.url, _post(DIALECT_CASES[-1][1], "Authorization: Bearer wrong",
                                                             path="/v2/models/emb/infer"))  # (left to the usual way)
             answers.append((got, answer["code"]))
@@ -305,12 +308,11 @@ async def test_every_dialect_answers_the_same_with_and_without_the_fast_path(tmp
             records[fast_path] = {key: n for model in models
                                   for key, n in srv.models[model.name].metrics.requests.items() if n}
             taken = srv.api.fast_path.taken if fast_path else None
-            assert taken == (len(DIALECT_CASES) - HANDED_ON + 1 if fast_path else None)
-    for fast, usual, (path, body, _) in zip(seen[True], seen[False], [*DIALECT_CASES, ("", b"", 0), ("", b"", 0)],
-                                            strict=True):
+            assert taken == (len(DIALECT_CASES) - HANDED_ON + 2 if fast_path else None)
+    for fast, usual, (path, body, _) in zip(seen[True], seen[False], [*DIALECT_CASES, *[("", b"", 0)] * 3], strict=True):
         assert _same(fast, usual), (path, body, fast, usual)
     assert records[True] == records[False]
-    assert seen[True][-2][0] == 401 and seen[True][-1][0] == 401
+    assert [answer[0] for answer in seen[True][-3:]] == [401, 401, 401]
 
 
 async def test_a_call_of_several_inputs_whose_client_leaves_has_them_all_withdrawn():
