@@ -102,7 +102,7 @@ class Echo:
         self._capped = False  # the hold's end is already the first arrival's linger
         self._stretch_s = 0.0  # how long past the first arrival the hold lasts where that is longer than the linger
         self._awaited: set[Client] = set()  # the connections it is held for, until each sends again...
-        self._returning: set[Client] = set()  # (the last batch's connections not back yet, held for or not)
+        self._returning: set[Client] = set()  # (the last batch's connections not back yet, where not held for)
         self._counted = False  # ...and whether some requests came on no known connection (counted back)
         self.holds = 0  # times a free worker was held for an echo...
         self.returned = 0  # ...of them, times the echo came back whole (its batch left at once)...
@@ -139,9 +139,8 @@ class Echo:
         self._end_hold(now)
         return True
 
-    def batch_finished(self, now: float, answered: Sequence[Client | None]) -> None:
-        """Score the cycle since the previous batch finished, and start the next one (`answered`: the
-        connections the batch answered, None for one not known)."""
+    def batch_finished(self, now: float, answered: int) -> None:
+        """Score the cycle since the previous batch finished, and start the next one."""
         length = now - self.cycle_start
         if self.cycle_start and self._cycle_size and length > 0:
             offsets = self._offsets  # (in the order they came: sorted)
@@ -154,8 +153,8 @@ class Echo:
                 if len(offsets) >= self._cycle_size:  # back whole: as many came as it answered
                     spread = offsets[self._cycle_size - 1] - offsets[0]  # (rises at once, falls over ~20 cycles)
                     self.spread_s = spread if spread > self.spread_s else self.spread_s + _SPREAD_FALL * (spread - self.spread_s)
-        self.cycle_start, self._cycle_size = now, len(answered)
-        self._returning = set() if None in answered or len(answered) < 2 else set(answered)  # type: ignore[arg-type]
+        self.cycle_start, self._cycle_size = now, answered
+        self._returning.clear()  # (`hold` fills it where it holds no worker for clients too slow to hold for)
         self._offsets.clear()
         self.arrivals = 0
 
@@ -172,6 +171,8 @@ class Echo:
         generator's 100 clients against 10 ms batches), and someone is to be waited for (not a
         connection found slow); a lone answer only beside requests `waiting` (a lone request goes at
         once anyway, and a light open loop's come in a cycle's first quarter now and then)."""
+        # (held for or not, their batch goes once they are all back: without a hold, `arrived` sees to it)
+        self._returning = set(answered) if None not in answered and len(answered) >= 2 else set()  # type: ignore[arg-type]
         if not self.expected or self.echo_s > longest_s / 3 or (not waiting and len(answered) < 2):
             return False
         awaited, counted = self._awaited, False
