@@ -62,8 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--stats-url", help="inferd's /v1/stats (default: derived from --url; 'none' to skip)")
     bench.add_argument("--ceiling-rps", type=float, help="drawn in plots, and %% of it reported")
     bench.add_argument("--floor-ms", type=float, help="drawn in plots, and latency over it reported")
-    bench.add_argument("--out", help="RESULT.json (a .md table and, where matplotlib is installed, .png plots are "
-                       "written beside it)")
+    bench.add_argument("--out", help="RESULT.json (a .md table and, with matplotlib, .png plots beside it)")
     bench.add_argument("--no-plots", action="store_true")
 
     plan = sub.add_parser("plan", help="simulate a day of traffic on an autoscaled fleet: SLO, refusals and "

@@ -264,8 +264,7 @@ async def serve(config: ServerConfig, reread: Callable[[], ServerConfig] | None 
 def _reload(server: InferenceServer, reread: Callable[[], ServerConfig] | None, running: set[asyncio.Task]) -> None:
     """SIGHUP's handler: the reload runs as a task (its checks import modules off the loop)."""
     if reread is None or server.rollouts is None:
-        log.warning("SIGHUP: no config file to re-read (started without --config: on --model folders or the "
-                    "built-in default); serve --config FILE to reload it on SIGHUP")
+        log.warning("SIGHUP: no config file to re-read (started without --config: --model folders or the default)")
         return
 
     async def reload() -> None:

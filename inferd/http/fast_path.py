@@ -248,6 +248,11 @@ class FastPath:
             self.lifecycle.leave()
             raise
         requests = state.call.requests
+        if not requests:  # (every dialect refuses an empty call before this; answered all the same, never left waiting)
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            done.add_done_callback(flight)
+            return
         flight.unanswered = len(requests)
         for request in requests:
             request.future.add_done_callback(flight)
