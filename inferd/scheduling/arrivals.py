@@ -171,9 +171,8 @@ class Echo:
         generator's 100 clients against 10 ms batches), and someone is to be waited for (not a
         connection found slow); a lone answer only beside requests `waiting` (a lone request goes at
         once anyway, and a light open loop's come in a cycle's first quarter now and then)."""
-        # (held for or not, their batch goes once they are all back: without a hold, `arrived` sees to it)
-        self._returning = set(answered) if None not in answered and len(answered) >= 2 else set()  # type: ignore[arg-type]
         if not self.expected or self.echo_s > longest_s / 3 or (not waiting and len(answered) < 2):
+            self._not_held_for(answered)
             return False
         awaited, counted = self._awaited, False
         awaited.clear()
@@ -183,12 +182,19 @@ class Echo:
             elif not client.slow:
                 awaited.add(client)
         if not awaited and not counted:
+            self._not_held_for(answered)
             return False
         self._counted = counted
         self._held_at, self.hold_until, self._capped = now, now + longest_s, False
         self._stretch_s = min(SPREAD_MARGIN * self.spread_s, longest_s / 3)
         self.holds += 1
         return True
+
+    def _not_held_for(self, answered: Sequence[Client | None]) -> None:
+        """No worker is held for `answered`: their batch still goes once they are all back (`arrived`),
+        where every one of them is known."""
+        if len(answered) >= 2 and None not in answered:
+            self._returning.update(answered)  # type: ignore[arg-type]  # (emptied by `batch_finished`)
 
     def batch_left(self, now: float) -> None:
         """A batch left: a hold still in force ends, and where it ran out, the connections it waited for
