@@ -29,7 +29,7 @@ PROBE_CALL_LIMIT_S = 0.1  # a bucket's warm-up measurement stops doubling its ba
 
 
 def measure_costs(fn: BatchBackend, own: Callable[[int, int], float | None] | None, batches: Sequence[Sequence[Any]],
-                  max_batch_size: int) -> list[tuple[int, int, float]]:
+                  max_batch_size: int, clock: Callable[[], float] = time.monotonic) -> list[tuple[int, int, float]]:
     """What batches cost, for the cost model to start from: the backend's own figures (`own`, its
     `cost(size, bucket)`, e.g. timed CUDA graphs) when it has them, else each length bucket's warm-up
     batch (one per bucket, in bucket order) timed at 1, 2, 4... inputs up to `max_batch_size`, until a
@@ -42,9 +42,9 @@ def measure_costs(fn: BatchBackend, own: Callable[[int, int], float | None] | No
         size = 1
         while True:
             inputs = [batch[0]] * size
-            started = time.monotonic()
+            started = clock()
             check_outputs(fn(inputs), size)
-            seconds = time.monotonic() - started
+            seconds = clock() - started
             measured.append((bucket, size, seconds))
             if size >= max_batch_size or 2 * seconds > PROBE_CALL_LIMIT_S:
                 break

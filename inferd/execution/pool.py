@@ -70,7 +70,7 @@ class WorkerPool:
         self._on_requeue = on_requeue
         self._on_ready = on_ready
         self._on_lost = on_lost  # (batches given up on for good, how long until a replacement starts)
-        self._clock = clock  # when workers die and are replaced (a fake one in tests)
+        self._clock = clock  # its workers' clock: their calls' times, and when workers die and are replaced (fake in tests)
         self._max_isolation_calls = max_isolation_calls
         self._max_batch_size = max_batch_size
         self._worker_nice = worker_nice
@@ -96,7 +96,7 @@ class WorkerPool:
             name=name, device=device, build=self._build, warmup_inputs=self._warmup_inputs,
             next_batch=self._next_batch, loop=self.loop, on_ready=self._worker_ready, on_failed=self._worker_failed,
             on_batch_done=self._on_batch_done, on_died=self._worker_died, max_isolation_calls=self._max_isolation_calls,
-            max_batch_size=self._max_batch_size, nice=self._worker_nice,
+            max_batch_size=self._max_batch_size, nice=self._worker_nice, clock=self._clock,
         )
 
     # ---- lifecycle -------------------------------------------------------------------------------
@@ -193,7 +193,7 @@ class WorkerPool:
     async def _watch_for_hangs(self) -> None:
         while True:
             await asyncio.sleep(min(0.05, self.hang_limit.limit_s / 4))
-            now = time.monotonic()  # (the workers' clock: `call_started_at`)
+            now = self._clock()  # (the workers' clock: `call_started_at`)
             limit = self.hang_limit.limit_s
             for worker in list(self.workers):
                 started = worker.call_started_at
@@ -257,7 +257,7 @@ class WorkerPool:
 
     async def _sample_every_second(self) -> None:
         while True:
-            self.sample_busy(time.monotonic())  # (the workers' clock: their batches' times)
+            self.sample_busy(self._clock())  # (the workers' clock: their batches' times)
             await asyncio.sleep(1.0)
 
     def busy_ratio(self, worker: Worker, now: float) -> float:

@@ -17,9 +17,10 @@ take its 99 neighbours down with it. An exception that is not an `Exception` (Sy
 kills the worker: the loop is told, re-queues its batch and starts a replacement. A worker the watchdog
 gave up on (`abandoned`) exits as soon as its call returns and delivers nothing.
 
-Everything a worker's thread does with a batch, from taking it to handing it back (the plain loop, the
-pipelined one), and the state the pool reads from another thread (`current`, `behind`, `abandoned`),
-is here, where "one call at a time per device" can be read; what it asks of a backend call beside
+Everything a worker's thread does with a batch, from taking it to handing it back (one loop for both
+kinds of backend: a plain call is a launch that does nothing and a collection that calls), and the
+state the pool reads from another thread (`current`, `behind`, `abandoned`), is here, where "one call
+at a time per device" can be read; what it asks of a backend call beside
 the call itself (its outputs checked, warm-up batches timed, a failed call bisected) is
 `backend_calls`.
 """
@@ -69,6 +70,7 @@ class Worker:
         max_isolation_calls: int = 32,
         max_batch_size: int = 1,
         nice: int = 0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
         self.device = device
@@ -86,6 +88,7 @@ class Worker:
         self.behind: Batch | None = None  # pipelined: the batch launched behind `current`, next on the device
         self.call_started_at = 0.0  # start of the backend call in progress (the watchdog's clock)
         self.max_isolation_calls = max_isolation_calls
+        self._clock = clock  # its batches' and calls' times (the pool's watchdog reads the same one; a fake one in tests)
         self._nice = nice  # levels below the loop's CPU priority its thread runs at (`thread_priority`)
         self._build = build
         self._warmup_inputs = list(warmup_inputs)
@@ -122,20 +125,20 @@ class Worker:
             fn = self._build(self.device)
             offers = Capabilities.of(fn)  # (the contract, checked once: a misspelt hook fails the start)
             lower_this_thread(offers.execute_nice)  # (before the warm-up starts the backend's CPU threads)
-            started = time.monotonic()
+            started = self._clock()
             if offers.warmup is not None:  # e.g. CUDA graph capture
                 self.warmup_report = dict(offers.warmup() or {})
             shapes = offers.warmup_batches
             batches = shapes() if shapes is not None else [self._warmup_inputs] if self._warmup_inputs else []
             for batch in batches:  # e.g. one per length bucket: every shape is compiled before serving
-                call_started = time.monotonic()
+                call_started = self._clock()
                 check_outputs(fn(list(batch)), len(batch))
-                self.warmup_s = time.monotonic() - call_started
+                self.warmup_s = self._clock() - call_started
             if shapes is not None or offers.cost is not None:  # what its shapes cost: the cost model's start
-                self.measured_costs = measure_costs(fn, offers.cost, batches, self.max_batch_size)
+                self.measured_costs = measure_costs(fn, offers.cost, batches, self.max_batch_size, self._clock)
             elif batches:  # the warm-up inputs, taken as one bucket's: the first figure to learn from
                 self.measured_costs = [(0, len(batches[-1]), self.warmup_s)]
-            self.warmup_report["warmup_s"] = round(time.monotonic() - started, 3)
+            self.warmup_report["warmup_s"] = round(self._clock() - started, 3)
         except BaseException as exc:  # noqa: BLE001 - reported to the loop, the model stays not ready
             log.error("worker %s failed to start: %s", self.name, describe(exc))  # a config mistake, mostly
             log.debug("worker %s start-up failure", self.name, exc_info=True)
@@ -145,90 +148,43 @@ class Worker:
         self.ready = True
         self._call_loop(self._on_ready, self)
         try:
-            if offers.launch is not None and offers.collect is not None:
-                self._serve_pipelined(fn, offers.launch, offers.collect)
-            else:
-                self._serve(fn)
+            self._serve(fn, offers.launch, offers.collect)  # (`Capabilities.of`: both or neither)
         except BaseException as exc:  # noqa: BLE001 - the worker dies; the loop re-queues and replaces
             if not self.abandoned:
                 log.error("worker %s died: %r", self.name, exc, exc_info=exc)  # (a replacement dying the same way backs off)
                 self._call_loop(self._on_died, self, self.current, exc)  # (`behind` too: the pool hands both back)
 
-    def _serve(self, fn: BatchBackend) -> None:
-        last_end = 0.0
-        finished: Sequence[Client | None] = ()
-        while not self.abandoned:
-            batch = self._next_batch(finished, self._hand_over)
-            parked_at = 0.0
-            if batch is None:  # nothing due: parked until a batch (or None: stop) is handed over
-                parked_at = time.monotonic()
-                batch = self._handoff.get()
-                if batch is None:
-                    return
-            batch.worker = self.name
-            batch.started_at = time.monotonic()
-            self.current = batch
-            if parked_at:  # how long the free worker waited for this batch to fill
-                batch.linger_s = max(0.0, batch.formed_at - max(parked_at, batch.requests[0].enqueued_at))
-            elif last_end:  # back to back: the turnaround since its previous call (read on the loop, with the batch)
-                batch.gap_s = batch.started_at - last_end
-            for request in batch.requests:
-                request.attempts += 1
-            self._execute(fn, batch)
-            last_end = batch.finished_at = time.monotonic()
-            self.busy_s += last_end - batch.started_at
-            self.batches += 1
-            finished = batch.clients()  # (not its requests: once answered they go, `Batch.clients`)
-            self.current = None
-            if self.abandoned:
-                return  # the watchdog already re-queued this batch: its results are discarded
-            if not self._call_loop(self._on_batch_done, batch):
-                return
-
-    def _serve_pipelined(self, fn: BatchBackend, launch: Callable[[list[Any]], Any],
-                         collect: Callable[[Any], Sequence[Any]]) -> None:
-        """Two batches in flight at most: the one computing (`current`) and a full one launched behind it
-        (`behind`), collected in order (see the module docstring)."""
+    def _serve(self, fn: BatchBackend, launch: Callable[[list[Any]], Any] | None,
+               collect: Callable[[Any], Sequence[Any]] | None) -> None:
+        """Take a batch (parked when none is due), launch it, collect the oldest launched one, and so on.
+        A backend without `launch`/`collect` runs its whole call as the collection, one batch in flight; one
+        with them gets a full batch launched behind the computing one, two in flight (the module docstring)."""
+        depth = 1 if collect is None else 2
         flight: deque[tuple[Batch, Any]] = deque()  # launched, not collected: (batch, handle or the launch's error)
         finished: Sequence[Client | None] = ()
         last_end = 0.0
         while not self.abandoned:
-            if len(flight) < 2:
-                parked_at = 0.0
+            if len(flight) < depth:
                 batch = self._next_batch(finished, self._hand_over if not flight else None)
-                finished = ()
+                finished, parked_at = (), 0.0
                 if batch is None and not flight:  # nothing due, nothing computing: parked until one is
-                    parked_at = time.monotonic()
+                    parked_at = self._clock()
                     batch = self._handoff.get()
                     if batch is None:
                         return
                 if batch is not None:
-                    batch.worker = self.name
-                    launched_at = time.monotonic()
-                    if parked_at:
-                        batch.linger_s = max(0.0, batch.formed_at - max(parked_at, batch.requests[0].enqueued_at))
-                    for request in batch.requests:
-                        request.attempts += 1
-                    try:
-                        handle: Any = launch([r.input for r in batch.requests])
-                    except Exception as exc:  # noqa: BLE001 - this batch fails alone, in its turn
-                        handle = _LaunchFailed(exc)
-                    if flight:
-                        self.behind = batch
-                    else:  # the device is free: it starts now
-                        batch.started_at = launched_at
-                        if last_end and not parked_at:
-                            batch.gap_s = launched_at - last_end
-                        self.current, self.call_started_at = batch, launched_at
-                    flight.append((batch, handle))
-                    if len(flight) < 2:
+                    flight.append((batch, self._launch(batch, launch, parked_at, last_end, behind=bool(flight))))
+                    if len(flight) < depth:
                         continue  # one more behind it, if a full one is due
             batch, handle = flight.popleft()
-            self._collect(fn, collect, batch, handle)
-            last_end = batch.finished_at = time.monotonic()
+            if collect is None:
+                self._execute(fn, batch)
+            else:
+                self._collect(fn, collect, batch, handle)
+            last_end = batch.finished_at = self._clock()
             self.busy_s += last_end - batch.started_at
             self.batches += 1
-            finished = batch.clients()
+            finished = batch.clients()  # (not its requests: once answered they go, `Batch.clients`)
             if flight:  # the one behind computes from now on (its launch overlapped this one)
                 following = flight[0][0]
                 following.started_at = last_end
@@ -239,6 +195,30 @@ class Worker:
                 return  # the watchdog already re-queued what was in flight: its results are discarded
             if not self._call_loop(self._on_batch_done, batch):
                 return
+
+    def _launch(self, batch: Batch, launch: Callable[[list[Any]], Any] | None, parked_at: float, last_end: float,
+                *, behind: bool) -> Any:
+        """Start `batch` on this worker: its timings, its attempt, and its launch when the backend has one
+        (the handle `collect` takes, or the launch's error: that batch fails alone, in its turn)."""
+        now = self._clock()
+        batch.worker = self.name
+        if parked_at:  # how long the free worker waited for this batch to fill
+            batch.linger_s = max(0.0, batch.formed_at - max(parked_at, batch.requests[0].enqueued_at))
+        for request in batch.requests:
+            request.attempts += 1
+        if behind:
+            self.behind = batch  # (it starts when the one computing is collected)
+        else:  # the device is free: it starts now
+            batch.started_at = now
+            if last_end and not parked_at:  # back to back: the turnaround since the previous call (read on the loop)
+                batch.gap_s = now - last_end
+            self.current, self.call_started_at = batch, now
+        if launch is None:
+            return None  # (its call is its collection)
+        try:
+            return launch([r.input for r in batch.requests])
+        except Exception as exc:  # noqa: BLE001 - this batch fails alone, in its turn
+            return _LaunchFailed(exc)
 
     def _collect(self, fn: BatchBackend, collect: Callable[[Any], Sequence[Any]], batch: Batch, handle: Any) -> None:
         """A launched batch's outputs; a failed one is bisected with plain calls, as `_execute` does."""
@@ -257,7 +237,7 @@ class Worker:
         self._handoff.put(batch)
 
     def _call(self, fn: BatchBackend, inputs: list[Any]) -> list[Any]:
-        self.call_started_at = time.monotonic()
+        self.call_started_at = self._clock()
         try:
             return check_outputs(fn(inputs), len(inputs))
         finally:
