@@ -7,8 +7,9 @@ Three encoders:
   (c) a ViT-small-shaped image encoder (12 layers, hidden 384, 224 px, random weights made on the spot)
       in fp16, one 224 x 224 PNG per request as JSON base64 (issue 30: the image model on a GPU).
 For each: the model called directly (the backend's own batch function in a loop, eager and with its
-CUDA graphs) at the batch sizes the server ends up using; then inferd serving it (batched, and with
-max_batch_size = 1) under closed-loop load from `inferd bench` (Python engine, several processes),
+CUDA graphs) at the batch sizes the server ends up using; then inferd serving it (batched; batched with
+`launch_ahead = false`, one batch in flight, for the gain of launching one while another computes; and
+with max_batch_size = 1) under closed-loop load from `inferd bench` (Python engine, several processes),
 with the server's CPU per request, its mean batch, its warm-up (graph capture) time and the GPU's
 utilisation sampled by nvidia-smi beside it; for MiniLM also /v1/embeddings with 32 inputs per call.
 Goals (issue 13): (b) served >= 0.90 x direct, GPU busy >= 85%; (a) >= 12,000 single-input req/s and,
@@ -102,6 +103,7 @@ def main() -> int:
         row = {"graphs_check": check, "direct": direct, "served": served}
         row["served_over_direct_eager"] = ratio(served["batched"]["rps"], direct["eager"].get(str(mean), {}).get("items_per_s"))
         row["served_over_direct_graphed"] = ratio(served["batched"]["rps"], direct["graphed"].get(str(mean), {}).get("items_per_s"))
+        row["launch_ahead_gain"] = ratio(served["batched"]["rps"], served["one_step"]["rps"])
         if "embeddings_x32" in served:
             row["embeddings_x32_over_direct_eager"] = ratio(served["embeddings_x32"]["items_per_s"],
                                                             direct["eager"].get(str(mean), {}).get("items_per_s"))
@@ -345,7 +347,7 @@ def direct_curve(m: dict[str, Any], device: str, sizes: list[int], quick: bool, 
     return curves
 
 
-def config_toml(m: dict[str, Any], device: str, max_batch: int, graphs: bool = True) -> str:
+def config_toml(m: dict[str, Any], device: str, max_batch: int, graphs: bool = True, launch_ahead: bool = True) -> str:
     if m.get("kind") == "image":  # (every request sends the same image: collapsing off, each one computed)
         backend, model_lines, options = "vision", "collapse = false\n", (
             f"image_sizes = [{m['size']}]\ngraph_batch_sizes = {graph_sizes(max_batch, image=True)}")
@@ -354,6 +356,7 @@ def config_toml(m: dict[str, Any], device: str, max_batch: int, graphs: bool = T
         backend, model_lines, options = "transformer", "", (
             f"max_tokens = {m['max_tokens']}\nbucket_edges = [{edges}]\ngraph_batch_sizes = {graph_sizes(max_batch)}")
     options += f"\ncuda_graphs = {'true' if graphs else 'false'}"  # (the image backend's default is off)
+    options += f"\nlaunch_ahead = {'true' if launch_ahead else 'false'}"  # (a GPU's default: on)
     return f"""
 [server]
 access_log = "off"
@@ -387,15 +390,16 @@ def serve_and_load(name: str, m: dict[str, Any], device: str, seconds: int, out:
     served: dict[str, Any] = {"cuda_graphs": graphs}
     duration = str(seconds)
     processes = "2" if seconds < 5 else "8"
-    for label, max_batch in (("batched", m["max_batch"]), ("unbatched", 1)):
-        progress(f"{name} {label}: starting the server (max_batch_size {max_batch})")
-        with inferd(config_toml(m, device, max_batch, graphs), out / f"server_{name}_{label}.log") as (url, pid):
+    # (one_step: the same batches without launching one while the one before computes, `device_steps`)
+    for label, max_batch, ahead in (("batched", m["max_batch"], True), ("one_step", m["max_batch"], False), ("unbatched", 1, True)):
+        progress(f"{name} {label}: starting the server (max_batch_size {max_batch}, launch_ahead {ahead})")
+        with inferd(config_toml(m, device, max_batch, graphs, ahead), out / f"server_{name}_{label}.log") as (url, pid):
             warmup = get_json(f"{url}/v1/models")["data"][0].get("warmup", {})
             progress(f"{name} {label}: ready, warm-up {json.dumps(warmup)[:300]}")
             body = Path(tempfile.mkstemp(suffix=".json")[1])
             one = {"image": base64.b64encode(png_of(m["size"])).decode()} if m.get("kind") == "image" else m["text"]
             body.write_text(json.dumps({"model": "model", "input": one}))
-            clients = str(m["clients"] if label == "batched" else 64)
+            clients = str(m["clients"] if label != "unbatched" else 64)
             with GpuSampler(device) as gpu, Profile(pid, seconds, out / f"profile_{name}_{label}.log"):
                 result = bench(url + "/v1/inference", body, clients, duration, processes)
             served[label] = summary(result, gpu.mean(), warmup)
@@ -566,7 +570,8 @@ def table(results: dict[str, Any]) -> str:
     lines = [f"### A real model served vs called directly ({results['device']}{', quick check' if results['quick'] else ''})",
              "", "| model | direct eager items/s (at served mean batch) | served req/s | served / direct | "
              "mean batch | GPU busy % | server CPU µs/req | batch-1 served req/s | /v1/embeddings x32 items/s | warm-up s | "
-             "CUDA graphs captured |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "CUDA graphs captured | without launching ahead: req/s, GPU busy % | launch-ahead gain |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in results["models"].items():
         if "error" in row:
             lines.append(f"| {name} | failed: {row['error'][:200]} (graphs check: {row['graphs_check']}) |")
@@ -579,7 +584,8 @@ def table(results: dict[str, Any]) -> str:
         lines.append(f"| {name} | {direct['eager'].get(mean, {}).get('items_per_s', '–')} | {served['batched']['rps']} | "
                      f"{row['served_over_direct_eager']} | {served['batched']['mean_batch']} | "
                      f"{served['batched']['gpu_busy_pct']} | {served['batched']['server_cpu_us_per_request']} | "
-                     f"{served['unbatched']['rps']} | {emb} | {warm} | {graphs} |")
+                     f"{served['unbatched']['rps']} | {emb} | {warm} | {graphs} | "
+                     f"{served['one_step']['rps']}, {served['one_step']['gpu_busy_pct']} | {row['launch_ahead_gain']} |")
     return "\n".join(lines) + "\n"
 
 

@@ -28,6 +28,7 @@ build_failing = threading.Event()  # while set, building a worker raises (a devi
 build_gate = threading.Event()  # `gated` builds its model only once this is set
 tokenizer_threads: list[str] = []  # the thread of every tokenizer call made by `recording`
 late_results: list[list[str]] = []  # outputs of calls that returned after hanging
+device_steps: list[tuple[str, int]] = []  # ("launch" or "collect", the batch's token count), by `launching`
 
 
 class WorkerKilled(BaseException):
@@ -43,6 +44,7 @@ def reset() -> None:
     late_results.clear()
     build_gate.clear()
     tokenizer_threads.clear()
+    device_steps.clear()
 
 
 @backend_factory
@@ -101,6 +103,30 @@ def recording(device: str, options: Mapping[str, Any]) -> Any:
 
     model = TextModel(device, options)
     model.inputs.tokenizer = _RecordingTokenizer(model.inputs.tokenizer)
+    return model
+
+
+@backend_factory
+def launching(device: str, options: Mapping[str, Any]) -> Any:
+    """The text model with its two steps offered on the CPU (`launch_ahead`), each recorded in order."""
+    from inferd.backends.transformer import TextModel
+
+    model = TextModel(device, {**options, "launch_ahead": True})
+    launch, collect = model.launch, model.collect
+
+    tokens: dict[int, int] = {}  # id of a launched batch's handle -> its token count
+
+    def recorded_launch(batch: list[Any]) -> Any:
+        device_steps.append(("launch", sum(len(ids) for ids in batch)))
+        handle = launch(batch)
+        tokens[id(handle)] = device_steps[-1][1]
+        return handle
+
+    def recorded_collect(launched: Any) -> Any:
+        device_steps.append(("collect", tokens.pop(id(launched))))
+        return collect(launched)
+
+    model.launch, model.collect = recorded_launch, recorded_collect
     return model
 
 

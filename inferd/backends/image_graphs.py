@@ -104,16 +104,21 @@ class ImageGraphs(CapturedShapes):
         shape = self.pick(n, images[0].shape[0])
         if shape is None:
             return None
-        b, s = shape
-        host_in, host_out = self._host_views(b, s)
-        pixels = host_in.numpy()
-        np.stack(images, out=pixels[:n])
-        pixels[n:] = 0
+        host_in = self.fill(images, shape)
         if not self.use_graphs:
             out = self.compute(host_in.to(self.device))
             return out[:n].to("cpu", torch.float32).numpy().copy()
-        with torch.cuda.stream(self.stream):
-            self._graphs[shape].graph.replay()
+        self.replay(shape)
         self.wait()  # the one wait; the GIL is free meanwhile
+        return self.read(shape, n)
+
+    def fill(self, inputs: Sequence[np.ndarray], shape: tuple[int, int]) -> torch.Tensor:
+        host_in = self._host_views(*shape)[0]
+        pixels = host_in.numpy()
+        np.stack(inputs, out=pixels[: len(inputs)])
+        pixels[len(inputs):] = 0
+        return host_in
+
+    def read(self, shape: tuple[int, int], rows: int) -> np.ndarray:
         # Copied out: the pinned buffer is the next call's, the outputs live until they are answered.
-        return host_out.numpy()[:n].copy()
+        return self._host_views(*shape)[1].numpy()[:rows].copy()

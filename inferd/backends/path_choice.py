@@ -81,6 +81,13 @@ class PathChoice:
         self.chosen["graph" if choice else "eager"] += 1
         return choice
 
+    def ran(self, shape: tuple[int, int] | None, rows: int, longest: int, seconds: float) -> None:
+        """A batch's time on the device: as `shape`'s graph, or (None) eagerly at `rows` x `longest`."""
+        if shape is not None:
+            self.ran_graph(shape, seconds)
+        else:
+            self.ran_eager(rows, longest, seconds)
+
     def ran_graph(self, shape: tuple[int, int], seconds: float) -> None:
         known = self._graph_s.get(shape)
         if known is not None and seconds > 0:

@@ -148,6 +148,19 @@ class CapturedShapes:
         done.record(self.stream)
         done.synchronize()
 
+    def replay(self, shape: tuple[int, int]) -> None:
+        """Queue `shape`'s graph on the stream: the copy in from the host buffers, the forward, the copy out."""
+        with torch.cuda.stream(self.stream):
+            self._graphs[shape].graph.replay()
+
+    def fill(self, inputs: Sequence[np.ndarray], shape: tuple[int, int]) -> torch.Tensor:
+        """Write `inputs`, padded to `shape`, into the host buffers the graphs read; their view."""
+        raise NotImplementedError
+
+    def read(self, shape: tuple[int, int], rows: int) -> np.ndarray:
+        """A copy of the first `rows` outputs a replay of `shape` left in the host buffers."""
+        raise NotImplementedError
+
     def _capture_all(self) -> None:
         raise NotImplementedError
 
@@ -257,16 +270,22 @@ class ShapedForward(CapturedShapes):
         shape = shape or self.grid.pick(n, max(len(r) for r in rows))
         if shape is None:
             return None
-        b, s = shape
-        host_in, host_out = self._host_views(b, s)
-        both = host_in.numpy()
-        collate(rows, both[:b], both[b:], self.pad_id)
+        host_in = self.fill(rows, shape)
         if not self.use_graphs:
             device_in = host_in.to(self.device)
-            out = self.compute(device_in[:b], device_in[b:])
+            out = self.compute(device_in[: shape[0]], device_in[shape[0]:])
             return out[:n].to("cpu", torch.float32).numpy().copy()
-        with torch.cuda.stream(self.stream):
-            self._graphs[shape].graph.replay()
+        self.replay(shape)
         self.wait()  # the one wait; the GIL is free meanwhile
+        return self.read(shape, n)
+
+    def fill(self, inputs: Sequence[np.ndarray], shape: tuple[int, int]) -> torch.Tensor:
+        b, s = shape
+        host_in = self._host_views(b, s)[0]
+        both = host_in.numpy()
+        collate(inputs, both[:b], both[b:], self.pad_id)
+        return host_in
+
+    def read(self, shape: tuple[int, int], rows: int) -> np.ndarray:
         # Copied out: the pinned buffer is the next call's, the outputs live until they are answered.
-        return host_out.numpy()[:n].copy()
+        return self._host_views(*shape)[1].numpy()[:rows].copy()

@@ -24,26 +24,26 @@ hundreds of launches that each need the GIL. Batches outside the captured shapes
 the CPU, run eagerly. An out-of-memory error in an eager call splits the batch and retries the halves.
 
 Options: `model_path` (default: the packaged MiniLM), `task`, `dtype` (float32, bfloat16, float16),
-`max_tokens` (default 256), `truncate` (default true: longer inputs are cut to `max_tokens`; false: they
-get a 400), `matryoshka_dimensions` (the sizes `dimensions` may cut vectors to; default `config.json`'s, else any), `bucket_edges` (token counts, default [16, 32, 64, 128, 256]; `max_tokens` is always the
-last), `cuda_graphs` (default true), `graph_batch_sizes` (the batch sizes captured, default 1 to 256 in
-steps of at most 1.5x), `graph_lengths` (the lengths captured, default the bucket edges; `max_tokens` is
-always the last), `torch_threads` (CPU threads per worker; default: torch's own choice).
+`max_tokens` (default 256), `truncate` (default true: longer inputs are cut to `max_tokens`; false: a
+400), `matryoshka_dimensions` (the sizes `dimensions` may cut to; default `config.json`'s, else any),
+`bucket_edges` (token counts, default [16, 32, 64, 128, 256], `max_tokens` always last), `cuda_graphs`
+(default true), `graph_batch_sizes` (captured, default 1 to 256 in steps of at most 1.5x), `graph_lengths`
+(captured, default the bucket edges, `max_tokens` always last), `torch_threads` (CPU threads per worker;
+default torch's choice), `launch_ahead` (default on a GPU: a batch launched while one computes, `device_steps`).
 
 A graph runs at its captured length, an eager call at the batch's longest input: on an H200 a
 BERT-large's batch of 126 inputs of ~190 tokens took 46.5 ms as the 256-token graph and 31.1 ms eagerly.
 So each batch runs the cheaper way (`path_choice`): every graph's replay and an eager forward at the
 same shape are timed at warm-up, and every call after updates the figures. Lengths between the bucket
 edges (`graph_lengths = [64, 128, 192, 256]`) cut a graph's padding, for more graphs to capture at
-warm-up; batching is still by bucket. The worker waits for the GPU asleep (a blocking event), not
-spinning a core.
+warm-up; batching is still by bucket. The worker waits for the GPU asleep (a blocking event).
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from . import Prepared, backend_factory
+from .device_steps import DeviceSteps, Launched, launch_ahead
 from .hooks import PreparesBatches, WarmsUp, WarmsUpByBucket
 from .path_choice import PathChoice
 from .static_shapes import DEFAULT_BATCH_SIZES, ShapedForward, ShapeGrid, collate
@@ -61,7 +62,7 @@ __all__ = ["DTYPES", "InputTooLong", "TextModel", "check_choices", "create", "de
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TASKS = ("embedding", "classification", "rerank")
 _OPTIONS = {"model_path", "task", "dtype", "max_tokens", "truncate", "bucket_edges", "cuda_graphs",
-            "graph_batch_sizes", "graph_lengths", "torch_threads", "matryoshka_dimensions"}
+            "graph_batch_sizes", "graph_lengths", "torch_threads", "matryoshka_dimensions", "launch_ahead"}
 
 
 def default_model_path() -> str:
@@ -172,7 +173,7 @@ class TextModel(PreparesBatches, WarmsUp, WarmsUpByBucket):
         # A pair's token types go to the model only where it has them (BERT's two; RoBERTa's one).
         self.token_types = self.task == "rerank" and getattr(self.model.config, "type_vocab_size", 1) > 1
         self.stream = torch.cuda.Stream(self.device) if self.on_cuda else None
-        self.calls = 0
+        self.calls = 0  # (batches launched)
         width = {"classification": len(self.labels), "rerank": 1}.get(self.task) or int(self.model.config.hidden_size)
         if self.task == "embedding":  # (what `dimensions` may ask: a Matryoshka model's sizes, else any up to its width)
             trained = options.get("matryoshka_dimensions") or getattr(self.model.config, "matryoshka_dimensions", None)
@@ -183,6 +184,9 @@ class TextModel(PreparesBatches, WarmsUp, WarmsUpByBucket):
         self.shaped = ShapedForward(self._compute_fixed, grid, self.device, width, self.pad_id,
                                     graphs=bool(options.get("cuda_graphs", True)), stream=self.stream)
         self.paths = PathChoice()  # per batch, graph or eager (CUDA only: on the CPU every batch is eager)
+        self.steps = DeviceSteps(self.shaped, self.device, self.stream)
+        if launch_ahead(options, self.device):  # (the contract's two steps: the worker launches the next batch early)
+            self.launch, self.collect = self._launch, self._collect
 
     # ---- on the way in (the preprocessing thread) ------------------------------------------------
 
@@ -215,46 +219,37 @@ class TextModel(PreparesBatches, WarmsUp, WarmsUpByBucket):
     # ---- the batch function (the worker thread) --------------------------------------------------
 
     def __call__(self, batch: list[np.ndarray]) -> list[Any]:
-        self.calls += 1
-        if not self.shaped.use_graphs:
-            return self._outputs(self._eager(batch))
-        rows, longest = len(batch), max(len(ids) for ids in batch)
-        shape = self.shaped.grid.pick(rows, longest)
-        started = time.perf_counter()
-        if shape is not None and self.paths.use_graph(shape, rows, longest):
-            out = self.shaped.run(batch, shape)
-            self.paths.ran_graph(shape, time.perf_counter() - started)
-        else:
-            out = self._eager(batch)
-            self.paths.ran_eager(rows, longest, time.perf_counter() - started)
-        return self._outputs(out)  # type: ignore[arg-type]
-
-    def _eager(self, batch: list[np.ndarray]) -> np.ndarray:
         try:
-            return self._forward(batch)
-        except torch.cuda.OutOfMemoryError:
+            return self._collect(self._launch(batch))
+        except torch.cuda.OutOfMemoryError:  # (the halves, one after the other)
             if len(batch) == 1:
                 raise
             torch.cuda.empty_cache()
-            mid = len(batch) // 2
-            return np.concatenate([self._eager(batch[:mid]), self._eager(batch[mid:])])
+            return self(batch[: len(batch) // 2]) + self(batch[len(batch) // 2:])
 
     @torch.inference_mode()
-    def _forward(self, batch: list[np.ndarray]) -> np.ndarray:
-        """Padded to the batch's longest input only, with the model's own mask handling."""
+    def _launch(self, batch: list[np.ndarray]) -> Launched:
+        """The batch queued on the device, as its captured graph or eagerly (`device_steps`)."""
+        self.calls += 1
+        rows, longest = len(batch), max(len(ids) for ids in batch)
+        shape = self.shaped.grid.pick(rows, longest) if self.shaped.use_graphs else None
+        if shape is not None and self.paths.use_graph(shape, rows, longest):
+            return self.steps.graph(batch, longest, shape)
+        return self.steps.eager(rows, longest, partial(self._forward, batch))
+
+    def _collect(self, launched: Launched) -> list[Any]:
+        out, seconds = self.steps.collect(launched)
+        if seconds is not None and self.shaped.use_graphs:  # (what the graph-or-eager choice learns from)
+            self.paths.ran(launched.shape, launched.rows, launched.longest, seconds)
+        return self._outputs(out)
+
+    def _forward(self, batch: list[np.ndarray]) -> torch.Tensor:
+        """Padded to the batch's longest input only, with the model's own mask handling (on the stream)."""
         longest = max(len(ids) for ids in batch)
         ids = np.empty((len(batch), longest), dtype=np.int64)
         mask = np.empty((len(batch), longest), dtype=np.int64)
         collate(batch, ids, mask, self.pad_id)
-        input_ids, attention = torch.from_numpy(ids), torch.from_numpy(mask)
-        if not self.on_cuda:
-            return self._compute(input_ids, attention).numpy()
-        with torch.cuda.stream(self.stream):
-            input_ids = input_ids.pin_memory().to(self.device, non_blocking=True)
-            attention = attention.pin_memory().to(self.device, non_blocking=True)
-            host = self._compute(input_ids, attention).to("cpu", non_blocking=True)
-        self.shaped.wait()  # the one wait (asleep): results are on the host
-        return host.numpy()
+        return self._compute(self.steps.to_device(torch.from_numpy(ids)), self.steps.to_device(torch.from_numpy(mask)))
 
     def _compute(self, input_ids: torch.Tensor, mask: torch.Tensor, attention: torch.Tensor | None = None) -> torch.Tensor:
         """The forward and its head: (batch, width) float32. `attention` overrides the model's own mask

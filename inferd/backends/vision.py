@@ -2,16 +2,8 @@
 encoder (`embedding`: the pooled output, else the [CLS] token, L2-normalised; ViT, CLIP's vision
 tower, DINOv2...) or an image classifier (`classification`: `{"label", "score"}`).
 
-Images come as bytes, or as `{"image": base64}` (a data URL or plain base64; a str, or ASCII bytes where
-it was lifted from a large JSON body), and are decoded and
-resized on the model's preprocessing threads, never on the event loop, in the micro-batches the
-preprocessor gathers (Pillow releases the GIL while it decodes). Before any pixel is decoded, the
-header is checked: the format must be one of `formats`, the image at most `max_image_bytes` (413) and
-`max_pixels` (413: a decompression bomb is refused before it expands), and not empty (400). A
-truncated or corrupt file is a 400 for that input alone. A call of several images is refused whole (413)
-when their headers add up past `max_call_pixels`, on the event loop before any is decoded (`check_call`:
-a header costs microseconds): 60 one-colour 6300x6300 WEBPs of 1.6 KB each, 40 million pixels apiece and
-~1.5 s each to decode, once held the decoding thread for 36 s.
+Images are decoded, checked and resized on the model's preprocessing threads, never on the event loop
+(`image_inputs`: its limits, and why a call of several is checked whole first).
 
 Compatibility of shapes: `image_sizes` are the buckets of images, as token counts are the buckets of
 text. An image goes to the smallest size that holds its longer side (the largest when none does) and is
@@ -35,7 +27,8 @@ threads run that many nice levels below the event loop, so health checks and ans
 decoding where cores are short; on 2 cores under a flood of 4 MB images `/healthz` p99 14.0 against 22.7
 ms, as many images answered), `execute_nice` (default 10 on the CPU, 0 on a GPU: the same for the
 executor thread and PyTorch's CPU threads under it once the model is built, as a forward on the CPU is
-bulk work too; on a GPU that thread feeds the device and stays at the loop's priority). On CUDA the forward runs as CUDA graphs
+bulk work too; on a GPU that thread feeds the device and stays at the loop's priority), `launch_ahead`
+(as the text model's: `device_steps`). On CUDA the forward runs as CUDA graphs
 captured at warm-up for every (batch size, image size) shape (`image_graphs`), checked against the
 eager forward (on any failure: eager, with the reason under `warmup`); eager on the CPU. Their first
 GPU run (an H200) segfaulted in a replay, with each graph's captured input freed after capture; with
@@ -45,11 +38,8 @@ a fault (benchmarks/results/gpu_real_model_h200_2026-11-27_run2.md). `cuda_graph
 
 from __future__ import annotations
 
-import binascii
-import io
 import json
 import os
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -57,17 +47,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import PayloadTooLarge
 from . import Prepared, backend_factory
+from .device_steps import DeviceSteps, Launched, launch_ahead
 from .hooks import ChecksCalls, PreparesBatches, WarmsUp, WarmsUpByBucket
 from .image_graphs import DEFAULT_BATCH_SIZES, ImageGraphs
-from .image_headers import b64decode, header_pixels
+from .image_inputs import ImageInputs
 from .transformer import DTYPES, check_choices, resolve_device, weights_need
 
 _TASKS = ("embedding", "classification")
 _OPTIONS = {"model_path", "task", "dtype", "image_sizes", "max_image_bytes", "max_pixels", "max_call_pixels", "formats",
-            "torch_threads", "cuda_graphs", "graph_batch_sizes", "prepare_threads", "prepare_nice", "execute_nice"}
-_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
+            "torch_threads", "cuda_graphs", "graph_batch_sizes", "prepare_threads", "prepare_nice", "execute_nice",
+            "launch_ahead"}
 
 
 def check_options(options: Mapping[str, Any]) -> None:
@@ -109,9 +99,6 @@ class ImageModel(PreparesBatches, ChecksCalls, WarmsUp, WarmsUpByBucket):
         from PIL import Image
         from transformers import AutoConfig, AutoModel, AutoModelForImageClassification
 
-        self._image = Image
-        # Pillow warns past its own pixel limit as it opens a header; `max_pixels` is checked right after.
-        warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
         self.task = options.get("task", "embedding")
         self.output_kind = self.task
         if "torch_threads" in options:
@@ -126,11 +113,8 @@ class ImageModel(PreparesBatches, ChecksCalls, WarmsUp, WarmsUpByBucket):
         self.image_sizes = tuple(sorted(set(options.get("image_sizes") or [self.native_size])))
         if any(size % patch for size in self.image_sizes):
             raise ValueError(f"image_sizes {list(self.image_sizes)} must be multiples of the model's patch size {patch}")
-        self.patches = {size: (size // patch) ** 2 for size in self.image_sizes}
-        self.max_image_bytes = int(options.get("max_image_bytes", 20 << 20))
-        self.max_pixels = int(options.get("max_pixels", 40_000_000))
-        self.max_call_pixels = int(options.get("max_call_pixels", 200_000_000))
-        self.formats = tuple(f.upper() for f in options.get("formats", _FORMATS))
+        self.inputs = ImageInputs(Image, self.image_sizes, {size: (size // patch) ** 2 for size in self.image_sizes},
+                                  options)
         self.prepare_threads = int(options.get("prepare_threads", default_prepare_threads()))
         self.prepare_nice = int(options.get("prepare_nice", 10))
         self.prepare_max_batch = 8  # (decoding costs ms an image: a gone client's images are dropped between calls)
@@ -162,81 +146,18 @@ class ImageModel(PreparesBatches, ChecksCalls, WarmsUp, WarmsUpByBucket):
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.shaped = ImageGraphs(self._compute, options.get("graph_batch_sizes", DEFAULT_BATCH_SIZES), self.image_sizes,
                                   self.device, width, graphs=bool(options.get("cuda_graphs", True)), stream=self.stream)
+        self.steps = DeviceSteps(self.shaped, self.device, self.stream)
+        if launch_ahead(options, self.device):  # (the contract's two steps: the worker launches the next batch early)
+            self.launch, self.collect = self._launch, self._collect
 
-    # ---- on the way in (the preprocessing thread) ------------------------------------------------
+    # ---- on the way in (the preprocessing thread; the event loop for `check_call`) ----------------
 
     def prepare_batch(self, items: Sequence[Any]) -> list[Prepared | Exception]:
-        """Each image decoded, checked and resized to its size bucket (an (s, s, 3) uint8 RGB array), or
-        the Exception that answers that input alone."""
-        results: list[Prepared | Exception] = []
-        for item in items:
-            try:
-                results.append(self._prepared(self._bytes(item)))
-            except (ValueError, PayloadTooLarge) as exc:
-                results.append(exc)
-            except Exception as exc:  # noqa: BLE001 - whatever a decoder raises, this input alone is at fault
-                results.append(ValueError(f"image cannot be read ({type(exc).__name__}: {exc})"))
-        return results
+        """Each image decoded, checked and resized to its size bucket (`image_inputs`)."""
+        return self.inputs.prepare_batch(items)
 
     def check_call(self, items: Sequence[Any]) -> None:
-        """Refuse a call whose images add up past `max_call_pixels`, from their headers alone (on the event
-        loop: a few kilobytes decoded and parsed per image). An image whose header cannot be read counts
-        nothing here: its own preparation answers it."""
-        total = 0
-        for item in items:
-            total += header_pixels(self._image, item, self.max_pixels)
-            if total > self.max_call_pixels:
-                raise PayloadTooLarge(f"this call's {len(items)} images hold over {self.max_call_pixels} pixels "
-                                      f"in all; this model takes at most that many per call (max_call_pixels)")
-
-    def _bytes(self, item: Any) -> bytes:
-        if isinstance(item, (bytes, bytearray, memoryview)):
-            data = bytes(item)
-        elif isinstance(item, Mapping) and isinstance(item.get("image"), (str, bytes)):
-            text = item["image"]  # (bytes: lifted from a large JSON body as it was, `image_strings`)
-            prefix, comma, tag = ("data:", ",", ";base64") if isinstance(text, str) else (b"data:", b",", b";base64")
-            if text.startswith(prefix):
-                header, _, text = text.partition(comma)
-                if not header.endswith(tag):
-                    raise ValueError("an image data URL must be base64 (data:image/...;base64,...)")
-            if len(text) > (self.max_image_bytes + 2) // 3 * 4 + 4:
-                raise PayloadTooLarge(f"image is over this model's max_image_bytes ({self.max_image_bytes})")
-            try:
-                data = b64decode(text)
-            except (binascii.Error, ValueError):
-                raise ValueError("`image` is not valid base64") from None
-        else:
-            raise ValueError('this model takes images: {"image": "<base64 or data URL>"}')
-        if len(data) > self.max_image_bytes:
-            raise PayloadTooLarge(f"image is {len(data)} bytes; this model takes at most {self.max_image_bytes} (max_image_bytes)")
-        return data
-
-    def _prepared(self, data: bytes) -> Prepared:
-        Image = self._image
-        try:
-            image = Image.open(io.BytesIO(data), formats=self.formats)  # reads the header only
-        except Image.UnidentifiedImageError:
-            raise ValueError(f"not an image in an allowed format ({', '.join(self.formats)})") from None
-        except Image.DecompressionBombError:
-            raise PayloadTooLarge(f"image is over this model's max_pixels ({self.max_pixels})") from None
-        except (OSError, SyntaxError, ValueError) as exc:  # a header cut short or corrupt
-            raise ValueError(f"image data is truncated or corrupt ({exc})") from None
-        width, height = image.size
-        if width == 0 or height == 0:
-            raise ValueError(f"image is {width}x{height}: empty")
-        if width * height > self.max_pixels:
-            raise PayloadTooLarge(f"image is {width}x{height} = {width * height} pixels; this model takes at most "
-                                  f"{self.max_pixels} (max_pixels)")
-        longest = max(width, height)
-        bucket = next((i for i, size in enumerate(self.image_sizes) if size >= longest), len(self.image_sizes) - 1)
-        size = self.image_sizes[bucket]
-        try:
-            rgb = image.convert("RGB")  # decodes
-        except (OSError, SyntaxError, ValueError) as exc:  # truncated or corrupt data
-            raise ValueError(f"image data is truncated or corrupt ({exc})") from None
-        if rgb.size != (size, size):
-            rgb = rgb.resize((size, size), Image.Resampling.BILINEAR)
-        return Prepared(np.asarray(rgb), bucket, self.patches[size])
+        self.inputs.check_call(items)
 
     # ---- warm-up (the worker thread, before the model is ready) ----------------------------------
 
@@ -250,12 +171,22 @@ class ImageModel(PreparesBatches, ChecksCalls, WarmsUp, WarmsUpByBucket):
 
     # ---- the batch function (the worker thread) --------------------------------------------------
 
-    @torch.inference_mode()
     def __call__(self, batch: list[np.ndarray]) -> list[Any]:
+        return self._collect(self._launch(batch))
+
+    @torch.inference_mode()
+    def _launch(self, batch: list[np.ndarray]) -> Launched:
+        """The batch queued on the device, as its captured graph or eagerly (`device_steps`)."""
         self.calls += 1
-        out = self.shaped.run(batch) if self.shaped.use_graphs else None
-        if out is None:
-            out = self._compute(torch.from_numpy(np.stack(batch)).to(self.device)).cpu().numpy()
+        size = batch[0].shape[0]
+        shape = self.shaped.pick(len(batch), size) if self.shaped.use_graphs else None
+        if shape is not None:
+            return self.steps.graph(batch, size, shape)
+        pixels = torch.from_numpy(np.stack(batch))
+        return self.steps.eager(len(batch), size, lambda: self._compute(self.steps.to_device(pixels)))
+
+    def _collect(self, launched: Launched) -> list[Any]:
+        out = self.steps.collect(launched)[0]
         if self.task == "classification":
             best = out.argmax(axis=1)
             return [{"label": self.labels.get(int(i), str(int(i))), "score": float(out[row, i])} for row, i in enumerate(best)]

@@ -303,3 +303,39 @@ async def test_compact_vector_types_and_cohere_embed_give_the_models_vectors_pac
         assert np.max(np.abs(np.array(f) - v)) < 1e-4
         assert np.max(np.abs(np.array(i8) - int8(v))) <= 1 and len(ub) == 16
     assert refused[0] == 400 and "truncate" in refused[1]["message"]  # (MiniLM truncates: "NONE" cannot be honoured)
+
+
+def test_the_two_steps_give_the_batch_functions_outputs_and_are_offered_on_a_gpu_only(reference):
+    """`launch_ahead` (default: on a GPU): on the CPU a launch computes the whole batch, so the worker is
+    offered the two steps only when asked, and they answer what one call does."""
+    from inferd.backends import Capabilities
+
+    assert Capabilities.of(reference).launch is None  # (the CPU's default: one call a batch)
+    split = TextModel("cpu", {"max_tokens": 64, "bucket_edges": EDGES, "launch_ahead": True})
+    offered = Capabilities.of(split)
+    assert offered.launch is not None and offered.collect is not None
+    first = [split.tokenize(t) for t in texts()[:5]]
+    second = [split.tokenize(t) for t in texts()[5:8]]
+    ahead = offered.launch(first), offered.launch(second)  # the second launched before the first is collected
+    for batch, launched in zip((first, second), ahead, strict=True):
+        collected = offered.collect(launched)
+        assert len(collected) == len(batch)
+        for vector, ids in zip(collected, batch, strict=True):
+            assert np.max(np.abs(vector - reference([ids])[0])) < 1e-5
+
+
+async def test_a_worker_launching_ahead_on_a_real_model_collects_in_order_and_answers_each_its_own(http, reference):
+    inputs = texts()
+    async with running_server(minilm(backend="tests.fakes:launching", max_batch_size=2, max_wait_ms=5)) as srv:
+        results = await asyncio.gather(*(infer(http, srv.url, {"input": t, "model": "minilm"}) for t in inputs))
+    for text, (status, body, _) in zip(inputs, results, strict=True):
+        assert status == 200, body
+        assert np.max(np.abs(np.array(body["output"], dtype=np.float32) - alone(reference, text))) < 1e-4
+    launches = [n for step, n in fakes.device_steps if step == "launch"]
+    collects = [n for step, n in fakes.device_steps if step == "collect"]
+    assert collects == launches  # in the order launched, every one collected
+    in_flight, most = 0, 0
+    for step, _ in fakes.device_steps:
+        in_flight += 1 if step == "launch" else -1
+        most = max(most, in_flight)
+    assert most == 2  # a full batch was launched behind the one computing, never more than one

@@ -243,3 +243,20 @@ async def test_an_image_classifier_answers_its_label_and_score(http, tmp_path):
         best = int(probabilities.argmax())
         assert status == 200 and body["output"]["label"] == config.id2label[best]
         assert body["output"]["score"] == pytest.approx(float(probabilities[best]), abs=1e-5)
+
+
+def test_the_two_steps_give_the_batch_functions_outputs_and_are_offered_on_a_gpu_only(vit):
+    from inferd.backends import Capabilities
+    from inferd.backends.vision import ImageModel
+
+    options = {"model_path": vit, "image_sizes": SIZES}
+    plain, split = ImageModel("cpu", options), ImageModel("cpu", {**options, "launch_ahead": True})
+    offered = Capabilities.of(split)
+    assert Capabilities.of(plain).launch is None and offered.launch is not None and offered.collect is not None
+    prepared = split.prepare_batch([image(30, 31, seed) for seed in range(5)])
+    first, second = [p.input for p in prepared[:3]], [p.input for p in prepared[3:]]
+    ahead = offered.launch(first), offered.launch(second)  # the second launched before the first is collected
+    for batch, launched in zip((first, second), ahead, strict=True):
+        collected = offered.collect(launched)
+        assert len(collected) == len(batch)
+        assert np.max(np.abs(np.stack(collected) - np.stack(plain(batch)))) < 1e-5
