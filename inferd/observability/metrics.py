@@ -8,6 +8,7 @@ nothing of batchers, workers or engines, and a scrape never waits on a worker.
 
 from __future__ import annotations
 
+import platform
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -16,6 +17,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .. import __version__
 from .access_log import dropped_lines
 from .histogram import Histogram
 from .snapshots import BatchModelSnapshot, GenerationSnapshot
@@ -91,6 +93,10 @@ class InferdCollector(Collector):
                                   value=dropped_lines())
         yield GaugeMetricFamily("inferd_ready", "1 when every model is ready and the server is not draining.",
                                 value=float(self.ready()))
+        build = GaugeMetricFamily("inferd_build_info", "Always 1: the version serving, and its Python, as labels.",
+                                  labels=["version", "python"])
+        build.add_metric([__version__, platform.python_version()], 1.0)
+        yield build
 
 
 def _batch_families(models: list[BatchModelSnapshot], retired: list[BatchModelSnapshot]) -> Iterator[Metric]:

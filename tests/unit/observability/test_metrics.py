@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import platform
+
 from prometheus_client import generate_latest
 
+from inferd import __version__
 from inferd.observability.histogram import Histogram
 from inferd.observability.metrics import InferdCollector, RequestMetrics, build_registry
 from inferd.observability.snapshots import BatchModelSnapshot, WorkerSnapshot
@@ -45,6 +48,7 @@ def test_snapshots_become_the_documented_series():
         "inferd_requests_running 16.0",
         "inferd_predicted_wait_max_seconds 0.04",
         "inferd_ready 1.0",
+        f'inferd_build_info{{python="{platform.python_version()}",version="{__version__}"}} 1.0',
     ):
         assert line in text, line
 
