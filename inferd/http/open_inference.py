@@ -185,7 +185,14 @@ def model_metadata(models: Models, model: BatchModel) -> dict[str, Any]:
     return {"name": model.name, "versions": versions, "platform": "inferd",
             "inputs": [{"name": input_name(model), "datatype": "BYTES", "shape": [-1]}],
             "outputs": [{"name": OUTPUT, "datatype": "FP32" if embedding else "BYTES",
-                         "shape": [-1, -1] if embedding else [-1]}]}
+                         "shape": [-1, embedding_width(model)] if embedding else [-1]}]}
+
+
+def embedding_width(model: BatchModel) -> int:
+    """An embedding model's full vector length once a worker has said it (its `embedding_sizes`: any
+    size up to it, or the trained sizes, the largest last), else -1 (unknown), as the protocol writes it."""
+    sizes = model.offers.embedding_sizes
+    return sizes if isinstance(sizes, int) else max(sizes) if sizes else -1
 
 
 def repository_index(models: Models, ready_only: bool) -> list[dict[str, str]]:
@@ -209,7 +216,7 @@ def triton_config(model: BatchModel) -> dict[str, Any]:
             "versions": [int(model.version)] if model.version.isdigit() else []}},
             "max_batch_size": config.max_batch_size,
             "input": [{"name": input_name(model), "data_type": "TYPE_STRING", "dims": [1]}],
-            "output": [{"name": OUTPUT, "data_type": "TYPE_FP32" if embedding else "TYPE_STRING", "dims": [-1 if embedding else 1]}],
+            "output": [{"name": OUTPUT, "data_type": "TYPE_FP32" if embedding else "TYPE_STRING", "dims": [embedding_width(model) if embedding else 1]}],
             "dynamic_batching": {"max_queue_delay_microseconds": int(config.max_wait_ms * 1000),
                                  "default_queue_policy": {"default_timeout_microseconds": config.timeout_ms * 1000}},
             "instance_group": [{"count": config.workers, "kind": "KIND_GPU" if any(d.startswith("cuda") for d in config.worker_devices)

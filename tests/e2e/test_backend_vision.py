@@ -173,6 +173,7 @@ async def test_tritonclient_sends_images_as_binary_bytes(vit):
 
         answer, meta = await asyncio.to_thread(talk)
     assert meta["inputs"][0]["name"] == "image"
+    assert meta["outputs"][0]["shape"] == [-1, 32]  # (the vector's length, once the model has said it)
     assert answer.dtype == np.float32 and answer.shape == (3, 32)
     for row, data in zip(answer, images, strict=True):
         assert np.max(np.abs(row - expected(vit, data))) < 1e-4
