@@ -163,6 +163,11 @@ class GenerationApi:
                     trace.model, trace.tier, trace.tenant = model.name, tier, tenant
                     stages = trace.generation = Generated(promise.request_id, time.monotonic())
                 ids = await prompt_ids(promise)  # moves the place admission reserved; no await from here to the engine
+                asked, context = overrides.get("max_tokens"), model.engine.max_model_len if model.engine else None
+                if asked and context and len(ids) + asked > context:  # (as vLLM's server refuses it, not cut short)
+                    raise InvalidInput(f"this model's maximum context length is {context} tokens; this request asks for "
+                                       f"{len(ids) + asked} ({len(ids)} in the prompt, {asked} to generate): "
+                                       f"`max_tokens` at most {context - len(ids)}")
             except BaseException:
                 if promise is not None:
                     model.withdraw(promise)

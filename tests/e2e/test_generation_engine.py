@@ -128,17 +128,22 @@ async def test_what_the_engine_refuses_is_a_400(server, client):
     assert status == 400 and "tool" in body["error"]["message"]
     status, body = await post(client, server.url, "/v1/completions", {"model": "echo", "prompt": "w " * 1100})
     assert status == 400 and "2048" in body["error"]["message"]
+    # (the prompt fits, the prompt and the tokens asked for do not: vLLM's server refuses it too, rather than cut it)
+    status, body = await post(client, server.url, "/v1/chat/completions",
+                              {"model": "echo", "messages": [{"role": "user", "content": "p"}], "max_tokens": 3000})
+    assert status == 400 and "maximum context length is 2048" in body["error"]["message"]
+    assert "`max_tokens` at most 20" in body["error"]["message"]  # (2048 less the prompt's tokens: 20xx)
 
 
 async def test_a_deadline_and_a_client_leaving_abort_in_the_engine(server, client):
     model = server.models.generation["echo"]
     status, body = await post(client, server.url, "/v1/inference",
-                              {"model": "echo", "input": "slow", "max_tokens": 5000, "timeout_ms": 80})
+                              {"model": "echo", "input": "slow", "max_tokens": 2000, "timeout_ms": 80})
     assert (status, body["error"]) == (504, "DEADLINE_EXCEEDED")
     await until(lambda: model.engine.unfinished_requests() == 0, timeout_s=3)
     before = model.metrics.aborts.get("client_disconnect", 0)
     async with client.post(f"{server.url}/v1/inference",
-                           json={"model": "echo", "input": "go on", "max_tokens": 5000, "stream": True}) as resp:
+                           json={"model": "echo", "input": "go on", "max_tokens": 2000, "stream": True}) as resp:
         assert (await resp.content.readline()).startswith(b"data: ")
         resp.close()
     await until(lambda: model.engine.unfinished_requests() == 0, timeout_s=3)
