@@ -17,6 +17,7 @@ from aiohttp import web
 
 from .. import __version__
 from ..admission.auth import Authenticator
+from ..config import ModelConfig
 from ..errors import InferdError, describe
 from ..lifecycle import Lifecycle
 from ..models.batch_model import BatchModel
@@ -83,12 +84,20 @@ class AboutApi:
                    for name, model in self.models.generation.items()]
         default = next((m for m in models if m["id"] == self.models.default), models[0] if models else {})
         payload = {"version": __version__, "model_id": default.get("id"),
+                   "model_type": _TEI_MODEL_TYPES.get(default.get("output_kind") or "", {}),
+                   **{key: default.get(key) for key in ("model_dtype", "max_input_length", "auto_truncate",
+                                                        "max_batch_tokens", "max_concurrent_requests")},
                    "max_client_batch_size": default.get("max_inputs_per_call"),
                    "max_batch_requests": default.get("max_batch_size"), "models": models}
         return json_response(payload, self._id(request))
 
     def _id(self, request: web.BaseRequest) -> str:
         return self.ids.pick(request.headers.get("X-Request-ID"))
+
+
+# TEI's `model_type`, by a model's output kind (its pooling: the text backend's mean pooling)
+_TEI_MODEL_TYPES: dict[str, dict[str, Any]] = {"embedding": {"embedding": {"pooling": "mean"}}, "classification": {"classifier": {}},
+                                               "rerank": {"reranker": {}}}
 
 
 def _readiness(model: BatchModel) -> dict[str, Any]:
@@ -104,4 +113,11 @@ def _batch_info(name: str, model: BatchModel) -> dict[str, Any]:
     return {"id": name, "kind": "batch", "ready": model.ready, "version": c.version, "output_kind": model.output_kind,
             "inputs": model.input_kind, "max_batch_size": c.max_batch_size, "max_wait_ms": c.max_wait_ms,
             "max_batch_tokens": c.max_batch_tokens, "max_input_chars": c.max_input_chars,
-            "max_inputs_per_call": c.max_inputs_per_call, "timeout_ms": c.timeout_ms}
+            "max_inputs_per_call": c.max_inputs_per_call, "timeout_ms": c.timeout_ms,
+            "model_dtype": _text_option(c, "dtype", "float32"), "max_input_length": _text_option(c, "max_tokens", 256),
+            "auto_truncate": _text_option(c, "truncate", True), "max_concurrent_requests": c.max_queue}
+
+
+def _text_option(config: ModelConfig, key: str, default: Any) -> Any:
+    """TEI's figures as the text backend's options set them (its defaults where unset); None for another backend."""
+    return config.options.get(key, default) if config.backend == "inferd.backends.transformer:create" else None

@@ -54,9 +54,10 @@ class Route(NamedTuple):
     counted: bool  # in flight while it runs: a drain waits for it
 
 
-_KEYED_PATHS = ("/v1/inference", "/api/inference", "/v1/embeddings", "/v1/rerank", "/rerank", "/embed", "/v2/embed",
-                "/v1/classify", "/predict")
-_INFERD_ERRORS = ("/v1/inference", "/api/inference", "/v1/rerank", "/rerank", "/embed", "/v2/embed", "/predict")  # (the other keyed paths: OpenAI's)
+_KEYED_PATHS = ("/v1/inference", "/api/inference", "/v1/embeddings", "/embeddings", "/v1/rerank", "/rerank", "/embed",
+                "/v2/embed", "/v1/classify", "/classify", "/predict")
+_INFERD_ERRORS = ("/v1/inference", "/api/inference", "/v1/rerank", "/rerank", "/embed", "/v2/embed", "/predict",
+                  "/classify")  # (the other keyed paths: OpenAI's)
 _GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 
 
@@ -84,7 +85,8 @@ class HttpApi:
                                  body=body, generation=generation)
         untraced: tuple[CallHandler, ...] = (inference.inference, inference.embeddings, inference.rerank,
                                              inference.tei_rerank, inference.tei_embed, inference.cohere_embed,
-                                             inference.classify, inference.tei_predict)
+                                             inference.classify, inference.tei_predict, inference.infinity_classify,
+                                             inference.infinity_embeddings)
         call_routes: tuple[Handler, ...] = untraced if tracing is None else tuple(
             traced_route(tracing, self.ids, route) for route in untraced)
         self.open_inference = OpenInferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle,
@@ -111,13 +113,16 @@ class HttpApi:
             "/v2/embed": ("POST", call_routes[5], True),
             "/v1/classify": ("POST", call_routes[6], True),
             "/predict": ("POST", call_routes[7], True),
+            # Infinity's paths without `/v1` (its rerank body posts to `/rerank`, beside TEI's: the body says which)
+            "/embeddings": ("POST", call_routes[9], True), "/classify": ("POST", call_routes[8], True),
             "/": ("POST", self._tei_root(call_routes[4], call_routes[7], call_routes[3]), True),
             "/tokenize": ("POST", tokens.tokenize, True), "/decode": ("POST", tokens.decode, True),
             "/healthz": ("GET", about.healthz, False),
             "/readyz": ("GET", about.readyz, False),
             "/health": ("GET", about.health, False), "/version": ("GET", about.version, False),
+            "/ping": ("GET", about.health, False),  # (vLLM's and SageMaker's name for the same probe)
             "/info": ("GET", about.info, False),
-            "/v1/models": ("GET", ops.list_models, False),
+            "/v1/models": ("GET", ops.list_models, False), "/models": ("GET", ops.infinity_models, False),
             "/v1/stats": ("GET", ops.stats, False),
             "/v1/dead-letters": ("GET", ops.dead_letters, False),
             "/v1/limits": ("GET", ops.limits, False),
@@ -148,7 +153,7 @@ class HttpApi:
         )
         self._openapi = dumps(openapi_document(self.routes, __version__))
         if admission.auth.config.operations != "open":
-            for path in ("/metrics", "/v1/stats", "/v1/models"):
+            for path in ("/metrics", "/v1/stats", "/v1/models", "/models"):
                 if path in self.routes:
                     method, handler, counted = self.routes[path]
                     self.routes[path] = Route(method, self._operations_only(handler), counted)

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import InvalidInput
 from .body_reader import json_object
-from .inference_body import timeout_ms
+from .inference_body import timeout_ms, without_infinity_defaults
 
 
 @dataclass(slots=True)
@@ -56,12 +56,24 @@ def _model(data: dict[str, Any]) -> str | None:
 
 def parse_classify_body(body: bytes) -> ClassifyCall:
     """vLLM's `/v1/classify` body: `input`, `model`, `timeout_ms`."""
-    data = json_object(body)
+    return _classify_call(json_object(body))
+
+
+def _classify_call(data: dict[str, Any]) -> ClassifyCall:
     value = data.get("input")
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not items:
         raise InvalidInput("`input` must be a string or a non-empty array of strings")
     return ClassifyCall(items, _model(data), timeout_ms(data))
+
+
+def parse_infinity_classify_body(body: bytes) -> ClassifyCall:
+    """Infinity's `/classify` body: `input` (a string or strings), `model`; `raw_scores: true` refused,
+    as on `/predict`."""
+    data = without_infinity_defaults(json_object(body))
+    if data.get("raw_scores") not in (None, False):
+        raise InvalidInput("`raw_scores: true` is not served: the model gives each label's probability")
+    return _classify_call(data)
 
 
 def parse_tei_predict_body(body: bytes) -> ClassifyCall:
@@ -105,3 +117,11 @@ def tei_predict_payload(call: ClassifyCall, outputs: list[dict[str, Any]], model
     ranked = [[{"score": score, "label": label} for label, score in sorted(out["scores"].items(), key=lambda kv: -kv[1])]
               for out in outputs]
     return ranked[0] if call.single else ranked
+
+
+def infinity_classify_payload(call: ClassifyCall, outputs: list[dict[str, Any]], model: str, request_id: str,
+                              tokens: int) -> dict[str, Any]:
+    """Infinity's `/classify` answer: per text, every label's `{score, label}`, best first."""
+    return {"object": "classify", "data": tei_predict_payload(ClassifyCall(call.items, model, None), outputs, model, request_id, tokens),
+            "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}, "id": request_id,
+            "created": int(time.time())}

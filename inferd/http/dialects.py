@@ -10,17 +10,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .classify_body import classify_payload, parse_classify_body, parse_tei_predict_body, tei_predict_payload
+from .classify_body import (
+    classify_payload,
+    infinity_classify_payload,
+    parse_classify_body,
+    parse_infinity_classify_body,
+    parse_tei_predict_body,
+    tei_predict_payload,
+)
 from .embeddings import (
     EmbeddingsCall,
     cohere_embed_payload,
     embeddings_payload,
     parse_cohere_embed_body,
     parse_embeddings_body,
+    parse_infinity_embeddings_body,
     parse_tei_embed_body,
 )
 from .rerank_body import (
     RerankCall,
+    infinity_rerank_payload,
     parse_rerank_body,
     parse_tei_rerank_body,
     ranked,
@@ -61,14 +70,18 @@ def _rerank_answer(call: RerankCall, logits: list[float], model: str, request_id
 
 
 def _tei_rerank_answer(call: RerankCall, logits: list[float], model: str, request_id: str, tokens: int) -> Any:
+    if call.infinity:  # (Infinity's body on TEI's path)
+        return infinity_rerank_payload(call, ranked(call, logits), model, request_id, tokens)
     return tei_rerank_payload(call, ranked(call, logits))
 
 
 EMBEDDINGS = Dialect(parse_embeddings_body, "embedding", _embeddings_answer, openai=True)
+INFINITY_EMBEDDINGS = Dialect(parse_infinity_embeddings_body, "embedding", _embeddings_answer, openai=True)
 TEI_EMBED = Dialect(parse_tei_embed_body, "embedding", _tei_embed_answer)
 COHERE_EMBED = Dialect(parse_cohere_embed_body, "embedding", _cohere_embed_answer)
 CLASSIFY = Dialect(parse_classify_body, "classification", classify_payload, openai=True)
 TEI_PREDICT = Dialect(parse_tei_predict_body, "classification", tei_predict_payload)
+INFINITY_CLASSIFY = Dialect(parse_infinity_classify_body, "classification", infinity_classify_payload)
 RERANK = Dialect(parse_rerank_body, "rerank", _rerank_answer)
 TEI_RERANK = Dialect(parse_tei_rerank_body, "rerank", _tei_rerank_answer)
 TEI_ROOT_BY_KIND = {"classification": TEI_PREDICT, "rerank": TEI_RERANK}  # (TEI's `POST /`: else `/embed`'s)

@@ -27,7 +27,7 @@ from typing import Any
 from ..errors import InvalidInput
 from .body_reader import json_object
 from .image_strings import json_object_with_images
-from .inference_body import encoding_format, image_item, timeout_ms
+from .inference_body import encoding_format, image_item, timeout_ms, without_infinity_defaults
 from .vector_types import VECTOR_TYPES, encoded
 
 Item = str | list[int] | dict[str, str]
@@ -65,7 +65,19 @@ class EmbeddingsCall:
 
 
 def parse_embeddings_body(body: bytes) -> EmbeddingsCall:
-    data = json_object_with_images(body)
+    return _openai_call(json_object_with_images(body))
+
+
+def parse_infinity_embeddings_body(body: bytes) -> EmbeddingsCall:
+    """Infinity's `/embeddings`: OpenAI's body as Infinity's client sends it (its unasked defaults,
+    `without_infinity_defaults`), `modality` text only (an image model takes `{"image": ...}` items)."""
+    data = without_infinity_defaults(json_object_with_images(body))
+    if data.get("modality", "text") != "text":
+        raise InvalidInput('`modality` must be "text": an image model takes {"image": base64} items as input')
+    return _openai_call(data)
+
+
+def _openai_call(data: dict[str, Any]) -> EmbeddingsCall:
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise InvalidInput("`model` must be a string")

@@ -47,6 +47,8 @@ from .dialects import (
     CLASSIFY,
     COHERE_EMBED,
     EMBEDDINGS,
+    INFINITY_CLASSIFY,
+    INFINITY_EMBEDDINGS,
     RERANK,
     TEI_EMBED,
     TEI_PREDICT,
@@ -64,7 +66,8 @@ _TEI_ROOT = "/"  # (its dialect is the default model's: `TEI_ROOT_BY_KIND`)
 _PATHS: dict[str, Dialect | None] = {  # None: one input (`/v1/inference`)
     "/v1/inference": None, "/api/inference": None, "/v1/embeddings": EMBEDDINGS, "/embed": TEI_EMBED,
     "/v2/embed": COHERE_EMBED, "/v1/classify": CLASSIFY, "/predict": TEI_PREDICT, "/v1/rerank": RERANK,
-    "/rerank": TEI_RERANK, _TEI_ROOT: TEI_EMBED,
+    "/rerank": TEI_RERANK, _TEI_ROOT: TEI_EMBED, "/embeddings": INFINITY_EMBEDDINGS,
+    "/classify": INFINITY_CLASSIFY,
 }
 BODY_GRACE_S = 0.05  # how long a connection holds a request whose body is on its way before the usual way takes it
 _GO_THE_USUAL_WAY = ("Idempotency-Key", "Expect", "Content-Encoding")

@@ -31,6 +31,8 @@ from .dialects import (
     CLASSIFY,
     COHERE_EMBED,
     EMBEDDINGS,
+    INFINITY_CLASSIFY,
+    INFINITY_EMBEDDINGS,
     RERANK,
     TEI_EMBED,
     TEI_PREDICT,
@@ -165,6 +167,14 @@ class InferenceApi:
     async def classify(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         """vLLM's `POST /v1/classify`: each text classified like a request of its own, every label's probability."""
         return await self._call_of_many(request, call, CLASSIFY)
+
+    async def infinity_embeddings(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
+        """Infinity's `POST /embeddings`: OpenAI's, read as Infinity's client sends it."""
+        return await self._call_of_many(request, call, INFINITY_EMBEDDINGS)
+
+    async def infinity_classify(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
+        """Infinity's `POST /classify`: the same computation, each text's labels best first."""
+        return await self._call_of_many(request, call, INFINITY_CLASSIFY)
 
     async def tei_predict(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         """Text Embeddings Inference's `POST /predict`: the same computation, TEI's body and answer."""

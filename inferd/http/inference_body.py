@@ -74,6 +74,19 @@ def parse_image_body(body: bytes, query: Mapping[str, str]) -> InferenceCall:
     return InferenceCall(body, query.get("model"), int(timeout) if timeout else None, False, {}, query.get("version"))
 
 
+INFINITY_ANY_MODEL = "default/not-specified"  # the `model` Infinity's client sends when none is named: the default
+
+
+def without_infinity_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """An Infinity client's body with what it sends unasked read as Infinity reads it: its `model`
+    placeholder as no model named (the default one) and `dimensions: 0` as the whole vector."""
+    if data.get("model") == INFINITY_ANY_MODEL:
+        del data["model"]
+    if data.get("dimensions") == 0:
+        del data["dimensions"]
+    return data
+
+
 def timeout_ms(data: dict[str, Any]) -> int | None:
     """The body's `timeout_ms`: None, or a positive integer."""
     value = data.get("timeout_ms")

@@ -84,7 +84,7 @@ PATHS: dict[str, Any] = {
                       **error_responses("Error", COMPUTE_ERRORS)},
     }},
     "/rerank": {"post": {
-        "summary": "Text Embeddings Inference's rerank: the same computation, TEI's body and answer",
+        "summary": "Text Embeddings Inference's rerank (TEI's body and answer), or Infinity's (`documents`, no `texts`)",
         "parameters": HEADERS,
         "requestBody": {"required": True, "content": {"application/json": {"schema": ref("TeiRerankRequest")}}},
         "responses": {"200": json_body({"type": "array", "items": {
@@ -228,6 +228,23 @@ for _suffix, _item in (("", _V2_METADATA), ("/ready", _V2_READY), ("/infer", _V2
                                                                         [_V2_MODEL, _V2_VERSION])):
         PATHS[_prefix + _suffix] = {method: {**op, "parameters": _parameters} for method, op in _item.items()}
 PATHS.update(TOKEN_PATHS)
+# Infinity's paths (without /v1; its rerank body on /rerank beside TEI's), and vLLM's name for /health
+PATHS["/embeddings"] = {"post": {**PATHS["/v1/embeddings"]["post"], "summary": "Infinity's embeddings: OpenAI's body",
+                                 "requestBody": {"required": True, "content": {"application/json": {
+                                     "schema": ref("InfinityEmbeddingsRequest")}}}}}
+PATHS["/classify"] = {"post": {**PATHS["/predict"]["post"], "summary": "Infinity's classify: each text's labels, best first",
+                               "requestBody": PATHS["/v1/classify"]["post"]["requestBody"], "responses": {
+    "200": json_body({"type": "object", "required": ["object", "data", "model", "usage"], "properties": {
+        "object": {"const": "classify"}, "data": {"type": "array", "items": {"type": "array"}}}}, "each text's labels"),
+    **error_responses("Error", COMPUTE_ERRORS)}}}
+_rerank = PATHS["/rerank"]["post"]
+_rerank["requestBody"]["content"]["application/json"]["schema"] = {"anyOf": [ref("TeiRerankRequest"), ref("RerankRequest")]}
+_rerank["responses"]["200"]["content"]["application/json"]["schema"] = {"anyOf": [
+    _rerank["responses"]["200"]["content"]["application/json"]["schema"], ref("InfinityRerankResponse")]}
+PATHS["/models"] = _get("the batch models, as Infinity lists them (with their `capabilities`)", {
+    "type": "object", "required": ["object", "data"], "properties": {"data": {"type": "array", "items": {
+        "type": "object", "required": ["id", "stats", "capabilities"]}}}}, "401")
+PATHS["/ping"] = PATHS["/health"]
 _ADMIN_ERRORS = {**error_responses("Error", ("400", "401", "404")), "403": json_body(ref("Error"), "not the admin key"),
                  "409": json_body(ref("Error"), "the versions' states do not allow it")}
 _VERSION_STATE = {"type": "object", "required": ["name", "version", "state"]}

@@ -99,7 +99,16 @@ SCHEMAS: dict[str, Any] = {
     "OpenInferenceResponse": {"type": "object", "required": ["model_name", "outputs"], "properties": {
         "model_name": {"type": "string"}, "model_version": {"type": "string"}, "id": {"type": "string"},
         "outputs": {"type": "array", "items": {"type": "object", "required": ["name", "datatype", "shape"]}}}},
+    "InfinityRerankResponse": {"type": "object", "required": ["object", "results", "model", "usage"], "properties": {
+        "object": {"const": "rerank"}, "model": {"type": "string"}, "usage": {"type": "object"},
+        "results": {"type": "array", "items": {"type": "object", "required": ["relevance_score", "index"], "properties": {
+            "index": {"type": "integer", "minimum": 0}, "relevance_score": {"type": "number"},
+            "document": {"type": ["string", "null"]}}}}}},
     "Readiness": {"type": "object", "required": ["ready", "phase", "models"], "properties": {
         "ready": {"type": "boolean"}, "phase": {"enum": ["starting", "serving", "lame_duck", "draining"]},
         "models": {"type": "object"}}},
 }
+# Infinity's client sends OpenAI's body with `dimensions: 0` (the whole vector) and `modality` ("text" here)
+SCHEMAS["InfinityEmbeddingsRequest"] = {**SCHEMAS["EmbeddingsRequest"], "properties": {
+    **SCHEMAS["EmbeddingsRequest"]["properties"], "modality": {"const": "text"},
+    "dimensions": or_null({"type": "integer", "minimum": 0, "description": "0: the whole vector"})}}

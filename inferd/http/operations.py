@@ -24,6 +24,8 @@ from .idempotency import IdempotentReplies
 from .request_ids import RequestIds
 from .responses import error_response, json_response
 
+_INFINITY_CAPABILITY = {"embedding": "embed", "rerank": "rerank", "classification": "classify"}  # (its `capabilities`)
+
 
 class OperationsApi:
     """The operations endpoints (see the module docstring)."""
@@ -46,6 +48,18 @@ class OperationsApi:
         """Every model, in a shape the OpenAI client's models.list() also reads (id, object, created)."""
         data = [self._model_entry(name) for name in (*self.models.batch, *self.models.generation)]
         data += [{"created": self.created, **entry} for entry in self.models.adapter_entries()]
+        return json_response({"object": "list", "data": data}, self.ids.pick(request.headers.get("X-Request-ID")))
+
+    async def infinity_models(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Infinity's `GET /models`: the batch models (what Infinity serves), each with its `capabilities`
+        in Infinity's words and no `owned_by` (Infinity's client takes only its own name there)."""
+        data = []
+        for name in self.models.batch:
+            entry = self._model_entry(name)
+            del entry["owned_by"]
+            kind = _INFINITY_CAPABILITY.get(entry.get("output_kind") or "", "embed")
+            data.append({**entry, "backend": "inferd", "capabilities": ["image_embed" if entry.get("inputs") == "image"
+                                                                         and kind == "embed" else kind]})
         return json_response({"object": "list", "data": data}, self.ids.pick(request.headers.get("X-Request-ID")))
 
     async def model(self, request: web.BaseRequest) -> web.StreamResponse:

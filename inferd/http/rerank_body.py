@@ -12,12 +12,13 @@ its document in the call.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidInput
 from .body_reader import json_object
-from .inference_body import timeout_ms
+from .inference_body import timeout_ms, without_infinity_defaults
 
 
 @dataclass(slots=True)
@@ -32,6 +33,7 @@ class RerankCall:
     raw_scores: bool  # the logits rather than their sigmoid (TEI's option)
     truncate: bool | None  # TEI's `truncate`; None: the model's own rule
     timeout_ms: int | None
+    infinity: bool = False  # Infinity's body (`documents`) on TEI's `/rerank`: answered in Infinity's shape
 
     @property
     def count(self) -> int:
@@ -46,7 +48,10 @@ class RerankCall:
 def parse_rerank_body(body: bytes) -> RerankCall:
     """Cohere's (and Jina's) body: `query`, `documents` (strings, or objects with a `text`), `top_n`,
     `return_documents` (default false, as Cohere's)."""
-    data = json_object(body)
+    return _cohere_call(json_object(body))
+
+
+def _cohere_call(data: dict[str, Any]) -> RerankCall:
     documents = data.get("documents")
     if not isinstance(documents, list):
         raise InvalidInput("`documents` is required: an array of strings or of objects with a `text`")
@@ -65,9 +70,14 @@ def parse_rerank_body(body: bytes) -> RerankCall:
 
 
 def parse_tei_rerank_body(body: bytes) -> RerankCall:
-    """TEI's body: `query`, `texts`, `raw_scores`, `return_text`, `truncate`."""
+    """TEI's body: `query`, `texts`, `raw_scores`, `return_text`, `truncate`; or Infinity's, which posts
+    to the same path: `documents` and no `texts` (Cohere's fields, answered as Infinity answers)."""
     data = json_object(body)
     texts = data.get("texts")
+    if texts is None and "documents" in data:
+        call = _cohere_call(without_infinity_defaults(data))
+        call.infinity = True
+        return call
     if not isinstance(texts, list) or not all(isinstance(t, str) and t for t in texts):
         raise InvalidInput("`texts` is required: an array of non-empty strings")
     truncate = data.get("truncate")
@@ -136,3 +146,13 @@ def tei_rerank_payload(call: RerankCall, ranking: list[tuple[int, float]]) -> li
     if call.return_documents:
         return [{"index": i, "score": score, "text": call.documents[i]} for i, score in ranking]
     return [{"index": i, "score": score} for i, score in ranking]
+
+
+def infinity_rerank_payload(call: RerankCall, ranking: list[tuple[int, float]], model: str, request_id: str,
+                            tokens: int) -> dict[str, Any]:
+    """Infinity's answer: `results` of `relevance_score`, `index` and `document` (the text, with
+    `return_documents`; else null), best first, with `usage` in OpenAI's shape."""
+    results = [{"relevance_score": score, "index": index, "document": call.documents[index] if call.return_documents else None}
+               for index, score in ranking]
+    return {"object": "rerank", "results": results, "model": model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}, "id": request_id, "created": int(time.time())}

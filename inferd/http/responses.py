@@ -120,7 +120,7 @@ def json_response(payload: Any, request_id: str, status: int = 200, headers: tup
     return WholeResponse(status, dumps(payload), (("X-Request-ID", request_id), *headers))
 
 
-_OPENAI_PATHS = frozenset({"/v1/embeddings", "/v1/completions", "/v1/chat/completions", "/v1/models"})
+_OPENAI_PATHS = frozenset({"/v1/embeddings", "/embeddings", "/v1/completions", "/v1/chat/completions", "/v1/models"})
 
 
 def openai_path(raw_path: str) -> bool:

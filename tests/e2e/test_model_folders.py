@@ -43,6 +43,11 @@ async def test_model_folders_are_served_with_no_config_file_and_one_key(http, tm
         async with http.get(f"{url}/info", headers=key) as resp:
             info = await resp.json()
             assert info["model_id"] == "minilm" and [m["id"] for m in info["models"]] == ["minilm", "reranker"]
+            # (TEI's own fields, as its clients and dashboards read them)
+            assert info["model_type"] == {"embedding": {"pooling": "mean"}} and info["model_dtype"] == "float32"
+            assert info["max_input_length"] == 256 and info["auto_truncate"] is True
+        async with http.get(f"{url}/ping") as resp:
+            assert resp.status == 200 and (await resp.json())["status"] == "ok"  # (vLLM's probe, open as /health is)
     finally:
         server.stop()
 
