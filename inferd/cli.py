@@ -15,6 +15,7 @@ from typing import Any
 from . import __version__
 from .admission.auth import key_digest
 from .config import ConfigError, ServerConfig, TenantConfig, default_config, load_config
+from .config.borrowed_flags import add_borrowed_flags, borrowed_models, borrowed_settings, refuse_unknown
 from .config.model_folders import TASKS, FolderModel, folder_config
 
 
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host", help="override [server] host")
     serve.add_argument("--port", type=int, help="override [server] port (0: any free port)")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ...")
+    add_borrowed_flags(serve)  # (as `vllm serve` and TEI's launcher spell them)
 
     bench = sub.add_parser("bench", help="load-test a server (open or closed loop)")
     bench.add_argument("--url", required=True, help="e.g. http://127.0.0.1:8000/v1/inference")
@@ -98,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--sample-rate", type=float, default=1.0, help="the access log's access_log_sample_rate: "
                       "each line stands for 1/rate requests (record with 1.0 where you can)")
 
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    refuse_unknown(parser, extra)
     logging.basicConfig(level=getattr(args, "log_level", "WARNING").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
         return _serve(args)
@@ -146,6 +149,9 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         api_key = given_key(args.api_key, "--api-key", "INFERD_API_KEY")
         admin_key = given_key(args.admin_key, "--admin-key", "INFERD_ADMIN_KEY")
+        args.model = borrowed_models(args)  # (--model, vLLM's positional model, TEI's --model-id)
+        if args.model and args.config:
+            raise ConfigError("serve a --config file or model folders, not both")
         if args.model:
             config = _folders_config(args, api_key, admin_key)
             if config is None:
@@ -158,7 +164,8 @@ def _serve(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(f"inferd: {problem}", file=sys.stderr)
         return 2
-    overrides: dict[str, Any] = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    overrides: dict[str, Any] = {k: v for k, v in (("host", args.host or args.hostname), ("port", args.port),
+                                                   ("grpc_port", args.grpc_port)) if v is not None}
     keys = (None, None) if args.model else (api_key, admin_key)  # (--model's config has them already)
     reread = (lambda: with_keys(dataclasses.replace(load_config(args.config), **overrides), *keys)) if args.config else None
     configure_access_logger()
@@ -184,11 +191,12 @@ def _folders_config(args: argparse.Namespace, api_key: str | None, admin_key: st
     tasks, names = args.task or [], args.name or []
     if len(tasks) > len(args.model) or len(names) > len(args.model):
         raise ConfigError("more --task or --name than --model: each applies to the --model of its place")
-    models = [FolderModel(path, tasks[i] if i < len(tasks) else None, names[i] if i < len(names) else None)
+    models = [FolderModel(path, tasks[i] if i < len(tasks) else None, names[i] if i < len(names) else None,
+                          (lambda task: borrowed_settings(args, task)) if i == 0 else None)  # (their flags: the first's)
               for i, path in enumerate(args.model)]
     digest, admin_digest = (None if key is None else key_digest(key) for key in (api_key, admin_key))
-    config, text = folder_config(models, args.host or "127.0.0.1", 8000 if args.port is None else args.port, digest,
-                                 admin_digest)
+    config, text = folder_config(models, args.host or args.hostname or "127.0.0.1", 8000 if args.port is None else args.port,
+                                 digest, admin_digest)
     if args.print_config:
         print(text, end="")
         return None
@@ -211,70 +219,9 @@ def with_keys(config: ServerConfig, api_key: str | None, admin_key: str | None =
 
 
 def _bench(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
-    from urllib.parse import urlsplit
+    from .bench.command import command
 
-    from .bench.loadgen import LoadSpec
-    from .bench.report import markdown_table, write_results
-    from .bench.runner import run_sweep
-
-    if args.body_file:
-        with open(args.body_file, "rb") as f:
-            body: bytes | None = f.read()
-    else:
-        body = args.body.encode() if args.body is not None else None
-    headers = [("Content-Type", "application/json")] if body is not None else []
-    for raw in args.header:
-        name, _, value = raw.partition(":")
-        headers.append((name.strip(), value.strip()))
-    if args.stats_url == "none":
-        stats_url = None
-    elif args.stats_url:
-        stats_url = args.stats_url
-    else:
-        parts = urlsplit(args.url)
-        stats_url = f"{parts.scheme}://{parts.netloc}/v1/stats"
-    spec = LoadSpec(
-        url=args.url, body=body, method=args.method.upper(), headers=tuple(headers),
-        duration_s=args.duration, timeout_s=args.timeout, processes=args.processes,
-    )
-    try:
-        steps = run_sweep(
-            spec,
-            rates=[float(r) for r in args.rate.split(",")] if args.rate else None,
-            concurrencies=[int(c) for c in args.concurrency.split(",")] if args.concurrency else None,
-            engine=args.engine,
-            stats_url=stats_url,
-            warmup_s=args.warmup,
-        )
-    except (ValueError, RuntimeError) as exc:
-        print(f"inferd bench: {exc}", file=sys.stderr)
-        return 2
-    if args.out:
-        write_results(args.out, steps, meta={"url": args.url, "engine": args.engine},
-                      ceiling_rps=args.ceiling_rps, floor_ms=args.floor_ms, plots=not args.no_plots)
-    print(markdown_table(steps, args.ceiling_rps, args.floor_ms))
-    if args.out:
-        out = Path(args.out)
-        written = [p for p in (out, out.with_suffix(".md"), *sorted(out.parent.glob(f"{out.stem}_*.png"))) if p.exists()]
-        print("written: " + ", ".join(str(p) for p in written))
-    else:
-        print(json.dumps(steps[-1], indent=2))
-    for step in steps:
-        generator = step.get("generator")
-        if generator is not None and generator["busy"]:
-            print(f"inferd bench: the load generator itself ran late (its loop lag p99 {generator['loop_lag_ms']['p99']} ms "
-                  f"at {step['offered']} {'req/s' if step['mode'] == 'open' else 'clients'}): part of what it measured is "
-                  "its own; use more --processes or --engine wrk", file=sys.stderr)
-    if not any(step["ok"] for step in steps):
-        statuses: dict[str, int] = {}
-        for step in steps:
-            for status, n in step["statuses"].items():
-                statuses[status] = statuses.get(status, 0) + n
-        print(f"inferd bench: no request succeeded (answers by status: {statuses})", file=sys.stderr)
-        return 1
-    return 0
+    return command(args)
 
 
 def _readable_models(path: str) -> list[tuple[str, str, str, str, Mapping[str, Any]]]:
