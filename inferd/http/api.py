@@ -55,9 +55,9 @@ class Route(NamedTuple):
 
 
 _KEYED_PATHS = ("/v1/inference", "/api/inference", "/v1/embeddings", "/embeddings", "/v1/rerank", "/rerank", "/embed",
-                "/v2/embed", "/v1/classify", "/classify", "/predict")
+                "/v2/embed", "/v1/classify", "/classify", "/predict", "/similarity")
 _INFERD_ERRORS = ("/v1/inference", "/api/inference", "/v1/rerank", "/rerank", "/embed", "/v2/embed", "/predict",
-                  "/classify")  # (the other keyed paths: OpenAI's)
+                  "/classify", "/similarity")  # (the other keyed paths: OpenAI's)
 _GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 
 
@@ -86,7 +86,8 @@ class HttpApi:
         untraced: tuple[CallHandler, ...] = (inference.inference, inference.embeddings, inference.rerank,
                                              inference.tei_rerank, inference.tei_embed, inference.cohere_embed,
                                              inference.classify, inference.tei_predict, inference.infinity_classify,
-                                             inference.infinity_embeddings)
+                                             inference.infinity_embeddings, inference.tei_similarity,
+                                             inference.tei_root_embed)
         call_routes: tuple[Handler, ...] = untraced if tracing is None else tuple(
             traced_route(tracing, self.ids, route) for route in untraced)
         self.open_inference = OpenInferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle,
@@ -115,7 +116,8 @@ class HttpApi:
             "/predict": ("POST", call_routes[7], True),
             # Infinity's paths without `/v1` (its rerank body posts to `/rerank`, beside TEI's: the body says which)
             "/embeddings": ("POST", call_routes[9], True), "/classify": ("POST", call_routes[8], True),
-            "/": ("POST", self._tei_root(call_routes[4], call_routes[7], call_routes[3]), True),
+            "/similarity": ("POST", call_routes[10], True),
+            "/": ("POST", self._tei_root(call_routes[11], call_routes[7], call_routes[3]), True),
             "/tokenize": ("POST", tokens.tokenize, True), "/decode": ("POST", tokens.decode, True),
             "/healthz": ("GET", about.healthz, False),
             "/readyz": ("GET", about.readyz, False),

@@ -26,6 +26,9 @@ from .embeddings import (
     parse_embeddings_body,
     parse_infinity_embeddings_body,
     parse_tei_embed_body,
+    parse_tei_root_embed_body,
+    parse_tei_similarity_body,
+    similarities,
 )
 from .rerank_body import (
     RerankCall,
@@ -62,7 +65,7 @@ def _cohere_embed_answer(call: EmbeddingsCall, vectors: list[Any], model: str, r
 
 
 def _tei_embed_answer(call: EmbeddingsCall, vectors: list[Any], model: str, request_id: str, tokens: int) -> Any:
-    return vectors
+    return similarities(vectors) if call.similarity else vectors
 
 
 def _rerank_answer(call: RerankCall, logits: list[float], model: str, request_id: str, tokens: int) -> Any:
@@ -78,6 +81,8 @@ def _tei_rerank_answer(call: RerankCall, logits: list[float], model: str, reques
 EMBEDDINGS = Dialect(parse_embeddings_body, "embedding", _embeddings_answer, openai=True)
 INFINITY_EMBEDDINGS = Dialect(parse_infinity_embeddings_body, "embedding", _embeddings_answer, openai=True)
 TEI_EMBED = Dialect(parse_tei_embed_body, "embedding", _tei_embed_answer)
+TEI_SIMILARITY = Dialect(parse_tei_similarity_body, "embedding", _tei_embed_answer)
+TEI_ROOT_EMBED = Dialect(parse_tei_root_embed_body, "embedding", _tei_embed_answer)  # (`/embed`'s or `/similarity`'s)
 COHERE_EMBED = Dialect(parse_cohere_embed_body, "embedding", _cohere_embed_answer)
 CLASSIFY = Dialect(parse_classify_body, "classification", classify_payload, openai=True)
 TEI_PREDICT = Dialect(parse_tei_predict_body, "classification", tei_predict_payload)

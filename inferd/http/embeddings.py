@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..errors import InvalidInput
 from .body_reader import json_object
 from .image_strings import json_object_with_images
@@ -44,6 +46,7 @@ class EmbeddingsCall:
     dimensions: int | None = None  # the first N components only
     normalize: bool | None = None  # TEI's `normalize` (its default true); None: as the model gives them
     truncate: bool | None = None  # TEI's `truncate`; None: the model's own rule
+    similarity: bool = False  # TEI's `/similarity`: answered with each item's cosine to the first (`similarities`)
 
     @property
     def count(self) -> int:
@@ -88,7 +91,43 @@ def _openai_call(data: dict[str, Any]) -> EmbeddingsCall:
 def parse_tei_embed_body(body: bytes) -> EmbeddingsCall:
     """TEI's `/embed` body: `inputs`, `normalize` (default true), `truncate`, `truncation_direction` (the
     model cuts on the right only), `dimensions`; `prompt_name` is refused (no prompts are configured)."""
+    return _tei_embed_call(json_object(body))
+
+
+def parse_tei_similarity_body(body: bytes) -> EmbeddingsCall:
+    """TEI's `/similarity` body: `inputs: {source_sentence, sentences}` (and `/embed`'s `truncate`):
+    the source sentence and each sentence, embedded as the items of one call."""
+    return _similarity_call(json_object(body))
+
+
+def parse_tei_root_embed_body(body: bytes) -> EmbeddingsCall:
+    """TEI's `POST /` for an embedding model: `/embed`'s body, or `/similarity`'s (where Hugging Face's
+    `InferenceClient.sentence_similarity` posts it: `inputs` an object)."""
     data = json_object(body)
+    return _similarity_call(data) if isinstance(data.get("inputs"), dict) else _tei_embed_call(data)
+
+
+def _similarity_call(data: dict[str, Any]) -> EmbeddingsCall:
+    inputs = data.get("inputs")
+    sentences = inputs.get("sentences") if isinstance(inputs, dict) else None
+    source = inputs.get("source_sentence") if isinstance(inputs, dict) else None
+    if not isinstance(source, str) or not isinstance(sentences, list) or not sentences \
+            or not all(isinstance(s, str) for s in sentences):
+        raise InvalidInput('`inputs` must be {"source_sentence": a text, "sentences": [texts]}')
+    call = _tei_embed_call({**data, "inputs": [source, *sentences]})
+    call.similarity, call.normalize = True, None  # (cosines: whatever the vectors' norms)
+    return call
+
+
+def similarities(vectors: list[Any]) -> list[float]:
+    """Each vector's cosine similarity to the first (TEI's `/similarity` answer: one per sentence)."""
+    rows = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(rows, axis=1)
+    norms[norms == 0] = 1.0
+    return [float(x) for x in (rows[1:] @ rows[0]) / (norms[1:] * norms[0])]
+
+
+def _tei_embed_call(data: dict[str, Any]) -> EmbeddingsCall:
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise InvalidInput("`model` must be a string")

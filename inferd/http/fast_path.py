@@ -54,6 +54,8 @@ from .dialects import (
     TEI_PREDICT,
     TEI_RERANK,
     TEI_ROOT_BY_KIND,
+    TEI_ROOT_EMBED,
+    TEI_SIMILARITY,
     Dialect,
 )
 from .inference import InferenceApi, ManyInputs, OneInput
@@ -66,7 +68,7 @@ _TEI_ROOT = "/"  # (its dialect is the default model's: `TEI_ROOT_BY_KIND`)
 _PATHS: dict[str, Dialect | None] = {  # None: one input (`/v1/inference`)
     "/v1/inference": None, "/api/inference": None, "/v1/embeddings": EMBEDDINGS, "/embed": TEI_EMBED,
     "/v2/embed": COHERE_EMBED, "/v1/classify": CLASSIFY, "/predict": TEI_PREDICT, "/v1/rerank": RERANK,
-    "/rerank": TEI_RERANK, _TEI_ROOT: TEI_EMBED, "/embeddings": INFINITY_EMBEDDINGS,
+    "/rerank": TEI_RERANK, _TEI_ROOT: TEI_ROOT_EMBED, "/similarity": TEI_SIMILARITY, "/embeddings": INFINITY_EMBEDDINGS,
     "/classify": INFINITY_CLASSIFY,
 }
 BODY_GRACE_S = 0.05  # how long a connection holds a request whose body is on its way before the usual way takes it
@@ -151,7 +153,7 @@ class FastPath:
             if message.path == _TEI_ROOT:
                 model = self.inference.models.route(self.inference.models.default)
                 kind = model.output_kind if model is not None else None
-                dialect = TEI_ROOT_BY_KIND.get(kind, TEI_EMBED) if kind else TEI_EMBED
+                dialect = TEI_ROOT_BY_KIND.get(kind, TEI_ROOT_EMBED) if kind else TEI_ROOT_EMBED
             self._start_many(connection, message, payload, dialect)
             return None
         inference, headers = self.inference, message.headers

@@ -37,6 +37,8 @@ from .dialects import (
     TEI_EMBED,
     TEI_PREDICT,
     TEI_RERANK,
+    TEI_ROOT_EMBED,
+    TEI_SIMILARITY,
     Dialect,
 )
 from .embeddings import EmbeddingsCall, shaped
@@ -167,6 +169,14 @@ class InferenceApi:
     async def classify(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         """vLLM's `POST /v1/classify`: each text classified like a request of its own, every label's probability."""
         return await self._call_of_many(request, call, CLASSIFY)
+
+    async def tei_similarity(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
+        """Text Embeddings Inference's `POST /similarity`: each sentence's cosine to the source sentence."""
+        return await self._call_of_many(request, call, TEI_SIMILARITY)
+
+    async def tei_root_embed(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
+        """TEI's `POST /` for an embedding model: `/embed`'s body, or `/similarity`'s."""
+        return await self._call_of_many(request, call, TEI_ROOT_EMBED)
 
     async def infinity_embeddings(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         """Infinity's `POST /embeddings`: OpenAI's, read as Infinity's client sends it."""

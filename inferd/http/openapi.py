@@ -60,6 +60,11 @@ _OPENAI_TEXT = {
 }
 
 
+def _post(summary: str, body: dict[str, Any], answer: dict[str, Any], said: str, errors: str = "Error") -> dict[str, Any]:
+    return {"post": {"summary": summary, "parameters": HEADERS, "requestBody": {"required": True, "content": {
+        "application/json": {"schema": body}}}, "responses": {"200": json_body(answer, said), **error_responses(errors, COMPUTE_ERRORS)}}}
+
+
 def _get(summary: str, schema: dict[str, Any], *errors: str, content_type: str = "application/json") -> dict[str, Any]:
     ok = {"description": summary, "content": {content_type: {"schema": schema}}}
     return {"get": {"summary": summary, "responses": {"200": ok, **error_responses("Error", errors)}}}
@@ -75,14 +80,8 @@ PATHS: dict[str, Any] = {
         "responses": {"200": json_body(ref("EmbeddingsResponse"), "one embedding per item, in order"),
                       **error_responses("OpenAIError", COMPUTE_ERRORS)},
     }},
-    "/v1/rerank": {"post": {
-        "summary": "Cohere's rerank (Jina's clients too): each (query, document) pair batched like a request, "
-                   "answered best first",
-        "parameters": HEADERS,
-        "requestBody": {"required": True, "content": {"application/json": {"schema": ref("RerankRequest")}}},
-        "responses": {"200": json_body(ref("RerankResponse"), "the documents' scores, best first"),
-                      **error_responses("Error", COMPUTE_ERRORS)},
-    }},
+    "/v1/rerank": _post("Cohere's rerank (Jina's clients too): each (query, document) pair batched like a request, "
+                        "answered best first", ref("RerankRequest"), ref("RerankResponse"), "the documents' scores, best first"),
     "/rerank": {"post": {
         "summary": "Text Embeddings Inference's rerank (TEI's body and answer), or Infinity's (`documents`, no `texts`)",
         "parameters": HEADERS,
@@ -104,17 +103,12 @@ PATHS: dict[str, Any] = {
         "summary": "Text Embeddings Inference's root, where Hugging Face's InferenceClient posts: /embed's body and "
                    "answer, or /predict's or /rerank's when the default model classifies or reranks",
         "requestBody": {"required": True, "content": {"application/json": {"schema": {
-            "oneOf": [ref("TeiEmbedRequest"), ref("TeiRerankRequest")]}}}},
+            "oneOf": [ref("TeiEmbedRequest"), ref("TeiRerankRequest"), ref("TeiSimilarityRequest")]}}}},
         "responses": {"200": json_body({"type": "array"}, "as /embed, /predict or /rerank answers"),
                       **error_responses("Error", COMPUTE_ERRORS)},
     }},
-    "/v2/embed": {"post": {
-        "summary": "Cohere's embed: the same computation as /v1/embeddings, each vector in the types asked",
-        "parameters": HEADERS,
-        "requestBody": {"required": True, "content": {"application/json": {"schema": ref("CohereEmbedRequest")}}},
-        "responses": {"200": json_body(ref("CohereEmbedResponse"), "the vectors by type, in the texts' order"),
-                      **error_responses("Error", COMPUTE_ERRORS)},
-    }},
+    "/v2/embed": _post("Cohere's embed: the same computation as /v1/embeddings, each vector in the types asked",
+                       ref("CohereEmbedRequest"), ref("CohereEmbedResponse"), "the vectors by type, in the texts' order"),
     "/v1/classify": {"post": {
         "summary": "vLLM's classify: each text batched like a request of its own, every label's probability",
         "parameters": HEADERS,
@@ -228,15 +222,16 @@ for _suffix, _item in (("", _V2_METADATA), ("/ready", _V2_READY), ("/infer", _V2
                                                                         [_V2_MODEL, _V2_VERSION])):
         PATHS[_prefix + _suffix] = {method: {**op, "parameters": _parameters} for method, op in _item.items()}
 PATHS.update(TOKEN_PATHS)
-# Infinity's paths (without /v1; its rerank body on /rerank beside TEI's), and vLLM's name for /health
-PATHS["/embeddings"] = {"post": {**PATHS["/v1/embeddings"]["post"], "summary": "Infinity's embeddings: OpenAI's body",
-                                 "requestBody": {"required": True, "content": {"application/json": {
-                                     "schema": ref("InfinityEmbeddingsRequest")}}}}}
-PATHS["/classify"] = {"post": {**PATHS["/predict"]["post"], "summary": "Infinity's classify: each text's labels, best first",
-                               "requestBody": PATHS["/v1/classify"]["post"]["requestBody"], "responses": {
-    "200": json_body({"type": "object", "required": ["object", "data", "model", "usage"], "properties": {
-        "object": {"const": "classify"}, "data": {"type": "array", "items": {"type": "array"}}}}, "each text's labels"),
-    **error_responses("Error", COMPUTE_ERRORS)}}}
+# Infinity's paths (without /v1; its rerank body on /rerank beside TEI's), TEI's /similarity, vLLM's /ping
+PATHS["/embeddings"] = _post("Infinity's embeddings: OpenAI's body", ref("InfinityEmbeddingsRequest"),
+                             ref("EmbeddingsResponse"), "one embedding per item, in order", "OpenAIError")
+PATHS["/classify"] = _post("Infinity's classify: each text's labels, best first",
+                           PATHS["/v1/classify"]["post"]["requestBody"]["content"]["application/json"]["schema"], {
+    "type": "object", "required": ["object", "data", "model", "usage"], "properties": {
+        "object": {"const": "classify"}, "data": {"type": "array", "items": {"type": "array"}}}}, "each text's labels")
+PATHS["/similarity"] = _post("Text Embeddings Inference's similarity: each sentence's cosine to the source sentence",
+                             ref("TeiSimilarityRequest"), {"type": "array", "items": {"type": "number"}},
+                             "one similarity per sentence, in order")
 _rerank = PATHS["/rerank"]["post"]
 _rerank["requestBody"]["content"]["application/json"]["schema"] = {"anyOf": [ref("TeiRerankRequest"), ref("RerankRequest")]}
 _rerank["responses"]["200"]["content"]["application/json"]["schema"] = {"anyOf": [

@@ -99,6 +99,11 @@ SCHEMAS: dict[str, Any] = {
     "OpenInferenceResponse": {"type": "object", "required": ["model_name", "outputs"], "properties": {
         "model_name": {"type": "string"}, "model_version": {"type": "string"}, "id": {"type": "string"},
         "outputs": {"type": "array", "items": {"type": "object", "required": ["name", "datatype", "shape"]}}}},
+    "TeiSimilarityRequest": {"type": "object", "required": ["inputs"], "properties": {
+        "inputs": {"type": "object", "required": ["source_sentence", "sentences"], "properties": {
+            "source_sentence": {"type": "string", "minLength": 1},
+            "sentences": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}}}},
+        "truncate": or_null({"type": "boolean"}), "model": MODEL, "timeout_ms": TIMEOUT}},
     "InfinityRerankResponse": {"type": "object", "required": ["object", "results", "model", "usage"], "properties": {
         "object": {"const": "rerank"}, "model": {"type": "string"}, "usage": {"type": "object"},
         "results": {"type": "array", "items": {"type": "object", "required": ["relevance_score", "index"], "properties": {

@@ -339,3 +339,20 @@ async def test_a_worker_launching_ahead_on_a_real_model_collects_in_order_and_an
         in_flight += 1 if step == "launch" else -1
         most = max(most, in_flight)
     assert most == 2  # a full batch was launched behind the one computing, never more than one
+
+
+async def test_tei_similarity_on_its_route_and_at_the_root_where_hugging_faces_client_posts_it(http, reference):
+    source = "how do servers batch requests"
+    others = ["servers gather requests into batches", "soup is warm tonight", source]
+    async with running_server(minilm()) as srv:
+        from huggingface_hub import InferenceClient
+
+        hub = await asyncio.to_thread(InferenceClient(srv.url).sentence_similarity, source, others)  # (POST /)
+        async with http.post(f"{srv.url}/similarity", json={"inputs": {"source_sentence": source, "sentences": others}}) as resp:
+            status, routed = resp.status, await resp.json()
+        async with http.post(f"{srv.url}/similarity", json={"inputs": {"source_sentence": source}}) as resp:
+            refused = resp.status, await resp.json()
+    want = [float(alone(reference, source) @ alone(reference, text)) for text in others]  # (unit vectors: the dot is the cosine)
+    assert status == 200 and routed == pytest.approx(want, abs=1e-4) and hub == pytest.approx(want, abs=1e-4)
+    assert routed[2] == pytest.approx(1.0, abs=1e-5) and routed[0] > routed[1]
+    assert refused[0] == 400 and "source_sentence" in refused[1]["message"]
