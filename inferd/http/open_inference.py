@@ -27,6 +27,7 @@ from ..errors import InferdError, MethodNotAllowed, ModelNotFound, NotFound
 from ..lifecycle import Lifecycle
 from ..models.batch_model import BatchModel
 from ..models.registry import Models
+from ..observability.metrics import RequestMetrics
 from ..observability.outcomes import Call, Outcomes
 from ..observability.tracing import Tracing
 from .batch_calls import BatchCalls, cache_allowed, call_timing, client_of, traced
@@ -84,6 +85,8 @@ class OpenInferenceApi:
                 return _json({"name": model.name, "ready": model.ready}, request_id, 200 if model.ready else 503)
             if rest == ["config"]:
                 return _json(triton_config(model), request_id)
+            if rest == ["stats"]:
+                return _json({"model_stats": [model_statistics(model, self.outcomes.metrics)]}, request_id)
             if rest == ["infer"]:
                 entered(self.lifecycle, request)
                 infer = V2Infer(self.started(model, request_id), model, who)  # type: ignore[arg-type]
@@ -223,6 +226,34 @@ def triton_config(model: BatchModel) -> dict[str, Any]:
                                 else "KIND_MODEL"}]}
 
 
+def model_statistics(model: BatchModel, metrics: RequestMetrics | None) -> dict[str, Any]:
+    """Triton's statistics extension for one model version (`tritonclient`'s get_inference_statistics):
+    `success` and `fail` its answers (200s; 5xx), the successes' time as the mean answer time (of every
+    answer and version: the one figure kept per model) times their number, `queue`
+    and `compute_infer` per computed request (a batch's backend time counted once per request in it), and
+    per batch size its batches and backend time. Its inputs are prepared, and outputs written, off the
+    device: `compute_input` and `compute_output` stay 0."""
+    stats = model.stats
+
+    def spent(count: float, seconds: float) -> dict[str, int]:
+        return {"count": int(count), "ns": int(seconds * 1e9)}
+
+    answered = [(status, n) for (name, version, _tier, status, _error), n in (metrics.requests.items() if metrics else ())
+                if name == model.name and version == model.version]
+    duration = metrics.duration.get(model.name) if metrics is not None else None
+    ok = sum(n for status, n in answered if status == 200)
+    return {"name": model.name, "version": model.version, "last_inference": int(stats.last_batch_at * 1000),
+            "inference_count": stats.requests_computed, "execution_count": stats.batches, "inference_stats": {
+                "success": spent(ok, ok * (duration.mean or 0.0) if duration else 0.0),
+                "fail": spent(sum(n for status, n in answered if status >= 500), 0.0),
+                "queue": spent(stats.queue_wait.count, stats.queue_wait.sum),
+                "compute_input": spent(0, 0.0), "compute_infer": spent(stats.requests_computed, stats.compute_request_s),
+                "compute_output": spent(0, 0.0)},
+            "batch_stats": [{"batch_size": size, "compute_input": spent(n, 0.0), "compute_output": spent(n, 0.0),
+                             "compute_infer": spent(n, stats.compute_s_by_size[size])}
+                            for size, n in sorted(stats.batch_sizes.items())]}
+
+
 def error_v2(error: InferdError, request_id: str, *, close: bool = False, allow: str | None = None) -> WholeResponse:
     return error_response(error, request_id, close=close, allow=allow, open_inference=True)
 
@@ -242,4 +273,4 @@ def _known(parts: list[str]) -> bool:
     rest = parts[2:]
     if rest[:1] == ["versions"]:
         rest = rest[2:] if len(rest) >= 2 else ["?"]
-    return rest in ([], ["ready"], ["config"], ["infer"])
+    return rest in ([], ["ready"], ["config"], ["stats"], ["infer"])

@@ -217,7 +217,9 @@ PATHS.update({
     "/v2/health/ready": {"get": {"summary": "serving, and every model ready", "responses": {
         "200": json_body({"type": "object", "required": ["ready"]}, "ready"), **error_responses(*_V2_ERROR, ("503",))}}},
 })
-for _suffix, _item in (("", _V2_METADATA), ("/ready", _V2_READY), ("/infer", _V2_INFER)):
+_V2_STATS = {"get": {"summary": "the model's statistics, in Triton's shape (its statistics extension)", "responses": {
+    "200": json_body({"type": "object", "required": ["model_stats"]}, "counts and times"), **error_responses(*_V2_ERROR, ("401", "404"))}}}
+for _suffix, _item in (("", _V2_METADATA), ("/ready", _V2_READY), ("/stats", _V2_STATS), ("/infer", _V2_INFER)):
     for _prefix, _parameters in (("/v2/models/{model}", [_V2_MODEL]), ("/v2/models/{model}/versions/{version}",
                                                                         [_V2_MODEL, _V2_VERSION])):
         PATHS[_prefix + _suffix] = {method: {**op, "parameters": _parameters} for method, op in _item.items()}

@@ -3,7 +3,8 @@ each batch is answered and reports read it, both on the event loop."""
 
 from __future__ import annotations
 
-from collections import Counter
+import time
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from ..messages import Batch
@@ -18,6 +19,9 @@ class BatchStats:
     queue_wait: Histogram = field(default_factory=Histogram)  # per request: from entering the queue to its batch's start
     linger: Histogram = field(default_factory=Histogram)  # per batch: how long a free worker waited for it to fill
     compute: Histogram = field(default_factory=Histogram)  # per batch: the backend call
+    compute_s_by_size: defaultdict[int, float] = field(default_factory=lambda: defaultdict(float))  # backend time by size
+    compute_request_s: float = 0.0  # backend time per request computed, summed (a batch's time once per request in it)
+    last_batch_at: float = 0.0  # wall clock (time.time()) of the latest batch answered
 
     def record(self, batch: Batch) -> None:
         """A batch was answered (its requests' waits are observed one by one by delivery)."""
@@ -25,6 +29,9 @@ class BatchStats:
         self.requests_computed += batch.size
         self.batch_sizes[batch.size] += 1
         self.compute.observe(batch.compute_s)
+        self.compute_s_by_size[batch.size] += batch.compute_s
+        self.compute_request_s += batch.compute_s * batch.size
+        self.last_batch_at = time.time()
         self.linger.observe(batch.linger_s)
 
     @property

@@ -45,7 +45,8 @@ async def test_the_sync_client_sees_health_metadata_and_answers_in_binary_and_js
                                    outputs=[triton.InferRequestedOutput("output", binary_data=False)])
             embedded = client.infer("emb", [text_tensor(["ab", "cd"])])
             seen.update(binary=binary.as_numpy("output"), as_json=as_json.as_numpy("output"),
-                        embedded=embedded.as_numpy("output"), json_response=as_json.get_response())
+                        embedded=embedded.as_numpy("output"), json_response=as_json.get_response(),
+                        stats=client.get_inference_statistics("m"), versioned=client.get_inference_statistics("m", "1"))
             client.close()
             return seen
 
@@ -63,6 +64,14 @@ async def test_the_sync_client_sees_health_metadata_and_answers_in_binary_and_js
         served = srv.models["m"]
         assert served.stats.batch_sizes[4] >= 2  # the ten rows went through the batcher like ten requests
         assert backend_of(srv).computed["row 9"] == 1
+        # Triton's statistics: 13 rows computed (10 then 3) in the batches the batcher made, two calls answered
+        (stats,) = seen["stats"]["model_stats"]
+        assert seen["versioned"] == seen["stats"]
+        assert (stats["name"], stats["version"], stats["inference_count"]) == ("m", "1", served.stats.requests_computed) == ("m", "1", 13)
+        assert stats["execution_count"] == served.stats.batches and stats["inference_stats"]["success"]["count"] == 2
+        assert stats["inference_stats"]["queue"]["count"] == 13 and stats["inference_stats"]["compute_infer"]["ns"] > 0
+        assert {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]} == dict(served.stats.batch_sizes)
+        assert stats["last_inference"] > 1.7e12  # (ms since the epoch)
 
 
 async def test_the_asyncio_client_gets_errors_in_the_protocols_shape():
