@@ -56,6 +56,9 @@ ROUTES: dict[str, tuple[str, dict | None]] = {
     "/decode": ("key", {"ids": [101, 102]}),
     "/v1/completions": ("key", {"model": "gen", "prompt": "ten", "max_tokens": 2}),
     "/v1/chat/completions": ("key", {"model": "gen", "messages": [{"role": "user", "content": "eleven"}], "max_tokens": 2}),
+    "/embeddings": ("key", {"model": "emb", "input": "twelve"}), "/classify": ("key", {"model": "clf", "input": "thirteen"}),
+    "/similarity": ("key", {"inputs": {"source_sentence": "fourteen", "sentences": ["fifteen"]}}),
+    "/models": ("key", None), "/ping": ("probe", None),
     "/healthz": ("probe", None), "/readyz": ("probe", None), "/health": ("probe", None), "/version": ("probe", None),
     "/openapi.json": ("document", None), "/docs": ("document", None), "/docs/swagger-ui.css": ("document", None),
     "/docs/swagger-ui-bundle.js": ("document", None), "/docs/favicon-32x32.png": ("document", None),
@@ -70,6 +73,7 @@ UNDER_PREFIXES: dict[str, list[tuple[str, str, str, dict | None]]] = {
     "/v2": [("GET", "/v2/health/live", "probe", None), ("GET", "/v2/health/ready", "probe", None),
             ("GET", "/v2", "probe", None), ("POST", "/v2/repository/index", "key", None), ("GET", "/v2/models/sim", "key", None),
             ("GET", "/v2/models/sim/ready", "key", None), ("GET", "/v2/models/sim/config", "key", None),
+            ("GET", "/v2/models/sim/stats", "key", None),
             ("GET", "/v2/models/sim/versions/1", "key", None), ("POST", "/v2/models/sim/infer", "key", V2_INFER)],
     "/v1/models/": [("GET", "/v1/models/sim", "key", None)],
 }
