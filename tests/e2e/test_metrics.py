@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import shutil
 import socket
 import subprocess
@@ -205,7 +206,16 @@ async def test_every_panel_of_the_grafana_dashboard_has_data_from_a_live_server(
     from ..helpers import REPO
 
     dashboard = json.loads((REPO / "deploy/grafana/inferd.json").read_text())
+    filters = {v["name"]: v["query"]["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"}
+    assert list(filters) == ["job", "instance", "model"]  # (Grafana's variables: every panel narrowed by them)
     queries = [(panel["title"], target["expr"]) for panel in dashboard["panels"] for target in panel["targets"]]
+    for title, expr in queries:
+        selectors = re.findall(r"inferd_[a-z_]+(?:\{[^}]*\})?", expr)
+        assert selectors and all('job=~"$job", instance=~"$instance", model=~"$model"' in s for s in selectors), (title, expr)
+    # The variables as Grafana fills them with All (".*"), and the series their label_values() read
+    queries = [(title, expr.replace("$job", ".*").replace("$instance", ".*").replace("$model", ".*")) for title, expr in queries]
+    queries += [(f"variable {name}", re.sub(r"label_values\((.*), \w+\)", r"\1", query).replace("$job", ".*").replace(
+        "$instance", ".*")) for name, query in filters.items()]
     model = sim_model(latency_ms=10, max_batch_size=8, slo_ms=200, options={"per_item_ms": 2, "jitter": 0.2})
     async with running_server(model) as srv:
         port = free_port()
