@@ -9,13 +9,16 @@ import multiprocessing
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from ..config import DEFAULT_TIER_PRIORITIES, ModelConfig, TierConfig
 from .fleet import Fleet, FleetResult, FleetSettings
+from .hpa import HpaSettings
 from .policies import SHIPPED_TARGET, Policy, oracle_replicas, policies
 from .recorded import RecordedDay, model_from_description, read_access_log
 from .replica import Device, SimDevice
@@ -82,20 +85,33 @@ def run_policy(settings: PlanSettings, trace: DayTrace | RecordedDay, policy: Po
 
 
 def plan(settings: PlanSettings, trace: DayTrace | RecordedDay, names: list[str] | None = None, demand_target: float = SHIPPED_TARGET,
-         device: Device | None = None, jobs: int = 1) -> dict[str, Any]:
+         device: Device | None = None, jobs: int = 1, progress: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
     """Each policy (`names`, default all) beside the oracle on `trace`: a synthetic day, or a recorded one
     (`recorded`) with the model's measured `device`. `jobs`: runs at once, each in a process of its own
-    (one run is one core's work: a whole day takes ~20 minutes and ~2 GB)."""
+    (one run is one core's work: a whole day takes ~20 minutes and ~2 GB); `progress` is told of each run
+    as it ends."""
     capacity = capacity_at_objective(settings, trace, device=device)
     chosen = [p.name for p in policies(capacity, settings.start_s, settings.slo_ms / 1000.0, demand_target)
               if names is None or p.name in names]
     runs = [PlanRun(settings, trace, name, capacity, demand_target, device) for name in ("oracle", *chosen)]
-    if jobs > 1 and len(runs) > 1:
+    began = time.perf_counter()
+    at_once = min(jobs, len(runs))
+    progress(f"{len(runs)} runs (the oracle and {len(chosen)} policies), {at_once} at a time")
+    rows: dict[str, dict[str, Any]] = {}
+
+    def ended(row: tuple[str, dict[str, Any]]) -> None:
+        rows[row[0]] = row[1]
+        progress(f"{row[0]} done ({len(rows)} of {len(runs)}, {time.perf_counter() - began:.0f} s so far)")
+
+    if at_once > 1:
         # (spawned, not forked: a process forked while another thread holds a lock may hang on it)
-        with ProcessPoolExecutor(max_workers=min(jobs, len(runs)), mp_context=multiprocessing.get_context("spawn")) as pool:
-            rows = dict(pool.map(plan_row, runs))
+        with ProcessPoolExecutor(max_workers=at_once, mp_context=multiprocessing.get_context("spawn")) as pool:
+            for row in pool.map(plan_row, runs):
+                ended(row)
     else:
-        rows = dict(map(plan_row, runs))
+        for run in runs:
+            ended(plan_row(run))
+    rows = {run.policy: rows[run.policy] for run in runs}  # (in the runs' order, as before)
     described = trace.__dict__ if isinstance(trace, DayTrace) else {"recorded_requests": len(trace.recorded), "day_s": trace.day_s}
     return {"capacity_rps": round(capacity, 1), "settings": settings.__dict__, "trace": described, "policies": rows}
 
@@ -152,6 +168,13 @@ def summary_table(result: dict[str, Any]) -> str:
 def command(args: argparse.Namespace) -> int:
     """`inferd plan` (its options: `inferd.cli`): a synthetic day, or the one a server recorded."""
     names = args.policies.split(",") if args.policies else None
+    window_s = HpaSettings(triggers=()).down_window_s  # (the autoscaler's, to scale down)
+    short = max(20 * args.start_s, 2 * window_s)  # (beside a replica's start, and that window)
+    if args.day_s < short and not args.access_log:
+        print(f"inferd plan: a day of {args.day_s:.0f} s is short beside a replica's start ({args.start_s:.0f} s) and the "
+              f"autoscaler's {window_s:.0f} s window to scale down, which stay in real seconds: the "
+              f"replicas lag this day more than a real one (at least {short:.0f} s for a plan to read)", file=sys.stderr)
+    say = partial(print, "inferd plan:", file=sys.stderr, flush=True)
     if args.access_log or args.served_model:
         if not (args.access_log and args.served_model):
             print("inferd plan: --access-log and --served-model go together", file=sys.stderr)
@@ -170,7 +193,8 @@ def command(args: argparse.Namespace) -> int:
             return 2
         settings = PlanSettings(max_batch_size=served.max_batch_size, max_wait_ms=served.max_wait_ms,
                                 slo_ms=served.slo_ms or args.slo_ms, timeout_ms=served.timeout_ms, start_s=args.start_s)
-        result = plan(settings, recorded, names, args.demand_target or SHIPPED_TARGET, device=served.device, jobs=args.jobs)
+        result = plan(settings, recorded, names, args.demand_target or SHIPPED_TARGET, device=served.device, jobs=args.jobs,
+                      progress=say)
     else:
         try:
             tiers, shares = parse_tiers(args.tiers) if args.tiers else ((), ())
@@ -181,7 +205,7 @@ def command(args: argparse.Namespace) -> int:
                                 max_batch_size=args.max_batch_size, slo_ms=args.slo_ms, start_s=args.start_s, tiers=tiers)
         trace = DayTrace(day_s=args.day_s, trough_rps=args.trough_rps, peak_rps=args.peak_rps,
                          spike_factor=args.spike_factor, long_share=args.long_share, tiers=shares)
-        result = plan(settings, trace, names, args.demand_target or SHIPPED_TARGET, jobs=args.jobs)
+        result = plan(settings, trace, names, args.demand_target or SHIPPED_TARGET, jobs=args.jobs, progress=say)
     print(summary_table(result))
     if args.out:
         Path(args.out).write_text(json.dumps(result) + "\n")

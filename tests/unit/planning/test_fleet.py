@@ -136,8 +136,11 @@ def test_inferd_plan_prints_each_policy_beside_the_oracle(tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert main(["plan", "--day-s", "300", "--trough-rps", "20", "--peak-rps", "60", "--policies", "waiting",
                  "--out", str(out)]) == 0
-    table = capsys.readouterr().out
+    table, said = capsys.readouterr()
     assert "| oracle |" in table and "| waiting |" in table and "| predicted_wait |" not in table
+    # (on stderr: a day this short is said to mislead, and each run is said as it ends)
+    assert "a day of 300 s is short" in said and "at least 1200 s" in said
+    assert "2 runs (the oracle and 1 policies)" in said and "oracle done (" in said and "waiting done (2 of 2" in said
     result = json.loads(out.read_text())
     assert set(result["policies"]) == {"oracle", "waiting"} and result["capacity_rps"] > 0
     assert all(row["requests"] > 5000 for row in result["policies"].values())
