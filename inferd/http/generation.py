@@ -73,6 +73,8 @@ class GenerationApi:
                     "finish_reason": choices[0].finish_reason, "usage": _usage(last)}
 
         def chunk(text: str, last: Any) -> list[dict[str, Any]]:
+            if not text and not last.done:
+                return []  # (a step that decoded to nothing yet: no event for it)
             event: dict[str, Any] = {"delta": text, "request_id": request_id}
             if last.done:
                 event.update(done=True, finish_reason=last.finish_reason, usage=_usage(last))
@@ -208,10 +210,13 @@ class GenerationApi:
                         if delta.finished:
                             choice.finish_reason = delta.finish_reason
                         continue
+                    events = chunk(delta.text, delta)
+                    if not events:
+                        continue
                     if response is None:
                         response = web.StreamResponse(headers={**_SSE_HEADERS, "X-Request-ID": request_id, "X-Model-Version": served})
                         await response.prepare(request)
-                    await response.write(b"".join(b"data: " + dumps(event) + b"\n\n" for event in chunk(delta.text, delta)))
+                    await response.write(b"".join(b"data: " + dumps(event) + b"\n\n" for event in events))
         except TimeoutError:
             if last is None and first_deadline < deadline:
                 model.record_abort("ttft_objective")

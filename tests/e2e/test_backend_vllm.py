@@ -93,6 +93,7 @@ async def test_streamed_chunks_add_up_to_the_whole_answer(server, client):
     events = await stream_events(client, server.url, body)
     assert len(events) > 2 and events[-1]["done"] is True and events[-1]["finish_reason"] == "length"
     assert "".join(e["delta"] for e in events) == whole["output"]
+    assert all(e["delta"] or e.get("done") for e in events)  # (a step that decoded to nothing sends no event)
 
 
 async def test_the_official_openai_client_works_unchanged(server):
