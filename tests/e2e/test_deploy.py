@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -35,8 +36,15 @@ def test_alerts_and_hpa_use_metrics_the_server_exports():
                  "inferd_request_duration_seconds", "inferd_refused_total",
                  "inferd_requests_total", "inferd_admission_margin_ratio"):
         assert name in shipped and name in exported, name
-    # (the HPA reads the request counter's rate as the Prometheus Adapter's default rules name it)
+    # (the HPA reads the request counter's rate as the shipped Prometheus Adapter rule names it)
     assert "name: inferd_requests_per_second" in shipped and "inferd_requests_total" in exported
+    import yaml
+
+    (rule,) = yaml.safe_load((REPO / "deploy/prometheus/adapter-values.yaml").read_text())["rules"]["custom"]
+    counter = rule["seriesQuery"].split("{")[0]
+    named = re.sub(rule["name"]["matches"], rule["name"]["as"].replace("${1}", r"\1"), counter)
+    assert counter in exported and named == "inferd_requests_per_second"
+    assert "<<.Series>>" in rule["metricsQuery"] and set(rule["resources"]["overrides"]) == {"namespace", "pod"}
 
 
 K8S = REPO / "deploy" / "k8s"
