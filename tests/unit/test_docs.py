@@ -58,4 +58,20 @@ def test_the_site_builds_strictly(tmp_path):
     done = subprocess.run([mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=REPO,
                           capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert (tmp_path / "site" / "configuration" / "index.html").exists()
+    site = tmp_path / "site"
+    assert (site / "configuration" / "index.html").exists()
+    # Every link and asset of every built page lands on a file of the site (the repository's files the
+    # pages link, under repository/); nothing is fetched from elsewhere but what a page links on purpose.
+    broken, pages = [], sorted(site.rglob("*.html"))
+    for page in pages:
+        html = page.read_text(encoding="utf-8")
+        assert "fonts.googleapis" not in html and "fonts.gstatic" not in html, page
+        for target in re.findall(r'(?:href|src)="([^"]+)"', html):
+            if re.match(r"^[a-z]+:|^#|^//", target):
+                continue
+            bare = target.split("#")[0].split("?")[0]
+            path = (site / bare.lstrip("/") if bare.startswith("/") else page.parent / bare).resolve()  # (404.html: from the root)
+            if not (path.is_file() or (path / "index.html").is_file()):
+                broken.append(f"{page.relative_to(site)} -> {target}")
+    assert len(pages) > 100 and not broken, broken[:20]
+    assert "inferd" in (site / "repository" / "index.html").read_text()  # (the README, the home page's first link)
