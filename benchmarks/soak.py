@@ -8,13 +8,15 @@ the test suite (each runs for minutes).
 
 `faults`: S1 load with random hangs and poison inputs, counting that every request is answered exactly
 once. Open-loop Poisson load at --rate for --duration seconds against inferd serving the faulty
-simulated GPU (100 ms per batch, batches up to 100): a share of batches hang for `hang_s` (the watchdog replaces the worker), and a share of inputs carry a poison
+simulated GPU (100 ms per batch, batches up to 100): a share of batches hang for `hang_s` (the watchdog
+replaces the worker), and a share of inputs carry a poison
 marker (isolated by bisection, answered 500). Each request has a unique X-Request-ID; every answer is
 checked against its own input. Results go to benchmarks/results/soak_faults.json.
 
 `memory`: does RSS stay flat once every cap is full, and do the caps hold what they count? Open-loop
 Poisson load at about 70% of capacity (the seed's function at 50 ms a batch of up to 32: ~640 req/s)
-against inferd with the result cache on (`cache_bytes`) and the Idempotency-Key table bounded (`idempotency_max_bytes`); every input distinct;
+against inferd with the result cache on (`cache_bytes`) and the Idempotency-Key table bounded
+(`idempotency_max_bytes`); every input distinct;
 a tenth of the inputs ~90 KB; a fifth of the requests carry an Idempotency-Key (and a tenth of those
 repeat an earlier key with its body, which must be answered with the first answer, replayed); a
 rollout every 30 s through the admin API (load the next version, move all traffic to it, unload the

@@ -5,7 +5,8 @@ length bucket that costs twice as much), each scaling policy beside the oracle. 
 per-policy figures and a plot of the rate and each policy's replicas over the day. `--demand-targets
 0.8,0.7,...`: the demand policy at each target share of a replica's capacity instead (its headroom's
 price and worth); `--present 1.0,1.2,...`: a scaler that knows the rate of each moment exactly, at
-each headroom (the bound on any signal read from the fleet, `present_replicas`). `--live`: the shipped policy on a live fleet of `inferd serve` processes behind
+each headroom (the bound on any signal read from the fleet, `present_replicas`). `--live`: the shipped
+policy on a live fleet of `inferd serve` processes behind
 HAProxy (a 600 s day with one x2 spike) beside the simulator fed the same arrivals.
 """
 

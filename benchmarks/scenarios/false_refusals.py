@@ -191,8 +191,8 @@ def closed_main(args: Any, seconds: float, rounds: int, hogs_per_core: int) -> N
             print(row, flush=True)
     lines = ["| round | hogs/core | variant | requests | refused | slowest answered ms | statuses |",
              "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['round']} | {r['hogs_per_core']} | {r['variant']} | {r['requests']} | {r['refused_share']:.1%} | {r['slowest_answer_ms']} | "
-              f"{r['statuses']} |" for r in rows]
+    lines += [f"| {r['round']} | {r['hogs_per_core']} | {r['variant']} | {r['requests']} | {r['refused_share']:.1%} | "
+              f"{r['slowest_answer_ms']} | {r['statuses']} |" for r in rows]
     title = (f"False refusals, the issue's case: MiniLM on ~400-token inputs (CPU), 8 closed-loop clients, 10 s "
              f"deadlines, {hogs_per_core} CPU hog(s) per core, {seconds:.0f} s a run")
     save_table("false_refusals_closed", title, rows, lines, args.out_dir or RESULTS)
@@ -240,7 +240,8 @@ def main() -> None:
                            "variant": name, **summary(runs[name], runs["off"] if name != "off" else None, rate)}
                     steps.append(row)
                     print(row, flush=True)
-    lines = ["| workload | hogs/core | load | variant | refused | of the refused, would have met (twin `off`) | answered in time | p99 ms |",
+    lines = ["| workload | hogs/core | load | variant | refused | of the refused, would have met (twin `off`) | answered in time "
+             "| p99 ms |",
              "|---|---|---|---|---|---|---|---|"]
     for r in steps:
         false = r.get("false_refusal_share")

@@ -6,7 +6,8 @@ CUDA forward waiting on the device mostly does) and returns correctly shaped, no
 `create_image` does the same for the image backend (decoding, checks, resizing, the batch's pixels
 stacked and handed to the forward as on a GPU host).
 
-Options: the backend's (any `task`: a reranker's stand-in answers one score per pair), plus `gpu_ms` (a fixed time per call) or `gpu_curve` (pairs of
+Options: the backend's (any `task`: a reranker's stand-in answers one score per pair), plus `gpu_ms` (a
+fixed time per call) or `gpu_curve` (pairs of
 [batch size, ms], interpolated: e.g. the H200's direct MiniLM curve; text only).
 """
 

@@ -266,7 +266,8 @@ def table(label: str, rows: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for step, classes in rows.items():
         if step == "one client":
-            lines.append(f"| one client, closed loop | - | {classes['requests']} | {classes['requests']} | 0 | 0 | {classes['p50_ms']} | - | | | | |")
+            lines.append(f"| one client, closed loop | - | {classes['requests']} | {classes['requests']} | 0 | 0 | "
+                         f"{classes['p50_ms']} | - | | | | |")
             continue
         for name, c in classes.items():
             error = c.get("prediction_error_p90")

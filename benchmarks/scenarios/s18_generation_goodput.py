@@ -253,7 +253,8 @@ def write_report(result: dict, out: Path) -> None:
         for step in sim["steps"]:
             s = step["inferd"]
             lines.append(f"| {step['load']}x | {s['offered_per_s']} | {s['answered']} | {s['refused']} | {s['goodput_per_s']} | "
-                         f"{s['goodput_per_s'] / sim['capacity_per_s']:.2f} | {s['within_objectives']} | {s['ttft_p50_ms']} / {s['ttft_p99_ms']} |")
+                         f"{s['goodput_per_s'] / sim['capacity_per_s']:.2f} | {s['within_objectives']} | "
+                         f"{s['ttft_p50_ms']} / {s['ttft_p99_ms']} |")
         lines += ["", "Tier mix at 3x C (70% free, 25% paid, 5% enterprise):", "",
                   "| tier | offered/s | answered | refused | answered within | TTFT p50 / p99 ms |", "|---|---|---|---|---|---|"]
         for tier, s in sim["tier_mix_at_3x"].items():

@@ -125,7 +125,8 @@ model_path = "{model_path}"
         with inferd_server(config) as url:
             inferd_results = asyncio.run(through_inferd(url, clients, duration))
     rows = ["### S7: generation, tiny Llama on CPU: inferd vs AsyncLLM direct (64 output tokens per request)", "",
-            "| clients | direct tok/s | inferd tok/s | ratio | TTFT p50 direct / inferd ms | TTFT p99 direct / inferd ms | TPOT p50 direct / inferd ms |",
+            "| clients | direct tok/s | inferd tok/s | ratio | TTFT p50 direct / inferd ms | TTFT p99 direct / inferd ms "
+            "| TPOT p50 direct / inferd ms |",
             "|---|---|---|---|---|---|---|"]
     for n in clients:
         d, i = direct_results[n], inferd_results[n]

@@ -16,7 +16,8 @@ per answered request (its whole process, from /proc) at 400 closed-loop clients 
 `/v1/inference` on the seed's function (S2) and on MiniLM (S9), OpenAI's `/v1/embeddings`, TEI's
 `/embed`, Cohere's `/v2/embed` and KServe v2's infer, one input a call, beside a bare aiohttp + uvloop
 + orjson server answering the same bytes on the same paths (`benchmarks/floor/same_bytes.py`), three
-rounds alternated (with `--baseline-tree`, that checkout too); the ratio of the medians is the figure. Then `/v1/embeddings` once with the stand-in
+rounds alternated (with `--baseline-tree`, that checkout too); the ratio of the medians is the figure.
+Then `/v1/embeddings` once with the stand-in
 on the H200's MiniLM curve: what one process serves when the GPU is that fast.
 
 `--gil`, the GIL check instead (`gil_interference.{md,json}`): how much longer one forward of the real

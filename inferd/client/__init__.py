@@ -35,6 +35,6 @@ from .errors import (
 
 __all__ = [
     "Answer", "AsyncClient", "BadRequest", "Client", "Conflict", "ConnectionFailed", "ConnectionLost",
-    "DeadlineExceeded", "Forbidden", "IdempotencyKeyReused", "InferdClientError", "InferenceFailed", "NotFound", "NotFromInferd", "PayloadTooLarge",
-    "RateLimited", "RequestTimeout", "Unauthorized", "Unavailable",
+    "DeadlineExceeded", "Forbidden", "IdempotencyKeyReused", "InferdClientError", "InferenceFailed", "NotFound", "NotFromInferd",
+    "PayloadTooLarge", "RateLimited", "RequestTimeout", "Unauthorized", "Unavailable",
 ]

@@ -92,7 +92,8 @@ class HttpApi:
             traced_route(tracing, self.ids, route) for route in untraced)
         self.open_inference = OpenInferenceApi(models=models, admission=admission, outcomes=outcomes, lifecycle=lifecycle,
                                                ids=self.ids, body=body, tracing=tracing)
-        self.fast_path = FastPath(inference, self.open_inference, lifecycle, tracing) if fast_path else None  # (answers from the connection)
+        # (the fast path answers from the connection)
+        self.fast_path = FastPath(inference, self.open_inference, lifecycle, tracing) if fast_path else None
         self.admin = AdminApi(rollouts=rollouts, auth=admission.auth, body=body, ids=self.ids,
                               file_drift=file_drift) if rollouts else None
         self.idempotency = IdempotentReplies(admission.auth, body, self.ids, idempotency_window_s, idempotency_max_keys,

@@ -219,7 +219,8 @@ def triton_config(model: BatchModel) -> dict[str, Any]:
             "versions": [int(model.version)] if model.version.isdigit() else []}},
             "max_batch_size": config.max_batch_size,
             "input": [{"name": input_name(model), "data_type": "TYPE_STRING", "dims": [1]}],
-            "output": [{"name": OUTPUT, "data_type": "TYPE_FP32" if embedding else "TYPE_STRING", "dims": [embedding_width(model) if embedding else 1]}],
+            "output": [{"name": OUTPUT, "data_type": "TYPE_FP32" if embedding else "TYPE_STRING",
+                        "dims": [embedding_width(model) if embedding else 1]}],
             "dynamic_batching": {"max_queue_delay_microseconds": int(config.max_wait_ms * 1000),
                                  "default_queue_policy": {"default_timeout_microseconds": config.timeout_ms * 1000}},
             "instance_group": [{"count": config.workers, "kind": "KIND_GPU" if any(d.startswith("cuda") for d in config.worker_devices)

@@ -79,10 +79,12 @@ class BatchModel:
             linger_s=partial(self.forecast.linger_s, config.max_wait_ms, config.slo_ms), clock=clock,
         )
         self.pool = WorkerPool(
-            name=config.name, devices=config.worker_devices, build=partial(build_batch_function, config.backend, options=config.options, factory=config.factory),
+            name=config.name, devices=config.worker_devices,
+            build=partial(build_batch_function, config.backend, options=config.options, factory=config.factory),
             warmup_inputs=config.warmup_inputs, next_batch=self.batcher.next_batch, loop=loop,
             hang_limit=HangLimit(config.batch_timeout_ms / 1000.0),
-            on_batch_done=lambda batch: self.delivery.batch_done(batch), on_requeue=lambda batch: self.delivery.requeue(batch),  # (built below)
+            on_batch_done=lambda batch: self.delivery.batch_done(batch),  # (delivery is built below)
+            on_requeue=lambda batch: self.delivery.requeue(batch),
             on_lost=lambda batches, retry_after_s: self.delivery.lost(batches, retry_after_s),
             on_ready=self._on_worker_ready, max_isolation_calls=config.max_isolation_calls,
             max_batch_size=config.max_batch_size, worker_nice=worker_nice,

@@ -7,7 +7,8 @@ engine's own order (priority, then arrival: vLLM's priority scheduling): the run
 their places as their expected remaining tokens are made; each request ahead of the new one takes the
 next free place, reads its prompt (one prefill at a time: prefill shares the engine's token budget),
 and runs for its expected output; the new request's first token comes once the step in progress has
-ended and its own prefill has been read, in the step that makes it. A request's places are the engine's running maximum, or fewer when the KV cache holds fewer of
+ended and its own prefill has been read, in the step that makes it. A request's places are the engine's
+running maximum, or fewer when the KV cache holds fewer of
 the sequences admitted (prompt plus expected output each): admission then waits for KV to be freed
 instead of making the engine preempt what was promised. Requests of lower priority are not ahead: a
 higher tier passes them, and they are the ones that wait (or, once their objective has passed, are

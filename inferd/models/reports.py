@@ -50,7 +50,8 @@ class ReportedModel(Protocol):
 def snapshot(model: ReportedModel, now: float) -> BatchModelSnapshot:
     model.costs.refresh_margins(now)  # (they fade with time: the gauge shows them as they stand now)
     return BatchModelSnapshot(
-        name=model.name, version=model.version, takes_traffic=model.takes_traffic, ready=model.ready, waiting_by_tier=model.batcher.depth_by_tier(),
+        name=model.name, version=model.version, takes_traffic=model.takes_traffic, ready=model.ready,
+        waiting_by_tier=model.batcher.depth_by_tier(),
         oldest_age_by_tier=model.batcher.oldest_age_by_tier(now), workers=model.pool.snapshot(now),
         healthy_workers=model.pool.healthy, capacity_rps=model.forecast.capacity_rps(model.pool.healthy),
         predicted_wait_s=model.predicted_wait_s(now=now), queue_wait=model.stats.queue_wait, linger=model.stats.linger,

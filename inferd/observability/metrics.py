@@ -123,8 +123,10 @@ def _batch_families(models: list[BatchModelSnapshot], retired: list[BatchModelSn
         "inferd_queue_depth": GaugeMetricFamily("inferd_queue_depth", "Requests waiting for a batch.", labels=["model", "version", "tier"]),
         "inferd_queue_oldest_age_seconds": GaugeMetricFamily(
             "inferd_queue_oldest_age_seconds", "Age of the oldest waiting request.", labels=["model", "version", "tier"]),
-        "inferd_batches_in_flight": GaugeMetricFamily("inferd_batches_in_flight", "Batches inside backend calls now.", labels=["model", "version"]),
-        "inferd_workers_healthy": GaugeMetricFamily("inferd_workers_healthy", "Workers built, warm and running.", labels=["model", "version"]),
+        "inferd_batches_in_flight": GaugeMetricFamily("inferd_batches_in_flight", "Batches inside backend calls now.",
+                                                      labels=["model", "version"]),
+        "inferd_workers_healthy": GaugeMetricFamily("inferd_workers_healthy", "Workers built, warm and running.",
+                                                    labels=["model", "version"]),
         "inferd_workers": GaugeMetricFamily("inferd_workers", "Configured workers.", labels=["model", "version"]),
         "inferd_capacity_requests_per_second": GaugeMetricFamily(
             "inferd_capacity_requests_per_second", "Requests/s the healthy workers sustain, measured.", labels=["model", "version"]),

@@ -13,7 +13,8 @@ named with the engine's request id.
 
 Attributes name the model, batch (id, size, bucket, trigger, worker), tier and tenant; never a key or an
 input. Spans leave through a batching processor on its own thread, to OTLP over HTTP, stderr or a file
-(one JSON line per span); OTLP is JSON encoded by inferd (`otlp_json`: the SDK's encoder costs 7x a span), the SDK's protobuf on request; at shutdown the last ones get `flush_timeout_s`, never longer (a collector
+(one JSON line per span); OTLP is JSON encoded by inferd (`otlp_json`: the SDK's encoder costs 7x a span),
+the SDK's protobuf on request; at shutdown the last ones get `flush_timeout_s`, never longer (a collector
 that is down cannot hold the process).
 """
 

@@ -87,7 +87,8 @@ async def test_the_objectives_and_predictions_are_reported(server, client):
         text = await resp.text()
     for line in ('vllm:num_requests_running{model_name="llm"}', 'vllm:kv_cache_usage_perc{model_name="llm"}',
                  'vllm:time_to_first_token_seconds_count{model_name="llm"}', 'inferd_generation_ttft_objective_seconds{model="llm"} 0.3',
-                 'inferd_generation_refusals_total{model="llm",reason="ttft_objective"}', 'inferd_generation_predicted_ttft_seconds{model="llm"}'):
+                 'inferd_generation_refusals_total{model="llm",reason="ttft_objective"}',
+                 'inferd_generation_predicted_ttft_seconds{model="llm"}'):
         assert line in text, line
 
 

@@ -161,7 +161,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed (Debian package 'prometheus'; .ci/run installs it)")
+@pytest.mark.skipif(shutil.which("prometheus") is None,
+                    reason="prometheus not installed (Debian package 'prometheus'; .ci/run installs it)")
 async def test_a_real_prometheus_scrapes_and_computes_the_request_rate(http, tmp_path):
     async with running_server(sim_model(latency_ms=10, max_batch_size=16)) as srv:
         port = free_port()
@@ -198,7 +199,8 @@ async def test_a_real_prometheus_scrapes_and_computes_the_request_rate(http, tmp
             prom.wait(10)
 
 
-@pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed (Debian package 'prometheus'; .ci/run installs it)")
+@pytest.mark.skipif(shutil.which("prometheus") is None,
+                    reason="prometheus not installed (Debian package 'prometheus'; .ci/run installs it)")
 async def test_every_panel_of_the_grafana_dashboard_has_data_from_a_live_server(http, tmp_path):
     """deploy/grafana/inferd.json against a real Prometheus scraping a server under load (a model with a
     latency objective and a variable cost; some requests refused, some failing): each batch panel's query

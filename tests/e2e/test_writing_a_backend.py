@@ -17,7 +17,8 @@ from ..helpers import REPO, infer, running_server, until
 
 def readme_blocks() -> tuple[dict[str, str], str]:
     """The section's Python files (by the name in their first comment) and its TOML tables, joined."""
-    section = (REPO / "docs" / "configuration.md").read_text().split("<!-- writing-a-backend -->")[1].split("<!-- /writing-a-backend -->")[0]
+    page = (REPO / "docs" / "configuration.md").read_text()
+    section = page.split("<!-- writing-a-backend -->")[1].split("<!-- /writing-a-backend -->")[0]
     files = {re.match(r"# (\w+\.py)", code).group(1): code for code in re.findall(r"```python\n(.*?)```", section, re.S)}
     return files, "\n".join(re.findall(r"```toml\n(.*?)```", section, re.S))
 

@@ -48,7 +48,9 @@ ENVOY_ACCESS_LOG = """\
                       "@type": type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog
                       log_format:
                         text_format_source:
-                          inline_string: "ENVOY %START_TIME(%s.%3f)% %REQ(X-REQUEST-ID)% %RESPONSE_CODE% %RESPONSE_FLAGS% attempts=%UPSTREAM_REQUEST_ATTEMPT_COUNT% host=%UPSTREAM_HOST% why=%UPSTREAM_TRANSPORT_FAILURE_REASON% details=%RESPONSE_CODE_DETAILS%\\n"
+                          inline_string: "ENVOY %START_TIME(%s.%3f)% %REQ(X-REQUEST-ID)% %RESPONSE_CODE% %RESPONSE_FLAGS%
+                            attempts=%UPSTREAM_REQUEST_ATTEMPT_COUNT% host=%UPSTREAM_HOST%
+                            why=%UPSTREAM_TRANSPORT_FAILURE_REASON% details=%RESPONSE_CODE_DETAILS%\\n"
 """
 
 

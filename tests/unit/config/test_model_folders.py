@@ -65,8 +65,9 @@ def test_mistakes_are_named(tmp_path):
             folder_config(models)
 
 
-@pytest.mark.parametrize("text", ['[]', '"str"', '{"architectures": 5}', '{"num_labels": "two", "architectures": ["BertForSequenceClassification"]}',
-                                  '{"num_labels": null}', '{"id2label": 7}', '{"model_type": ["vit"]}', '{"architectures": [1]}'])
+@pytest.mark.parametrize("text", ['[]', '"str"', '{"architectures": 5}',
+                                  '{"num_labels": "two", "architectures": ["BertForSequenceClassification"]}', '{"num_labels": null}',
+                                  '{"id2label": 7}', '{"model_type": ["vit"]}', '{"architectures": [1]}'])
 def test_a_config_json_of_the_wrong_shape_is_one_line_and_exit_2(tmp_path, capsys, text):
     path = tmp_path / "m"
     path.mkdir()

@@ -379,7 +379,8 @@ async def test_a_margin_counts_the_batches_its_prediction_is_made_of_not_a_costl
     noisy_errors(served, clock, exact=10, slow=3)  # both percentiles 2x over
     assert served.costs.costliest_batch_s() == pytest.approx(1.5)
     admitted = served.submit("fits", "fits", 0.6)  # 250 ms predicted, ~220 ms margin
-    assert admitted.predicted_start is not None and admitted.predicted_start - clock() == pytest.approx(0.20, abs=0.01)  # after the four ahead
+    assert admitted.predicted_start is not None
+    assert admitted.predicted_start - clock() == pytest.approx(0.20, abs=0.01)  # after the four ahead
     with pytest.raises(ServiceOverloaded) as refused:
         served.submit("tight", "tight", 0.4)
     margin = re.search(r"plus a (\d+) ms margin", refused.value.message)
