@@ -1,6 +1,6 @@
 """What every scenario does: start inferd on a scenario config, run load steps, write the results.
 
-Each scenario is one command (`python benchmarks/scenarios/s1_seed.py`); `make bench` runs them all.
+Each scenario is one command (`python benchmarks/scenarios/seed.py --scenario S1`); `make bench` runs them all.
 `--quick` shortens every step (for a before/after check, not for the committed figures).
 """
 
@@ -47,14 +47,20 @@ def own_option(name: str) -> str | None:
     return value
 
 
-def parse_args(description: str, baseline: bool = False) -> argparse.Namespace:
+def parse_args(description: str, baseline: bool = False, scenarios: tuple[str, ...] = ()) -> argparse.Namespace:
+    """The scenarios' shared flags; `scenarios`: the ones one script runs, chosen with `--scenario`."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="short steps: a smoke run, not for committing")
     parser.add_argument("--out-dir", default=str(RESULTS))
     if baseline:
         parser.add_argument("--baseline-tree", help="a checkout of an earlier inferd (git worktree add DIR REF), "
                                                     "measured in the same run for a before/after")
-    return parser.parse_args()
+    if scenarios:
+        parser.add_argument("--scenario", action="append", choices=scenarios, help="run this one (repeatable; default: all)")
+    args = parser.parse_args()
+    if scenarios and not args.scenario:
+        args.scenario = list(scenarios)
+    return args
 
 
 @contextmanager
