@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from ..messages import Batch
-from .histogram import Histogram
+from .histogram import TOKEN_BUCKETS, Histogram
 
 
 @dataclass
@@ -22,6 +22,7 @@ class BatchStats:
     compute_s_by_size: defaultdict[int, float] = field(default_factory=lambda: defaultdict(float))  # backend time by size
     compute_request_s: float = 0.0  # backend time per request computed, summed (a batch's time once per request in it)
     last_batch_at: float = 0.0  # wall clock (time.time()) of the latest batch answered
+    input_tokens: Histogram = field(default_factory=lambda: Histogram(TOKEN_BUCKETS))  # per computed input, where counted
 
     def record(self, batch: Batch) -> None:
         """A batch was answered (its requests' waits are observed one by one by delivery)."""
@@ -32,6 +33,11 @@ class BatchStats:
         self.compute_s_by_size[batch.size] += batch.compute_s
         self.compute_request_s += batch.compute_s * batch.size
         self.last_batch_at = time.time()
+        requests = batch.requests
+        if requests and requests[0].tokens:  # (a backend that counts its inputs' tokens: the text models)
+            observe = self.input_tokens.observe
+            for request in requests:
+                observe(request.tokens)
         self.linger.observe(batch.linger_s)
 
     @property

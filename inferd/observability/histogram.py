@@ -20,6 +20,9 @@ WAIT_ERROR_BUCKETS_S = (
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 )
 
+# An input's length in tokens (TEI's input-length histogram, for a tokenising backend's inputs).
+TOKEN_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
 
 class Histogram:
     """Counts per `le` bucket (the last one is +Inf) and the sum of what was observed."""

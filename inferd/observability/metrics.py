@@ -108,6 +108,8 @@ def _batch_families(models: list[BatchModelSnapshot], retired: list[BatchModelSn
                       {(m.name, m.version): m.linger for m in models}, "version")
     yield _histograms("inferd_compute_seconds", "Backend call duration, one observation per call.",
                       {(m.name, m.version): m.compute for m in models}, "version")
+    yield _histograms("inferd_input_tokens", "Tokens of each computed input, where its backend counts them (_sum: all of them).",
+                      {(m.name, m.version): m.input_tokens for m in models if m.input_tokens is not None}, "version")
     yield _histograms("inferd_wait_prediction_error_seconds",
                       "Actual minus predicted wait of admitted requests (negative: shorter than predicted).",
                       {(m.name, m.version, tier): h for m in models for tier, h in m.wait_error.items()}, "version", "tier")

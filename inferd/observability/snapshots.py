@@ -58,6 +58,7 @@ class BatchModelSnapshot:
     admission_margin: float = 0.0  # what admission adds to one batch's estimate, as a share of it (the 99th percentile)
     worker_deaths: int = 0  # workers whose thread died
     echo_holds: tuple[int, int, float] = (0, 0, 0.0)  # free workers held for a closed loop's echo: (came back, cut, seconds)
+    input_tokens: Histogram | None = None  # tokens per computed input (None: its backend counts none)
 
     @property
     def waiting(self) -> int:

@@ -356,3 +356,18 @@ async def test_tei_similarity_on_its_route_and_at_the_root_where_hugging_faces_c
     assert status == 200 and routed == pytest.approx(want, abs=1e-4) and hub == pytest.approx(want, abs=1e-4)
     assert routed[2] == pytest.approx(1.0, abs=1e-5) and routed[0] > routed[1]
     assert refused[0] == 400 and "source_sentence" in refused[1]["message"]
+
+
+async def test_the_tokens_of_every_computed_input_are_counted_by_length(http, reference):
+    inputs = texts()[:6]
+    async with running_server(minilm()) as srv:
+        async with http.post(f"{srv.url}/v1/embeddings", json={"model": "minilm", "input": inputs}) as resp:
+            billed = (await resp.json())["usage"]["prompt_tokens"]
+        async with http.get(f"{srv.url}/metrics") as resp:
+            text = await resp.text()
+    lengths = [len(reference.tokenize(t)) for t in inputs]
+    assert billed == sum(lengths)
+    assert f'inferd_input_tokens_sum{{model="minilm",version="1"}} {float(sum(lengths))}' in text
+    assert f'inferd_input_tokens_count{{model="minilm",version="1"}} {float(len(inputs))}' in text
+    at_most_16 = sum(n <= 16 for n in lengths)
+    assert f'inferd_input_tokens_bucket{{le="16.0",model="minilm",version="1"}} {float(at_most_16)}' in text
