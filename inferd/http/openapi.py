@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from .openapi_examples import with_examples
 from .openapi_parts import (
     CHOICES,
     COMPUTE_ERRORS,
@@ -241,7 +242,7 @@ _rerank["responses"]["200"]["content"]["application/json"]["schema"] = {"anyOf":
 PATHS["/models"] = _get("the batch models, as Infinity lists them (with their `capabilities`)", {
     "type": "object", "required": ["object", "data"], "properties": {"data": {"type": "array", "items": {
         "type": "object", "required": ["id", "stats", "capabilities"]}}}}, "401")
-PATHS["/ping"] = PATHS["/health"]
+PATHS["/ping"] = {"get": dict(PATHS["/health"]["get"])}  # (its own operation: grouped under vLLM's)
 _ADMIN_ERRORS = {**error_responses("Error", ("400", "401", "404")), "403": json_body(ref("Error"), "not the admin key"),
                  "409": json_body(ref("Error"), "the versions' states do not allow it")}
 _VERSION_STATE = {"type": "object", "required": ["name", "version", "state"]}
@@ -272,6 +273,7 @@ PATHS.update({
 PARAMETRISED = {path for path in PATHS
                 if "{" in path or path == "/v2" or path.startswith(("/v2/health/", "/v2/models/", "/v1/admin/"))}
 
+with_examples(PATHS)  # (the interactive page's: a call the default config answers, and the route's group)
 for _operations in PATHS.values():  # every route: a request with a method it does not take is a 405
     for _operation in _operations.values():
         _operation["responses"].setdefault("405", json_body(ref("Error"), "the path takes another method"))
