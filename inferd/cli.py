@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                       "each line stands for 1/rate requests (record with 1.0 where you can)")
 
     args, extra = parser.parse_known_args(argv)
-    refuse_unknown(parser, extra)
+    refuse_unknown(parser, extra, args.command)
     logging.basicConfig(level=getattr(args, "log_level", "WARNING").upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
         return _serve(args)

@@ -106,11 +106,12 @@ def borrowed_settings(args: argparse.Namespace, task: str) -> dict[str, dict[str
     return settings
 
 
-def refuse_unknown(parser: argparse.ArgumentParser, extra: list[str]) -> None:
-    """Exit with argparse's error for flags no parser took, saying where theirs go instead."""
+def refuse_unknown(parser: argparse.ArgumentParser, extra: list[str], command: str) -> None:
+    """Exit with argparse's error for flags no parser took; for `serve`, saying where theirs go instead."""
     if not extra:
         return
-    flag = extra[0].partition("=")[0]
-    hint = ELSEWHERE.get(flag)
+    if command != "serve":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    hint = ELSEWHERE.get(extra[0].partition("=")[0])
     parser.error(f"unrecognized argument {extra[0]}" + (f": in inferd, {hint}" if hint else "") +
                  "; `inferd serve --model DIR --print-config` shows the config it serves, every key there to change")
