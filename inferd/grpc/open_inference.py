@@ -1,6 +1,6 @@
 """`inference.GRPCInferenceService`, the Open Inference Protocol's gRPC service, for batch models: the
-server's and each model's liveness, readiness and metadata, Triton's model configuration and repository
-index, and ModelInfer.
+server's and each model's liveness, readiness and metadata, Triton's model configuration, statistics and
+repository index, and ModelInfer.
 
 An infer call goes the way of its HTTP twin (`http.open_inference`): the caller identified from the
 call's metadata (`authorization` or `x-api-key`, as HTTP's headers), each element of its input tensor
@@ -28,7 +28,14 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from ..admission.admission import Admission
 from ..errors import InferdError, InternalError, describe
 from ..http.batch_calls import BatchCalls
-from ..http.open_inference import model_metadata, repository_index, routed_model, server_metadata, triton_config
+from ..http.open_inference import (
+    model_metadata,
+    model_statistics,
+    repository_index,
+    routed_model,
+    server_metadata,
+    triton_config,
+)
 from ..http.request_ids import RequestIds
 from ..lifecycle import Lifecycle
 from ..models.batch_model import BatchModel
@@ -85,6 +92,19 @@ class OpenInferenceService(pb_grpc.GRPCInferenceServiceServicer):
         rows = repository_index(self.models, request.ready)
         return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**row) for row in rows])
 
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Context) -> pb.ModelStatisticsResponse:
+        """Triton's statistics of one model version, or (no name) of every batch model's default one."""
+        if request.name:
+            models = [await self._model(request.name, request.version, context)]
+        else:
+            try:
+                self._operations(context)
+            except InferdError as error:
+                await _abort(context, error, "")
+            models = [routed_model(self.models, name, None) for name in self.models.batch]
+        stats = [model_statistics(model, self.outcomes.metrics) for model in models]
+        return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
+
     async def _model(self, name: str, version: str, context: Context) -> BatchModel:
         """The model a metadata call names, once the caller may ask (as HTTP's GET /v1/models); else the
         call ends with the error's status."""
@@ -124,9 +144,6 @@ class OpenInferenceService(pb_grpc.GRPCInferenceServiceServicer):
     # call with UNIMPLEMENTED and log nothing.
     async def ModelStreamInfer(self, request: Any, context: Context) -> None:
         await _not_served(context, "ModelStreamInfer")
-
-    async def ModelStatistics(self, request: Any, context: Context) -> None:
-        await _not_served(context, "ModelStatistics")
 
     async def RepositoryModelLoad(self, request: Any, context: Context) -> None:
         await _not_served(context, "RepositoryModelLoad")

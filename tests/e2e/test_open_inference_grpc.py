@@ -54,7 +54,8 @@ async def test_the_sync_client_sees_health_metadata_config_and_batched_answers()
             as_rows = client.infer("m", [text_tensor(texts[:3], [3, 1])], model_version="1", request_id="call-7")
             embedded = client.infer("emb", [text_tensor(["ab", "cd"])])
             seen.update(rows=rows.as_numpy("output"), as_rows=as_rows.as_numpy("output"), id=as_rows.get_response().id,
-                        embedded=embedded.as_numpy("output"))
+                        embedded=embedded.as_numpy("output"), stats=client.get_inference_statistics("m", as_json=True),
+                        every=client.get_inference_statistics(as_json=True))
             client.close()
             return seen
 
@@ -73,6 +74,12 @@ async def test_the_sync_client_sees_health_metadata_config_and_batched_answers()
         assert seen["embedded"][0].tolist() == [97.0, 98.0, 32.0, 32.0]  # the fake embedder's codes of "ab  "
         assert srv.models["m"].stats.batch_sizes[4] >= 2  # the ten rows went through the batcher like ten requests
         assert backend_of(srv).computed["row 9"] == 1
+        # Triton's statistics over gRPC, as over HTTP (int64 as JSON text): 13 rows computed in m's batches
+        (stats,) = seen["stats"]["model_stats"]
+        assert (stats["name"], stats["version"], int(stats["inference_count"])) == ("m", "1", 13)
+        assert int(stats["execution_count"]) == srv.models["m"].stats.batches
+        assert int(stats["inference_stats"]["success"]["count"]) == 2
+        assert sorted(s["name"] for s in seen["every"]["model_stats"]) == ["emb", "m"]  # (no name: every model)
 
 
 async def test_errors_end_calls_with_the_mapped_status_and_inferds_code():

@@ -80,8 +80,8 @@ UNDER_PREFIXES: dict[str, list[tuple[str, str, str, dict | None]]] = {
 # Every call of the gRPC service: its scope ("unimplemented": the protocol's, not served).
 GRPC_CALLS = {
     "ServerLive": "probe", "ServerReady": "probe", "ServerMetadata": "probe", "ModelReady": "key", "ModelMetadata": "key",
-    "ModelConfig": "key", "RepositoryIndex": "key", "ModelInfer": "key",
-    **dict.fromkeys(("ModelStreamInfer", "ModelStatistics", "RepositoryModelLoad", "RepositoryModelUnload",
+    "ModelConfig": "key", "RepositoryIndex": "key", "ModelInfer": "key", "ModelStatistics": "key",
+    **dict.fromkeys(("ModelStreamInfer", "RepositoryModelLoad", "RepositoryModelUnload",
                      "SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
                      "CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister",
                      "TraceSetting", "LogSettings"), "unimplemented"),
