@@ -93,8 +93,7 @@ class InferdCollector(Collector):
                                   value=dropped_lines())
         yield GaugeMetricFamily("inferd_ready", "1 when every model is ready and the server is not draining.",
                                 value=float(self.ready()))
-        build = GaugeMetricFamily("inferd_build_info", "Always 1: the version serving, and its Python, as labels.",
-                                  labels=["version", "python"])
+        build = GaugeMetricFamily("inferd_build_info", "Always 1: the version serving, and its Python.", labels=["version", "python"])
         build.add_metric([__version__, platform.python_version()], 1.0)
         yield build
 
@@ -125,10 +124,8 @@ def _batch_families(models: list[BatchModelSnapshot], retired: list[BatchModelSn
         "inferd_queue_depth": GaugeMetricFamily("inferd_queue_depth", "Requests waiting for a batch.", labels=["model", "version", "tier"]),
         "inferd_queue_oldest_age_seconds": GaugeMetricFamily(
             "inferd_queue_oldest_age_seconds", "Age of the oldest waiting request.", labels=["model", "version", "tier"]),
-        "inferd_batches_in_flight": GaugeMetricFamily("inferd_batches_in_flight", "Batches inside backend calls now.",
-                                                      labels=["model", "version"]),
-        "inferd_workers_healthy": GaugeMetricFamily("inferd_workers_healthy", "Workers built, warm and running.",
-                                                    labels=["model", "version"]),
+        "inferd_batches_in_flight": GaugeMetricFamily("inferd_batches_in_flight", "Batches in backend calls.", labels=["model", "version"]),
+        "inferd_workers_healthy": GaugeMetricFamily("inferd_workers_healthy", "Workers built, warm, running.", labels=["model", "version"]),
         "inferd_workers": GaugeMetricFamily("inferd_workers", "Configured workers.", labels=["model", "version"]),
         "inferd_capacity_requests_per_second": GaugeMetricFamily(
             "inferd_capacity_requests_per_second", "Requests/s the healthy workers sustain, measured.", labels=["model", "version"]),

@@ -22,15 +22,18 @@ from ..helpers import running_server, sim_model
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
+# What both scripts below wait with: `until(what, find)` polls `find` (every 50 ms, 20 s at most).
+UNTIL = r"""
+  const sleep = ms => new Promise(r => setTimeout(r, ms));
+  const until = async (what, find) => {
+    for (let i = 0; i < 400; i++) { const found = find(); if (found) return found; await sleep(50); }
+    throw new Error("the page never showed " + what);
+  };
+"""
 # Runs in the page: waits for Swagger UI to list the routes, opens /v1/inference, presses "Try it out",
 # writes a body, presses "Execute" and returns what the page shows as the server's answer.
 TRY_IT_OUT = r"""
-(async () => {
-  const sleep = ms => new Promise(r => setTimeout(r, ms));
-  const until = async (what, find) => {
-    for (let i = 0; i < 300; i++) { const found = find(); if (found) return found; await sleep(50); }
-    throw new Error("the page never showed " + what);
-  };
+(async () => {""" + UNTIL + r"""
   const paths = await until("its routes", () => {
     const shown = [...document.querySelectorAll(".opblock-summary-path")].map(e => e.textContent.trim());
     return shown.length ? shown : null;
@@ -129,12 +132,7 @@ async def test_try_it_out_in_a_real_browser_gets_the_servers_answer():
 # Runs in the page: for every route, open it, press "Try it out" (its examples filled in by the page)
 # and "Execute"; returns each route's method, path and the status the page shows.
 EXECUTE_EVERY_ROUTE = r"""
-(async () => {
-  const sleep = ms => new Promise(r => setTimeout(r, ms));
-  const until = async (what, find) => {
-    for (let i = 0; i < 400; i++) { const found = find(); if (found) return found; await sleep(50); }
-    throw new Error("the page never showed " + what);
-  };
+(async () => {""" + UNTIL + r"""
   await until("its routes", () => document.querySelectorAll(".opblock").length > 20);
   const groups = [...document.querySelectorAll(".opblock-tag")].map(t => t.textContent.trim());
   const shown = [];
