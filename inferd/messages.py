@@ -68,7 +68,7 @@ class PendingRequest:
     batch: Batch | None = None  # set when taken, for the response's timing and logs
     tier: str = "default"
     tenant: str = "anonymous"
-    call: str | None = None  # the request id of the multi-input call it is one input of (None: a call of its own)
+    call_id: str | None = None  # the request id of the multi-input call it is one input of (None: a call of its own)
     call_size: int = 1  # how many inputs that call has
     bucket: int = 0  # batches never mix buckets (e.g. token-length buckets)
     raw: Any = None  # the client's input, when `input` is what the backend's `prepare` made of it

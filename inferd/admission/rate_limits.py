@@ -49,13 +49,13 @@ class RateLimiter:
             size = max(1.0, rate)
         return Identity(tenant, tier, rate, size)
 
-    def check(self, who: Identity, model: str, capacity_scale: float, now: float, cost: int = 1) -> None:
-        """Take `cost` tokens (one per input) or raise RateLimited with the wait until there are enough."""
+    def check(self, who: Identity, model: str, capacity_scale: float, now: float, inputs: int = 1) -> None:
+        """Take a token for each of a call's `inputs` or raise RateLimited with the wait until there are enough."""
         if who.rate_per_s is None:
             return
         rate = who.rate_per_s * capacity_scale
         burst = who.burst or 1.0
-        if cost > burst:
+        if inputs > burst:
             raise InvalidInput(f"tenant {who.tenant} may send at most {burst:g} inputs at once to model {model}")
         key = (who.tenant, model)
         bucket = self._buckets.get(key)
@@ -64,10 +64,10 @@ class RateLimiter:
         else:
             bucket.tokens = min(burst, bucket.tokens + (now - bucket.updated) * rate)
             bucket.updated = now
-        if bucket.tokens >= cost:
-            bucket.tokens -= cost
+        if bucket.tokens >= inputs:
+            bucket.tokens -= inputs
             return
-        wait_s = (cost - bucket.tokens) / rate if rate > 0 else 60.0
+        wait_s = (inputs - bucket.tokens) / rate if rate > 0 else 60.0
         retry_ms = max(1, math.ceil(wait_s * 1000))
         raise RateLimited(
             f"tenant {who.tenant} is over its limit of {rate:.3g} requests/s for model {model}",

@@ -1,5 +1,5 @@
 """The protocol's messages as gRPC carries them, read into the same call the HTTP route reads
-(`http.open_inference_wire.InferCall`) and written from the same output tensor, and inferd's errors as
+(`http.open_inference_wire.InferBody`) and written from the same output tensor, and inferd's errors as
 gRPC status codes.
 
 An infer request's one input tensor, `text` (`image` for an image model), holds its elements in
@@ -21,7 +21,7 @@ from ..http.open_inference_wire import (
     IMAGE_INPUT,
     INPUT,
     OUTPUT,
-    InferCall,
+    InferBody,
     element_count,
     input_values,
     output_tensor,
@@ -50,7 +50,7 @@ def status_of(error: InferdError) -> tuple[grpc.StatusCode, tuple[tuple[str, str
 
 
 def parse_infer(request: pb.ModelInferRequest, images: bool, max_elements: int | None,
-                deadline_s: float | None) -> InferCall:
+                deadline_s: float | None) -> InferBody:
     """The infer request as a call of N inputs; `deadline_s`: what is left of the client's gRPC deadline,
     which bounds the request as its `timeout` parameter does (the shorter of the two wins)."""
     name = IMAGE_INPUT if images else INPUT
@@ -77,7 +77,7 @@ def parse_infer(request: pb.ModelInferRequest, images: bool, max_elements: int |
     if deadline_s is not None:
         left_ms = max(1, math.ceil(deadline_s * 1000))
         call_timeout_ms = left_ms if call_timeout_ms is None else min(call_timeout_ms, left_ms)
-    return InferCall(request.id or None, input_values(elements, images), call_timeout_ms, True)
+    return InferBody(request.id or None, input_values(elements, images), call_timeout_ms, True)
 
 
 def infer_response(model: str, version: str, call_id: str | None, outputs: list[Any]) -> pb.ModelInferResponse:

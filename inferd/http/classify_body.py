@@ -24,7 +24,7 @@ from .inference_body import timeout_ms, without_infinity_defaults
 
 
 @dataclass(slots=True)
-class ClassifyCall:
+class ClassifyBody:
     """A parsed `/v1/classify` or `/predict` body."""
 
     items: list[str]
@@ -54,20 +54,20 @@ def _model(data: dict[str, Any]) -> str | None:
     return model
 
 
-def parse_classify_body(body: bytes) -> ClassifyCall:
+def parse_classify_body(body: bytes) -> ClassifyBody:
     """vLLM's `/v1/classify` body: `input`, `model`, `timeout_ms`."""
     return _classify_call(json_object(body))
 
 
-def _classify_call(data: dict[str, Any]) -> ClassifyCall:
+def _classify_call(data: dict[str, Any]) -> ClassifyBody:
     value = data.get("input")
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not items:
         raise InvalidInput("`input` must be a string or a non-empty array of strings")
-    return ClassifyCall(items, _model(data), timeout_ms(data))
+    return ClassifyBody(items, _model(data), timeout_ms(data))
 
 
-def parse_infinity_classify_body(body: bytes) -> ClassifyCall:
+def parse_infinity_classify_body(body: bytes) -> ClassifyBody:
     """Infinity's `/classify` body: `input` (a string or strings), `model`; `raw_scores: true` refused,
     as on `/predict`."""
     data = without_infinity_defaults(json_object(body))
@@ -76,7 +76,7 @@ def parse_infinity_classify_body(body: bytes) -> ClassifyCall:
     return _classify_call(data)
 
 
-def parse_tei_predict_body(body: bytes) -> ClassifyCall:
+def parse_tei_predict_body(body: bytes) -> ClassifyBody:
     """TEI's `/predict` body: `inputs`, `raw_scores`, `truncate`, `truncation_direction`."""
     data = json_object(body)
     value = data.get("inputs")
@@ -88,20 +88,20 @@ def parse_tei_predict_body(body: bytes) -> ClassifyCall:
     if data.get("truncation_direction") not in (None, "Right", "right"):
         raise InvalidInput('`truncation_direction` must be "Right": this server truncates inputs on the right')
     if isinstance(value, str):
-        return ClassifyCall([value], _model(data), timeout_ms(data), True, truncate)
+        return ClassifyBody([value], _model(data), timeout_ms(data), True, truncate)
     if isinstance(value, list) and value and all(isinstance(v, str) for v in value):  # TEI's one sequence
         if len(value) > 1:
             raise InvalidInput("`inputs` as two strings is a pair of texts, which this model does not classify; "
                                'a batch is an array of one-string arrays: [["a"], ["b"]]')
-        return ClassifyCall(value, _model(data), timeout_ms(data), True, truncate)
+        return ClassifyBody(value, _model(data), timeout_ms(data), True, truncate)
     if not isinstance(value, list) or not value or not all(isinstance(v, list) for v in value):
         raise InvalidInput('`inputs` must be a string, or a batch: an array of one-string arrays ([["a"], ["b"]])')
     if any(len(v) != 1 for v in value):
         raise InvalidInput("each of `inputs` must hold one string (a pair of texts is not classified here)")
-    return ClassifyCall([v[0] for v in value], _model(data), timeout_ms(data), False, truncate)
+    return ClassifyBody([v[0] for v in value], _model(data), timeout_ms(data), False, truncate)
 
 
-def classify_payload(call: ClassifyCall, outputs: list[dict[str, Any]], model: str, request_id: str,
+def classify_payload(call: ClassifyBody, outputs: list[dict[str, Any]], model: str, request_id: str,
                      tokens: int) -> dict[str, Any]:
     """vLLM's `/v1/classify` answer (the arguments a call of several inputs is answered with)."""
     return {
@@ -112,16 +112,16 @@ def classify_payload(call: ClassifyCall, outputs: list[dict[str, Any]], model: s
     }
 
 
-def tei_predict_payload(call: ClassifyCall, outputs: list[dict[str, Any]], model: str, request_id: str, tokens: int) -> Any:
+def tei_predict_payload(call: ClassifyBody, outputs: list[dict[str, Any]], model: str, request_id: str, tokens: int) -> Any:
     """TEI's `/predict` answer: each text's labels, best first."""
     ranked = [[{"score": score, "label": label} for label, score in sorted(out["scores"].items(), key=lambda kv: -kv[1])]
               for out in outputs]
     return ranked[0] if call.single else ranked
 
 
-def infinity_classify_payload(call: ClassifyCall, outputs: list[dict[str, Any]], model: str, request_id: str,
+def infinity_classify_payload(call: ClassifyBody, outputs: list[dict[str, Any]], model: str, request_id: str,
                               tokens: int) -> dict[str, Any]:
     """Infinity's `/classify` answer: per text, every label's `{score, label}`, best first."""
-    return {"object": "classify", "data": tei_predict_payload(ClassifyCall(call.items, model, None), outputs, model, request_id, tokens),
+    return {"object": "classify", "data": tei_predict_payload(ClassifyBody(call.items, model, None), outputs, model, request_id, tokens),
             "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}, "id": request_id,
             "created": int(time.time())}

@@ -19,7 +19,7 @@ from .classify_body import (
     tei_predict_payload,
 )
 from .embeddings import (
-    EmbeddingsCall,
+    EmbeddingsBody,
     cohere_embed_payload,
     embeddings_payload,
     parse_cohere_embed_body,
@@ -31,7 +31,7 @@ from .embeddings import (
     similarities,
 )
 from .rerank_body import (
-    RerankCall,
+    RerankBody,
     infinity_rerank_payload,
     parse_rerank_body,
     parse_tei_rerank_body,
@@ -56,23 +56,23 @@ class Dialect:
     openai: bool = False
 
 
-def _embeddings_answer(call: EmbeddingsCall, vectors: list[Any], model: str, request_id: str, tokens: int) -> Any:
+def _embeddings_answer(call: EmbeddingsBody, vectors: list[Any], model: str, request_id: str, tokens: int) -> Any:
     return embeddings_payload(model, vectors, tokens, call.encodings[0])
 
 
-def _cohere_embed_answer(call: EmbeddingsCall, vectors: list[Any], model: str, request_id: str, tokens: int) -> Any:
+def _cohere_embed_answer(call: EmbeddingsBody, vectors: list[Any], model: str, request_id: str, tokens: int) -> Any:
     return cohere_embed_payload(call, vectors, request_id, tokens)
 
 
-def _tei_embed_answer(call: EmbeddingsCall, vectors: list[Any], model: str, request_id: str, tokens: int) -> Any:
+def _tei_embed_answer(call: EmbeddingsBody, vectors: list[Any], model: str, request_id: str, tokens: int) -> Any:
     return similarities(vectors) if call.similarity else vectors
 
 
-def _rerank_answer(call: RerankCall, logits: list[float], model: str, request_id: str, tokens: int) -> Any:
+def _rerank_answer(call: RerankBody, logits: list[float], model: str, request_id: str, tokens: int) -> Any:
     return rerank_payload(call, ranked(call, logits), model, request_id, tokens)
 
 
-def _tei_rerank_answer(call: RerankCall, logits: list[float], model: str, request_id: str, tokens: int) -> Any:
+def _tei_rerank_answer(call: RerankBody, logits: list[float], model: str, request_id: str, tokens: int) -> Any:
     if call.infinity:  # (Infinity's body on TEI's path)
         return infinity_rerank_payload(call, ranked(call, logits), model, request_id, tokens)
     return tei_rerank_payload(call, ranked(call, logits))

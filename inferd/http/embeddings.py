@@ -36,7 +36,7 @@ Item = str | list[int] | dict[str, str]
 
 
 @dataclass(slots=True)
-class EmbeddingsCall:
+class EmbeddingsBody:
     """A parsed `/v1/embeddings` body."""
 
     items: list[Item]
@@ -67,11 +67,11 @@ class EmbeddingsCall:
         return self.items
 
 
-def parse_embeddings_body(body: bytes) -> EmbeddingsCall:
+def parse_embeddings_body(body: bytes) -> EmbeddingsBody:
     return _openai_call(json_object_with_images(body))
 
 
-def parse_infinity_embeddings_body(body: bytes) -> EmbeddingsCall:
+def parse_infinity_embeddings_body(body: bytes) -> EmbeddingsBody:
     """Infinity's `/embeddings`: OpenAI's body as Infinity's client sends it (its unasked defaults,
     `without_infinity_defaults`), `modality` text only (an image model takes `{"image": ...}` items)."""
     data = without_infinity_defaults(json_object_with_images(body))
@@ -80,34 +80,34 @@ def parse_infinity_embeddings_body(body: bytes) -> EmbeddingsCall:
     return _openai_call(data)
 
 
-def _openai_call(data: dict[str, Any]) -> EmbeddingsCall:
+def _openai_call(data: dict[str, Any]) -> EmbeddingsBody:
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise InvalidInput("`model` must be a string")
-    return EmbeddingsCall(_items(data.get("input")), model, (encoding_format(data, VECTOR_TYPES),), timeout_ms(data),
+    return EmbeddingsBody(_items(data.get("input")), model, (encoding_format(data, VECTOR_TYPES),), timeout_ms(data),
                           _dimensions(data))
 
 
-def parse_tei_embed_body(body: bytes) -> EmbeddingsCall:
+def parse_tei_embed_body(body: bytes) -> EmbeddingsBody:
     """TEI's `/embed` body: `inputs`, `normalize` (default true), `truncate`, `truncation_direction` (the
     model cuts on the right only), `dimensions`; `prompt_name` is refused (no prompts are configured)."""
     return _tei_embed_call(json_object(body))
 
 
-def parse_tei_similarity_body(body: bytes) -> EmbeddingsCall:
+def parse_tei_similarity_body(body: bytes) -> EmbeddingsBody:
     """TEI's `/similarity` body: `inputs: {source_sentence, sentences}` (and `/embed`'s `truncate`):
     the source sentence and each sentence, embedded as the items of one call."""
     return _similarity_call(json_object(body))
 
 
-def parse_tei_root_embed_body(body: bytes) -> EmbeddingsCall:
+def parse_tei_root_embed_body(body: bytes) -> EmbeddingsBody:
     """TEI's `POST /` for an embedding model: `/embed`'s body, or `/similarity`'s (where Hugging Face's
     `InferenceClient.sentence_similarity` posts it: `inputs` an object)."""
     data = json_object(body)
     return _similarity_call(data) if isinstance(data.get("inputs"), dict) else _tei_embed_call(data)
 
 
-def _similarity_call(data: dict[str, Any]) -> EmbeddingsCall:
+def _similarity_call(data: dict[str, Any]) -> EmbeddingsBody:
     inputs = data.get("inputs")
     sentences = inputs.get("sentences") if isinstance(inputs, dict) else None
     source = inputs.get("source_sentence") if isinstance(inputs, dict) else None
@@ -127,7 +127,7 @@ def similarities(vectors: list[Any]) -> list[float]:
     return [float(x) for x in (rows[1:] @ rows[0]) / (norms[1:] * norms[0])]
 
 
-def _tei_embed_call(data: dict[str, Any]) -> EmbeddingsCall:
+def _tei_embed_call(data: dict[str, Any]) -> EmbeddingsBody:
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise InvalidInput("`model` must be a string")
@@ -139,14 +139,14 @@ def _tei_embed_call(data: dict[str, Any]) -> EmbeddingsCall:
         raise InvalidInput('`truncation_direction` must be "Right": this server truncates inputs on the right')
     if data.get("prompt_name") is not None:
         raise InvalidInput("`prompt_name` is not served: no prompts are configured for this model")
-    return EmbeddingsCall(_items(data.get("inputs"), "inputs"), model, ("float",), timeout_ms(data), _dimensions(data),
+    return EmbeddingsBody(_items(data.get("inputs"), "inputs"), model, ("float",), timeout_ms(data), _dimensions(data),
                           flags["normalize"] is not False, flags["truncate"])  # (TEI normalises unless told not to)
 
 
 _COHERE_INPUT_TYPES = ("search_document", "search_query", "classification", "clustering")
 
 
-def parse_cohere_embed_body(body: bytes) -> EmbeddingsCall:
+def parse_cohere_embed_body(body: bytes) -> EmbeddingsBody:
     """Cohere's `/v2/embed` body (see the module docstring); `images` and `inputs` are refused: this route
     embeds texts (an image model takes `/v1/embeddings`)."""
     data = json_object(body)
@@ -170,7 +170,7 @@ def parse_cohere_embed_body(body: bytes) -> EmbeddingsCall:
         raise InvalidInput('`truncate` must be "END", "NONE" or "START"')
     if truncate == "START":
         raise InvalidInput('`truncate: "START"` is not served: this server truncates inputs at the end')
-    return EmbeddingsCall(list(texts), model, tuple(dict.fromkeys(kinds)), timeout_ms(data),
+    return EmbeddingsBody(list(texts), model, tuple(dict.fromkeys(kinds)), timeout_ms(data),
                           _dimensions(data, "output_dimension"), None, False if truncate == "NONE" else None)
 
 
@@ -192,14 +192,14 @@ def _items(value: Any, field: str = "input") -> list[Item]:
         raise InvalidInput(f"`{field}` must be a string, an array of strings, or an array of token-id arrays")
     if not items:
         raise InvalidInput(f"`{field}` must hold at least one item")
-    return items  # (each checked by `EmbeddingsCall.inputs`, once their number is)
+    return items  # (each checked by `EmbeddingsBody.inputs`, once their number is)
 
 
 def _is_token_ids(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(type(t) is int for t in value)
 
 
-def shaped(vectors: list[Any], call: EmbeddingsCall, normalized: bool) -> list[Any]:
+def shaped(vectors: list[Any], call: EmbeddingsBody, normalized: bool) -> list[Any]:
     """The vectors as the call asks: cut to `dimensions` (a new array: a cached vector is shared) and
     normalised again where the model's were unit length; a model's raw vectors normalised where TEI's
     `normalize` asks it (its `normalize: false` on a normalising model is refused before)."""
@@ -228,7 +228,7 @@ def embeddings_payload(model: str, vectors: list[Any], tokens: int, encoding: st
     }
 
 
-def cohere_embed_payload(call: EmbeddingsCall, vectors: list[Any], request_id: str, tokens: int) -> dict[str, Any]:
+def cohere_embed_payload(call: EmbeddingsBody, vectors: list[Any], request_id: str, tokens: int) -> dict[str, Any]:
     """Cohere's `/v2/embed` answer: the vectors under each type asked, the texts, the tokens billed."""
     return {
         "id": request_id,

@@ -28,7 +28,7 @@ from ..observability.outcomes import Call, Outcomes
 from ..observability.tracing import Generated
 from .batch_calls import call_start
 from .body_reader import BodyReader, json_object
-from .inference_body import InferenceCall, timeout_ms
+from .inference_body import InferenceBody, timeout_ms
 from .openai_text import Choice, TextAnswer, parse_text_call
 from .request_ids import RequestIds
 from .responses import WholeResponse, dumps, error_response
@@ -60,7 +60,7 @@ class GenerationApi:
 
     # ---- the three request shapes ----------------------------------------------------------------
 
-    async def inference(self, request: web.BaseRequest, model: GenerationModel, parsed: InferenceCall, who: Identity,
+    async def inference(self, request: web.BaseRequest, model: GenerationModel, parsed: InferenceBody, who: Identity,
                         call: Call, adapter: Adapter | None = None) -> web.StreamResponse:
         """inferd's own shape: {"input": text} -> {"output": text}, or SSE with {"stream": true}. The
         body was read and the caller identified by the `/v1/inference` handler."""

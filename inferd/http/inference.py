@@ -26,7 +26,7 @@ from ..models.registry import Models
 from ..observability.outcomes import Call, Outcomes
 from .batch_calls import BatchCalls, cache_allowed, call_start, call_timing, client_of
 from .body_reader import BodyReader
-from .classify_body import ClassifyCall
+from .classify_body import ClassifyBody
 from .dialects import (
     CLASSIFY,
     COHERE_EMBED,
@@ -41,11 +41,11 @@ from .dialects import (
     TEI_SIMILARITY,
     Dialect,
 )
-from .embeddings import EmbeddingsCall, shaped
+from .embeddings import EmbeddingsBody, shaped
 from .generation import GenerationApi
-from .inference_body import InferenceCall, encode_vector, input_kind, parse_image_body, parse_inference_body
+from .inference_body import InferenceBody, encode_vector, input_kind, parse_image_body, parse_inference_body
 from .request_ids import RequestIds
-from .rerank_body import RerankCall
+from .rerank_body import RerankBody
 from .responses import WholeResponse, dumps, error_response
 
 _ATTACHED, _CACHED = RequestState.ATTACHED, RequestState.CACHED
@@ -57,7 +57,7 @@ class OneInput:
 
     call: Call
     who: Identity | None = None
-    parsed: InferenceCall | None = None  # the body
+    parsed: InferenceBody | None = None  # the body
     model: BatchModel | None = None
 
 
@@ -236,7 +236,7 @@ class InferenceApi:
         """The call's answer (its body and headers) from its outputs in order, recorded."""
         call, parsed = many.call, many.parsed
         now = self.outcomes.record(call)
-        if isinstance(parsed, EmbeddingsCall):  # (cut to `dimensions`, normalised as asked)
+        if isinstance(parsed, EmbeddingsBody):  # (cut to `dimensions`, normalised as asked)
             outputs = shaped(outputs, parsed, many.model.offers.normalized)  # type: ignore[union-attr]
         requests = call.requests
         payload = many.dialect.answer(parsed, outputs, call.model, call.request_id, sum(r.tokens for r in requests))
@@ -250,21 +250,21 @@ _NOT_OF_KIND = {"embedding": "does not produce embeddings",
 
 
 def _refuse_what_the_model_cannot_honour(call: Any, model: BatchModel, inputs: list[Any]) -> None:
-    if isinstance(call, EmbeddingsCall) and model.ready:
+    if isinstance(call, EmbeddingsBody) and model.ready:
         wrong = next((input_kind(item) for item in inputs if input_kind(item) != model.input_kind), None)
         if wrong is not None:
             raise InvalidInput(f"model {model.name} takes {model.input_kind} inputs, not {wrong}")
         _refuse_vectors_it_cannot_give(call, model)
-    if isinstance(call, RerankCall):
+    if isinstance(call, RerankBody):
         _refuse_long_pairs(call, model)
-    if isinstance(call, ClassifyCall) and model.ready and model.input_kind != "text":
+    if isinstance(call, ClassifyBody) and model.ready and model.input_kind != "text":
         raise InvalidInput(f"model {model.name} classifies {model.input_kind} inputs: send them to /v1/inference")
     if call.truncate is False and model.config.options.get("truncate", True):  # (TEI's `truncate`: /rerank, /embed)
         raise InvalidInput(f"`truncate: false` is not served by model {model.name}: it truncates every input to its "
                            "max_tokens (its option truncate = false refuses long inputs instead)")
 
 
-def _refuse_vectors_it_cannot_give(call: EmbeddingsCall, model: BatchModel) -> None:
+def _refuse_vectors_it_cannot_give(call: EmbeddingsBody, model: BatchModel) -> None:
     """`dimensions` the model does not take, TEI's `normalize: false` on a model that normalises: a 400
     naming the field, before anything is computed."""
     sizes, size = model.offers.embedding_sizes, call.dimensions
@@ -277,7 +277,7 @@ def _refuse_vectors_it_cannot_give(call: EmbeddingsCall, model: BatchModel) -> N
         raise InvalidInput(f"`normalize: false` is not served by model {model.name}: its vectors are normalised")
 
 
-def _refuse_long_pairs(call: RerankCall, model: BatchModel) -> None:
+def _refuse_long_pairs(call: RerankBody, model: BatchModel) -> None:
     """A pair's characters (query and document together) count against `max_input_chars`, as a text's do."""
     cap = model.config.max_input_chars
     longest = len(call.query) + max(len(document) for document in call.documents)
@@ -292,5 +292,5 @@ class ManyInputs:
     call: Call
     dialect: Dialect
     who: Identity | None = None
-    parsed: Any = None  # the body (`EmbeddingsCall`, `RerankCall`, `ClassifyCall`)
+    parsed: Any = None  # the body (`EmbeddingsBody`, `RerankBody`, `ClassifyBody`)
     model: BatchModel | None = None

@@ -16,7 +16,7 @@ _BATCH_FIELDS = frozenset({"input", "model", "version", "timeout_ms", "encoding_
 
 
 @dataclass(slots=True)
-class InferenceCall:
+class InferenceBody:
     """A parsed `/v1/inference` body."""
 
     input: str | dict[str, str | bytes] | bytes  # a text, or for an image model {"image": base64} or the image itself
@@ -27,7 +27,7 @@ class InferenceCall:
     version: str | None = None  # a pinned version (also `model@version`)
 
 
-def parse_inference_body(body: bytes) -> InferenceCall:
+def parse_inference_body(body: bytes) -> InferenceBody:
     data = json_object_with_images(body)
     value: Any = data.get("input")  # (a JSON value: checked here)
     if not isinstance(value, str) and image_item(value) is None:
@@ -41,7 +41,7 @@ def parse_inference_body(body: bytes) -> InferenceCall:
     version = data.get("version")
     if version is not None and not isinstance(version, str):
         raise InvalidInput("`version` must be a string")
-    return InferenceCall(value, model, timeout_ms(data), fmt is not None and encoding_format(data) == "base64", data,
+    return InferenceBody(value, model, timeout_ms(data), fmt is not None and encoding_format(data) == "base64", data,
                          version)
 
 
@@ -63,7 +63,7 @@ def input_kind(value: Any) -> str:
     return "image" if type(value) is bytes or image_item(value) is not None else "text"
 
 
-def parse_image_body(body: bytes, query: Mapping[str, str]) -> InferenceCall:
+def parse_image_body(body: bytes, query: Mapping[str, str]) -> InferenceBody:
     """A `/v1/inference` body that is an image itself (`Content-Type: image/...`); the model, version and
     timeout come in the query string (`?model=vit&timeout_ms=500`)."""
     if not body:
@@ -71,7 +71,7 @@ def parse_image_body(body: bytes, query: Mapping[str, str]) -> InferenceCall:
     timeout = query.get("timeout_ms")
     if timeout is not None and (not timeout.isdigit() or int(timeout) <= 0):
         raise InvalidInput("`timeout_ms` must be a positive integer")
-    return InferenceCall(body, query.get("model"), int(timeout) if timeout else None, False, {}, query.get("version"))
+    return InferenceBody(body, query.get("model"), int(timeout) if timeout else None, False, {}, query.get("version"))
 
 
 INFINITY_ANY_MODEL = "default/not-specified"  # the `model` Infinity's client sends when none is named: the default

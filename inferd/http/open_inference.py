@@ -32,7 +32,7 @@ from ..observability.outcomes import Call, Outcomes
 from ..observability.tracing import Tracing
 from .batch_calls import BatchCalls, cache_allowed, call_timing, client_of, traced
 from .body_reader import BodyReader, entered, json_object
-from .open_inference_wire import HEADER_LENGTH, IMAGE_INPUT, INPUT, OUTPUT, InferCall, infer_response, parse_infer
+from .open_inference_wire import HEADER_LENGTH, IMAGE_INPUT, INPUT, OUTPUT, InferBody, infer_response, parse_infer
 from .request_ids import RequestIds
 from .responses import WholeResponse, dumps, error_response
 
@@ -164,7 +164,7 @@ class V2Infer:
     call: Call
     model: BatchModel
     who: Identity
-    parsed: InferCall | None = None
+    parsed: InferBody | None = None
 
 
 # What the protocol's metadata routes answer, over HTTP here and over gRPC (`inferd.grpc`) alike.

@@ -30,7 +30,7 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
 @dataclass(slots=True)
-class InferCall:
+class InferBody:
     """A parsed infer request."""
 
     id: str | None
@@ -39,7 +39,7 @@ class InferCall:
     binary_output: bool
 
 
-def parse_infer(body: bytes, header_length: str | None, images: bool = False, max_elements: int | None = None) -> InferCall:
+def parse_infer(body: bytes, header_length: str | None, images: bool = False, max_elements: int | None = None) -> InferBody:
     """The infer request; `images`: the model takes images (the input tensor is `image`, its elements
     the images); `max_elements`: more is a 400 before any element is read (262,000 empty ones held the
     loop ~100 ms)."""
@@ -62,7 +62,7 @@ def parse_infer(body: bytes, header_length: str | None, images: bool = False, ma
             if asked.get("name") != OUTPUT:
                 raise InvalidInput(f"unknown output {asked.get('name')!r}: this model has one, `{OUTPUT}`")
             binary = _flag(_table(asked.get("parameters"), "outputs[].parameters"), "binary_data", binary)
-    return InferCall(call_id, values, timeout_parameter_ms(parameters.get("timeout")), binary)
+    return InferBody(call_id, values, timeout_parameter_ms(parameters.get("timeout")), binary)
 
 
 def input_values(elements: list[str | bytes], images: bool) -> list[Any]:

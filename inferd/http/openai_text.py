@@ -21,7 +21,7 @@ _CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls")
 
 
 @dataclass(slots=True)
-class TextCall:
+class TextBody:
     """A parsed completion or chat body: the prompt (text) or the messages, and their length in characters."""
 
     chat: bool
@@ -33,7 +33,7 @@ class TextCall:
     structured: dict[str, Any] | None = None  # `response_format` as vLLM's structured outputs, or vLLM's own; None: free text
 
 
-def parse_text_call(body: dict[str, Any], chat: bool) -> TextCall:
+def parse_text_call(body: dict[str, Any], chat: bool) -> TextBody:
     for key in _UNSUPPORTED:
         if body.get(key) not in (None, False):
             raise InvalidInput(f"`{key}` is not supported by this server")
@@ -51,14 +51,14 @@ def parse_text_call(body: dict[str, Any], chat: bool) -> TextCall:
     if chat:
         messages = [_message(m, i) for i, m in enumerate(_non_empty_list(body.get("messages")))]
         # every string that reaches the chat template counts against `max_input_chars`, roles too
-        return TextCall(True, messages=messages, chars=sum(_chars(m) for m in messages),
+        return TextBody(True, messages=messages, chars=sum(_chars(m) for m in messages),
                         include_usage=include_usage, logprobs=logprobs, structured=structured)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise InvalidInput("`prompt` must be a string (or a list holding one)")
-    return TextCall(False, prompt=prompt, chars=len(prompt), include_usage=include_usage, logprobs=logprobs,
+    return TextBody(False, prompt=prompt, chars=len(prompt), include_usage=include_usage, logprobs=logprobs,
                     structured=structured)
 
 
@@ -160,7 +160,7 @@ class TextAnswer:
     """Builds the answer of one call: whole, or chunk by chunk (the role in the first delta only, the
     usage in a final chunk of its own with no choices when `stream_options.include_usage`)."""
 
-    def __init__(self, call: TextCall, model: str, created: int, tools: ToolPlan | None = None) -> None:
+    def __init__(self, call: TextBody, model: str, created: int, tools: ToolPlan | None = None) -> None:
         self.call = call
         self.model = model
         self.created = created

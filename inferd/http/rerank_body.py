@@ -22,7 +22,7 @@ from .inference_body import timeout_ms, without_infinity_defaults
 
 
 @dataclass(slots=True)
-class RerankCall:
+class RerankBody:
     """A parsed rerank body, in either shape."""
 
     query: str
@@ -45,13 +45,13 @@ class RerankCall:
         return [(self.query, document) for document in self.documents]
 
 
-def parse_rerank_body(body: bytes) -> RerankCall:
+def parse_rerank_body(body: bytes) -> RerankBody:
     """Cohere's (and Jina's) body: `query`, `documents` (strings, or objects with a `text`), `top_n`,
     `return_documents` (default false, as Cohere's)."""
     return _cohere_call(json_object(body))
 
 
-def _cohere_call(data: dict[str, Any]) -> RerankCall:
+def _cohere_call(data: dict[str, Any]) -> RerankBody:
     documents = data.get("documents")
     if not isinstance(documents, list):
         raise InvalidInput("`documents` is required: an array of strings or of objects with a `text`")
@@ -65,11 +65,11 @@ def _cohere_call(data: dict[str, Any]) -> RerankCall:
     top_n = data.get("top_n")
     if top_n is not None and (type(top_n) is not int or top_n < 1):
         raise InvalidInput("`top_n` must be a positive integer")
-    return RerankCall(_query(data), _documents(texts), _model(data), top_n,
+    return RerankBody(_query(data), _documents(texts), _model(data), top_n,
                       _flag(data, "return_documents", False), False, None, timeout_ms(data))
 
 
-def parse_tei_rerank_body(body: bytes) -> RerankCall:
+def parse_tei_rerank_body(body: bytes) -> RerankBody:
     """TEI's body: `query`, `texts`, `raw_scores`, `return_text`, `truncate`; or Infinity's, which posts
     to the same path: `documents` and no `texts` (Cohere's fields, answered as Infinity answers)."""
     data = json_object(body)
@@ -83,7 +83,7 @@ def parse_tei_rerank_body(body: bytes) -> RerankCall:
     truncate = data.get("truncate")
     if truncate is not None and not isinstance(truncate, bool):
         raise InvalidInput("`truncate` must be a boolean")
-    return RerankCall(_query(data), _documents(texts), _model(data), None, _flag(data, "return_text", False),
+    return RerankBody(_query(data), _documents(texts), _model(data), None, _flag(data, "return_text", False),
                       _flag(data, "raw_scores", False), truncate, timeout_ms(data))
 
 
@@ -116,7 +116,7 @@ def _flag(data: dict[str, Any], name: str, default: bool) -> bool:
     return value
 
 
-def ranked(call: RerankCall, logits: list[float]) -> list[tuple[int, float]]:
+def ranked(call: RerankBody, logits: list[float]) -> list[tuple[int, float]]:
     """(document index, score) best first, cut to `top_n`; ties keep the documents' order."""
     scores = logits if call.raw_scores else [_sigmoid(x) for x in logits]
     order = sorted(range(len(scores)), key=lambda i: -scores[i])
@@ -127,7 +127,7 @@ def _sigmoid(x: float) -> float:
     return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
 
 
-def rerank_payload(call: RerankCall, ranking: list[tuple[int, float]], model: str, request_id: str,
+def rerank_payload(call: RerankBody, ranking: list[tuple[int, float]], model: str, request_id: str,
                    tokens: int) -> dict[str, Any]:
     """Cohere's answer (`id`, `results` with `index`, `relevance_score` and, if asked, `document`),
     with Jina's `model` and `usage` beside it."""
@@ -141,14 +141,14 @@ def rerank_payload(call: RerankCall, ranking: list[tuple[int, float]], model: st
             "meta": {"billed_units": {"search_units": 1}}}
 
 
-def tei_rerank_payload(call: RerankCall, ranking: list[tuple[int, float]]) -> list[dict[str, Any]]:
+def tei_rerank_payload(call: RerankBody, ranking: list[tuple[int, float]]) -> list[dict[str, Any]]:
     """TEI's answer: an array of `{index, score}` (and `text` with `return_text`), best first."""
     if call.return_documents:
         return [{"index": i, "score": score, "text": call.documents[i]} for i, score in ranking]
     return [{"index": i, "score": score} for i, score in ranking]
 
 
-def infinity_rerank_payload(call: RerankCall, ranking: list[tuple[int, float]], model: str, request_id: str,
+def infinity_rerank_payload(call: RerankBody, ranking: list[tuple[int, float]], model: str, request_id: str,
                             tokens: int) -> dict[str, Any]:
     """Infinity's answer: `results` of `relevance_score`, `index` and `document` (the text, with
     `return_documents`; else null), best first, with `usage` in OpenAI's shape."""

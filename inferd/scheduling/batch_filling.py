@@ -61,7 +61,7 @@ class BatchFilling:
         """Whether `request` may join; when it may not, the batch is closed. `short_call`: it is an input
         of a short call (which goes whole: the bound of a short call aboard does not stop it)."""
         n = len(self.taken)  # (without a curve neither bound is ever set: both stay inf)
-        if n and ((n >= self.limit and not (short_call and (request.tenant, request.call) == self.short_call))
+        if n and ((n >= self.limit and not (short_call and (request.tenant, request.call_id) == self.short_call))
                   or tokens_of(request) > self.tokens_left
                   or (self.tightest < math.inf and self.now + self.curve[n + 1] * self.level > self.tightest)  # type: ignore[index]
                   or (self.short_end < math.inf and not short_call and self.curve[n + 1] > self.short_end)):  # type: ignore[index]
@@ -75,7 +75,7 @@ class BatchFilling:
         measured curve, as it likes). `bound_growth` False: other tenants wait too, whose turns fill the
         batch up to the limit as before."""
         last = self.taken[-1]
-        self.short_call = (last.tenant, last.call)
+        self.short_call = (last.tenant, last.call_id)
         if self.curve is not None and bound_growth:
             self.short_end = self.curve[len(self.taken)] * (1.0 + SHORT_CALL_GROWTH)
 

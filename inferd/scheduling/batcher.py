@@ -154,12 +154,12 @@ class Batcher(QueueReadings):
             one = self._one_tenant
             if one is not None and request.tenant != one:  # the first tenant seen, then None for good
                 self._one_tenant = request.tenant if one == "" else None
-            if request.call is not None:
+            if request.call_id is not None:
                 self._calls_seen = True
             if self._calls_seen:  # (until a call comes, none is large: a single request's path is one test)
                 # beside large calls, short ones wait for less: batches stop at the cost model's smallest
                 # size with 95% of the best throughput (`BatchCosts.set_short_calls_beside_large`)
-                beside = self._call_mix.beside(request.call is None or request.call_size <= self._whole_call, now)
+                beside = self._call_mix.beside(request.call_id is None or request.call_size <= self._whole_call, now)
                 if beside is not self.costs.short_calls_beside_large:
                     self.costs.set_short_calls_beside_large(beside)
             if self._takers:
@@ -356,7 +356,7 @@ class Batcher(QueueReadings):
             return None  # everything due had expired
         self.flushes[trigger] += 1
         first = requests[0]
-        self._short_jumps.append(short_jump or (short_first and first.call is not None and first.call_size <= self._whole_call))
+        self._short_jumps.append(short_jump or (short_first and first.call_id is not None and first.call_size <= self._whole_call))
         self.echo.batch_left(now)
         self._last_batch[bucket] = now
         if self._time_by_rank is not None:

@@ -165,8 +165,8 @@ def calls_together(batch: list[PendingRequest], results: Sequence[Any], limit: i
     inputs go to the thread together: see `_send`.)"""
     calls: dict[str, list[int]] = {}
     for i, request in enumerate(batch):
-        if request.call is not None and request.call_size <= limit:
-            calls.setdefault(request.call, []).append(i)
+        if request.call_id is not None and request.call_size <= limit:
+            calls.setdefault(request.call_id, []).append(i)
     if not calls:
         return results
     together = list(results)

@@ -43,8 +43,8 @@ class QueueReadings:
             totals.update(q.live_by_tier())
         return dict(totals)
 
-    def ahead_by_bucket(self, tier: str | None, tenant: str | None = None, call: str | None = None) -> dict[int, int]:
-        """Requests a new request of `tier` (from `tenant`; an input of `call`, if one of a multi-input
+    def ahead_by_bucket(self, tier: str | None, tenant: str | None = None, call_id: str | None = None) -> dict[int, int]:
+        """Requests a new request of `tier` (from `tenant`; an input of call `call_id`, if one of a multi-input
         call's) would wait behind, per length bucket (see `RequestQueue.live_ahead_of`; `tier` None:
         everything waiting). One tier and one tenant without multi-input calls: all of it, in order, read
         without the lock (counts only); otherwise under it: a worker's thread taking a batch changes the
@@ -57,9 +57,9 @@ class QueueReadings:
             return ahead
         with self._lock:  # (the turns and calls it walks change under a worker taking a batch)
             if self._single_tier and (tenant is None or self._one_tenant is not None):
-                return {key: q.live if not q.has_calls() else q.live_ahead_of(tier, tenant, call)
+                return {key: q.live if not q.has_calls() else q.live_ahead_of(tier, tenant, call_id)
                         for key, q in self._queues.items()}
-            return {key: q.live_ahead_of(tier, tenant, call) for key, q in self._queues.items()}
+            return {key: q.live_ahead_of(tier, tenant, call_id) for key, q in self._queues.items()}
 
     def next_start(self, bucket: int) -> float | None:
         """When the next batch of `bucket` was predicted to start: its oldest waiting request's predicted

@@ -59,8 +59,8 @@ class RequestQueue:
     def live_by_tier(self) -> dict[str, int]:
         return {t.name: t.live for t in self._tiers}
 
-    def live_ahead_of(self, tier: str, tenant: str | None = None, call: str | None = None) -> int:
-        """Waiting requests a new request of `tier` (and `tenant`; one input of `call`, if it is one of a
+    def live_ahead_of(self, tier: str, tenant: str | None = None, call_id: str | None = None) -> int:
+        """Waiting requests a new request of `tier` (and `tenant`; one input of call `call_id`, if it is one of a
         multi-input call's) would wait behind, as the turns order them: every one of the tiers above; in
         its own tier, its tenant's requests its turn comes after (`TierQueue.own_ahead`: a small call
         does not wait behind every input of the big calls queued before it), and, with tenants taking
@@ -73,7 +73,7 @@ class RequestQueue:
                 continue
             if tenant is None:
                 return ahead + t.live
-            mine = t.own_ahead(tenant, call)
+            mine = t.own_ahead(tenant, call_id)
             if len(t.tenant_live) == 1 and tenant in t.tenant_live:
                 return ahead + mine
             return ahead + mine + sum(min(n, mine + 1) for name, n in t.tenant_live.items() if name != tenant)
@@ -93,12 +93,12 @@ class RequestQueue:
         if not self.live:  # (empty: the dues of what joins next start a new order)
             self._latest_due, self._due_heap = -math.inf, None
         tier, items = self._tenant_queue(request, front=False)
-        if request.call is None:
+        if request.call_id is None:
             items.append(request)
         else:  # one input of a multi-input call: into the call's entry (a new one at the end if it has none)
-            entry = tier.calls.get((request.tenant, request.call))
+            entry = tier.calls.get((request.tenant, request.call_id))
             if entry is None:
-                entry = tier.calls[(request.tenant, request.call)] = CallInputs(request.call, request.call_size <= tier.whole_call)
+                entry = tier.calls[(request.tenant, request.call_id)] = CallInputs(request.call_id, request.call_size <= tier.whole_call)
                 items.append(entry)
             entry.items.append(request)
             entry.live += 1
@@ -119,7 +119,7 @@ class RequestQueue:
         each waits there alone, out of its call's turns."""
         for request in reversed(requests):
             request.state = _QUEUED
-            request.call = None
+            request.call_id = None
             tier, items = self._tenant_queue(request, front=True)
             items.appendleft(request)
             self._joined(tier, request)
@@ -143,8 +143,8 @@ class RequestQueue:
             del tenant_live[request.tenant]
         self.live -= 1
         self.tokens -= request.tokens or 1
-        if request.call is not None:
-            entry = tier.calls.get((request.tenant, request.call))
+        if request.call_id is not None:
+            entry = tier.calls.get((request.tenant, request.call_id))
             if entry is not None:  # (gone once its last input was popped)
                 entry.live -= 1
 

@@ -18,10 +18,10 @@ _QUEUED = RequestState.QUEUED
 class CallInputs:
     """The waiting inputs of one multi-input call: one entry of its tenant's queue."""
 
-    __slots__ = ("call", "items", "live", "short")
+    __slots__ = ("call_id", "items", "live", "short")
 
-    def __init__(self, call: str, short: bool) -> None:
-        self.call = call
+    def __init__(self, call_id: str, short: bool) -> None:
+        self.call_id = call_id
         self.short = short  # a call of at most `whole_call` inputs in all (in every bucket and stage)
         self.items: deque[PendingRequest] = deque()
         self.live = 0  # its inputs still waiting (`items` also holds tombstones)
@@ -84,13 +84,13 @@ class TierQueue:
             else:
                 items.append(first)
         else:
-            del self.calls[(tenant, first.call)]
+            del self.calls[(tenant, first.call_id)]
         return request
 
     def forget(self, tenant: str, entry: CallInputs) -> None:
         """`entry` is spent: its call is no longer mapped to it (unless a later input of the call, come
         after it was taken whole out of turn, already made a new entry)."""
-        key = (tenant, entry.call)
+        key = (tenant, entry.call_id)
         if self.calls.get(key) is entry:
             del self.calls[key]
 
@@ -120,8 +120,8 @@ class TierQueue:
             items.pop()
         return None
 
-    def own_ahead(self, tenant: str, call: str | None) -> int:
-        """The tenant's waiting requests a new one (an input of `call`, or a call of its own) would be
+    def own_ahead(self, tenant: str, call_id: str | None) -> int:
+        """The tenant's waiting requests a new one (an input of call `call_id`, or a call of its own) would be
         served after. A large call's entry gives one input a turn, so its j-th waiting input comes in the
         j-th round of the tenant's entries: after every single request, its call's j - 1 earlier inputs,
         and at most j inputs of each other large call (its inputs past j come later); an input of a call
@@ -130,7 +130,7 @@ class TierQueue:
         mine = self.tenant_live.get(tenant, 0)
         if not self.calls:
             return mine
-        own = self.calls.get((tenant, call)) if call is not None else None
+        own = self.calls.get((tenant, call_id)) if call_id is not None else None
         waiting = own.live if own is not None else 0
         j = 1 if waiting + 1 <= self.whole_call else waiting + 1
         whole = self.whole_call
@@ -163,7 +163,7 @@ class TierQueue:
 
     def unlink(self, request: PendingRequest) -> None:
         """Take a queued `request` out of wherever it sits (linear: only for the rare promotion)."""
-        entry = self.calls.get((request.tenant, request.call)) if request.call is not None else None
+        entry = self.calls.get((request.tenant, request.call_id)) if request.call_id is not None else None
         if entry is not None and request in entry.items:
             entry.items.remove(request)
         else:

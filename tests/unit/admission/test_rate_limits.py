@@ -38,12 +38,12 @@ def test_budgets_follow_capacity_and_are_per_tenant_and_model(limiter):
 
 def test_a_call_of_several_inputs_takes_a_token_each(limiter):
     who = limiter.identity("t", "free")
-    limiter.check(who, "m", 1.0, now=0.0, cost=3)
+    limiter.check(who, "m", 1.0, now=0.0, inputs=3)
     with pytest.raises(RateLimited):
-        limiter.check(who, "m", 1.0, now=0.0, cost=3)
-    limiter.check(who, "m", 1.0, now=0.0, cost=2)
+        limiter.check(who, "m", 1.0, now=0.0, inputs=3)
+    limiter.check(who, "m", 1.0, now=0.0, inputs=2)
     with pytest.raises(InvalidInput):  # more than the burst can never be admitted: a 400, not a 429
-        limiter.check(who, "m", 1.0, now=100.0, cost=6)
+        limiter.check(who, "m", 1.0, now=100.0, inputs=6)
 
 
 def test_unlimited_tenants_are_never_refused():

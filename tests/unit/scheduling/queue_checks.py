@@ -39,7 +39,7 @@ def assert_consistent(queue: RequestQueue) -> None:
         assert tier.tenant_live == dict(Counter(r.tenant for r in mine))
         entries = [(tenant, item) for tenant, items in tier.tenants.items() for item in items if isinstance(item, CallInputs)]
         for tenant, entry in entries:
-            assert tier.calls.get((tenant, entry.call)) is entry, f"an entry of call {entry.call} waits unmapped"
+            assert tier.calls.get((tenant, entry.call_id)) is entry, f"an entry of call {entry.call_id} waits unmapped"
             assert entry.live == sum(1 for r in entry.items if r.state is RequestState.QUEUED)
         for (tenant, _), entry in tier.calls.items():
             assert any(item is entry for item in tier.tenants.get(tenant, ())), "a mapped entry is in no queue"

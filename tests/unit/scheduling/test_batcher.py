@@ -125,7 +125,7 @@ def arrive_call(b: Batcher, clock: FakeClock, call: str, inputs: int, size: int,
     """`inputs` of a call of `size` inputs in all queue in `bucket` (its others are elsewhere)."""
     for i in range(inputs):
         r = PendingRequest(f"{call}.{i}", i, clock(), clock() + 10.0, None, bucket=bucket, due=clock() + 10.0,  # type: ignore[arg-type]
-                           call=call, call_size=size)
+                           call_id=call, call_size=size)
         b.submit(r)
 
 
@@ -460,7 +460,7 @@ def test_admission_reads_behind_whom_a_request_waits_while_a_worker_takes_batche
                 n += 1
                 for j in range(1 + n % 3):  # calls of 1-3 inputs from seven tenants in two tiers
                     b.submit(PendingRequest(f"r{n}.{j}", n, time.monotonic(), time.monotonic() + 60, None,  # type: ignore[arg-type]
-                                            tier="paid" if n % 2 else "free", tenant=f"t{n % 7}", call=f"c{n}",
+                                            tier="paid" if n % 2 else "free", tenant=f"t{n % 7}", call_id=f"c{n}",
                                             call_size=1 + n % 3))
             for _ in range(50):
                 b.ahead_by_bucket("free", "t3", None)

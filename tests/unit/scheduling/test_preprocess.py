@@ -187,11 +187,11 @@ async def test_a_small_calls_inputs_share_its_longest_inputs_bucket():
     for i, (text, call) in enumerate([("s0", "small"), ("s1", "small"), ("s2", "small"), ("bad", "small"),
                                       ("lone", None), ("b0", "big"), ("b1", "big"), ("b2", "big")]):
         request = _request(loop, i)
-        request.raw, request.call, request.call_size = text, call, 4 if call == "small" else 5
+        request.raw, request.call_id, request.call_size = text, call, 4 if call == "small" else 5
         stage.put(request)
     big = [_request(loop, 10 + i) for i in range(2)]  # (a call of 5: over the limit of 4)
     for request in big:
-        request.raw, request.call, request.call_size = "b0", "big", 5
+        request.raw, request.call_id, request.call_size = "b0", "big", 5
         stage.put(request)
     await asyncio.wait_for(done.wait(), 5)
     stage.stop()
@@ -226,11 +226,11 @@ async def test_a_short_call_is_prepared_next_and_alone_and_large_calls_go_in_sma
     assert await loop.run_in_executor(None, started.wait, 5)
     for i in range(6):
         request = _request(loop, 10 + i)
-        request.raw, request.call, request.call_size = f"L{i}", "large", 6
+        request.raw, request.call_id, request.call_size = f"L{i}", "large", 6
         stage.put(request)
     for i in range(2):
         request = _request(loop, 20 + i)
-        request.raw, request.call, request.call_size = f"S{i}", "short", 2
+        request.raw, request.call_id, request.call_size = f"S{i}", "short", 2
         stage.put(request)
     release.set()
     await asyncio.wait_for(done.wait(), 5)

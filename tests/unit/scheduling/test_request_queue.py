@@ -126,7 +126,7 @@ def test_a_member_that_would_be_late_anyway_does_not_hold_the_batch_back():
 def call_inputs(name: str, n: int, start: int, **kw) -> list[PendingRequest]:  # type: ignore[no-untyped-def]
     """The `n` inputs of one multi-input call `name` (request ids name.0, name.1...)."""
     return [PendingRequest(f"{name}.{i}", f"{name}{i}", enqueued_at=float(start + i), deadline=1e9, future=None,  # type: ignore[arg-type]
-                           call=name, **kw) for i in range(n)]
+                           call_id=name, **kw) for i in range(n)]
 
 
 def ids(requests: list[PendingRequest]) -> list[str]:

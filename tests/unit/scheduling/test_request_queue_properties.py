@@ -41,7 +41,7 @@ class QueueMachine(RuleBasedStateMachine):
         request = PendingRequest(f"r{self.n}", self.n, enqueued_at=self.now, deadline=self.now + offset, future=None,  # type: ignore[arg-type]
                                  due=self.now + offset, tier=tier, tenant=tenant, tokens=tokens)
         if call is not None:
-            request.call, request.call_size = call, size
+            request.call_id, request.call_size = call, size
         self.requests.append(request)
         self.joined[id(request)] = 1
         self.queue.append(request)
