@@ -12,6 +12,7 @@ next requests. inferd's share of it is the batching rule's own loss.
 
 `--hogs N`: N busy processes per core beside every server all through (other work on a shared host);
 `--clients 10,100`: those steps only. The results' name then says so (`closed_loop_sweep_100ms_hogs1`).
+`--rounds N`: the whole sequence N times, its order reversed every other round, each figure the median.
 
 `--model minilm`: the same sweep on a real model, all-MiniLM-L6-v2 on this CPU through OpenAI's
 `/embeddings` (the default config's settings: batches of up to 32, linger 5 ms, length buckets), beside
@@ -20,7 +21,7 @@ per cycle at the model's own time for that batch, measured first in this run (th
 loop, no server): N / (t(N) + 2 ms) up to 32 clients, 32 / t(32) past them.
 
     .venv/bin/python benchmarks/scenarios/closed_loop_sweep.py --batch-ms 100 [--baseline-tree DIR]
-        [--hogs N] [--clients LIST]
+        [--hogs N] [--clients LIST] [--rounds N]
     .venv/bin/python benchmarks/scenarios/closed_loop_sweep.py --model minilm [--clients LIST]
 """
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -76,6 +78,12 @@ def sweep(url: str, engines: tuple[str, ...], quick: bool, duration_s: float, st
             found[f"{clients} {engine}"] = row(result)
             print(clients, engine, found[f"{clients} {engine}"], file=sys.stderr, flush=True)
     return found
+
+
+def median_rows(runs: list[dict]) -> dict:
+    """Each step's figures, the median of the rounds' (one round: as measured)."""
+    return {key: {field: (statistics.median(values) if None not in (values := [run[key][field] for run in runs]) else None)
+                  for field in runs[0][key]} for key in runs[0]}
 
 
 @contextmanager
@@ -210,22 +218,30 @@ if __name__ == "__main__":
     chosen = own_option("--clients")
     if chosen:
         CLIENTS = tuple(int(c) for c in chosen.split(","))
+    rounds = int(own_option("--rounds") or 1)
     args = parse_args(__doc__, baseline=True)
     duration = 6.0
-    results: dict[str, dict] = {}
+    found: dict[str, list[dict]] = {}
     hogs = start_hogs(hogs_per_core) if hogs_per_core else []
     try:
-        with inferd_server(sim_config(latency_ms=batch_ms)) as url:
-            results["inferd"] = sweep(url, ("wrk", "python"), args.quick, duration)
-        if args.baseline_tree:
-            with inferd_server(sim_config(latency_ms=batch_ms), tree=args.baseline_tree) as url:
-                results["baseline"] = sweep(url, ("wrk", "python"), args.quick, duration)
-        results["floor"] = floor_sweep(batch_ms, args.quick, duration)
-        with mosec_server(args.quick, batch_ms) as mosec:
-            if mosec is not None:
-                results["mosec"] = sweep(mosec[0], ("wrk",), args.quick, duration, stats=False)
+        for number in range(rounds):
+            parts = ["inferd", "baseline", "floor", "mosec"]
+            for part in parts if number % 2 == 0 else parts[::-1]:  # (alternated: this host drifts by 10-20%)
+                if part == "inferd":
+                    with inferd_server(sim_config(latency_ms=batch_ms)) as url:
+                        found.setdefault(part, []).append(sweep(url, ("wrk", "python"), args.quick, duration))
+                elif part == "baseline" and args.baseline_tree:
+                    with inferd_server(sim_config(latency_ms=batch_ms), tree=args.baseline_tree) as url:
+                        found.setdefault(part, []).append(sweep(url, ("wrk", "python"), args.quick, duration))
+                elif part == "floor":
+                    found.setdefault(part, []).append(floor_sweep(batch_ms, args.quick, duration))
+                elif part == "mosec":
+                    with mosec_server(args.quick, batch_ms) as mosec:
+                        if mosec is not None:
+                            found.setdefault(part, []).append(sweep(mosec[0], ("wrk",), args.quick, duration, stats=False))
     finally:
         stop_hogs(hogs)
+    results = {part: median_rows(runs) for part, runs in found.items()}
     batch_s = batch_ms / 1000
     names = [n for n in ("inferd", "baseline", "floor", "mosec") if n in results]
     head = ["clients", "ideal req/s"] + [f"{n} {e}: req/s (of ideal; of the floor), p50 / p90 ms, batch" for n in names
@@ -245,7 +261,9 @@ if __name__ == "__main__":
                              "floor_rps": floor})
         lines.append("| " + " | ".join(cells) + " |")
     beside = f", {hogs_per_core} CPU hog(s) per core beside" if hogs_per_core else ""
+    beside += f", the median of {rounds} alternated rounds" if rounds > 1 else ""
     title = (f"Closed loop at every concurrency, {batch_ms:g} ms a batch of up to 100, linger 20 ms{beside} (of ideal: "
              f"of N / (batch + 2 ms); of the floor: of one batch per cycle on a bare aiohttp server, the same client)")
-    name = f"closed_loop_sweep_{batch_ms:g}ms" + (f"_hogs{hogs_per_core}" if hogs_per_core else "")
+    name = f"closed_loop_sweep_{batch_ms:g}ms" + (f"_hogs{hogs_per_core}" if hogs_per_core else "") + (
+        f"_clients_{'_'.join(map(str, CLIENTS))}" if chosen and not hogs_per_core else "")
     save_table(name, title, rows, lines, args.out_dir or RESULTS)
