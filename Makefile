@@ -68,13 +68,13 @@ test-install: install
 # The benchmark scenarios S1-S7, S9 and S10 and the GIL check (benchmarks/scenarios/), results in
 # benchmarks/results/; the others have their own commands (docs/benchmarks.md). Needs wrk.
 bench: install
-	cd benchmarks/scenarios && for s in seed.py s[25-79]_*.py s10_*.py "s9_real_frontend.py --gil"; do ../../$(BIN)/python $$s || exit 1; done
+	cd benchmarks/scenarios && for s in seed.py s[579]_*.py s10_*.py "s9_real_frontend.py --gil"; do ../../$(BIN)/python $$s || exit 1; done
 
 # The before/after check of a change to the request path: the simulated GPU (S1, S2) and the real
 # embedding path with a stand-in for the GPU's time (S9).
 bench-quick: install
 	@echo "bench-quick: S1, S2 and S9 with short steps, about 3 minutes on 2 cores (after the install); tables at the end"
-	cd benchmarks/scenarios && for s in "seed.py --scenario S1" s2_overhead.py s9_real_frontend.py; do ../../$(BIN)/python $$s --quick --out-dir /tmp/inferd-bench-quick > /tmp/inferd-bench-quick.log 2>&1 || { tail -20 /tmp/inferd-bench-quick.log; exit 1; }; done
+	cd benchmarks/scenarios && for s in "seed.py --scenario S1 --scenario S2" s9_real_frontend.py; do ../../$(BIN)/python $$s --quick --out-dir /tmp/inferd-bench-quick > /tmp/inferd-bench-quick.log 2>&1 || { tail -20 /tmp/inferd-bench-quick.log; exit 1; }; done
 	@for t in S1 S2 S9; do echo; cat /tmp/inferd-bench-quick/$$t.md; done
 
 clean:

@@ -2,7 +2,7 @@
 (UPPER_BATCH_MS sets another time a batch: 100 for the seed's, in `closed_loop_sweep.py`).
 
 Benchmark-only (S2 runs it beside inferd); it runs in its own virtual environment,
-benchmarks/.mosec-venv, which `benchmarks/scenarios/s2_overhead.py` creates on first use.
+benchmarks/.mosec-venv, which `benchmarks/scenarios/common.mosec_server` creates on first use (S2, the closed-loop sweep).
 """
 
 import os
