@@ -26,17 +26,10 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from ..admission.admission import Admission
+from ..calls.batch_calls import BatchCalls
+from ..calls.catalog import model_metadata, model_statistics, repository_index, routed_model, server_metadata, triton_config
+from ..calls.request_ids import RequestIds
 from ..errors import InferdError, InternalError, describe
-from ..http.batch_calls import BatchCalls
-from ..http.open_inference import (
-    model_metadata,
-    model_statistics,
-    repository_index,
-    routed_model,
-    server_metadata,
-    triton_config,
-)
-from ..http.request_ids import RequestIds
 from ..lifecycle import Lifecycle
 from ..models.batch_model import BatchModel
 from ..models.registry import Models

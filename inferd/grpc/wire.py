@@ -17,7 +17,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from ..errors import InferdError, InvalidInput
-from ..http.open_inference_wire import (
+from ..wire.open_inference import (
     IMAGE_INPUT,
     INPUT,
     OUTPUT,

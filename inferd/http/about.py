@@ -17,12 +17,12 @@ from aiohttp import web
 
 from .. import __version__
 from ..admission.auth import Authenticator
+from ..calls.request_ids import RequestIds
 from ..config import ModelConfig
 from ..errors import InferdError, describe
 from ..lifecycle import Lifecycle
 from ..models.batch_model import BatchModel
 from ..models.registry import Models
-from .request_ids import RequestIds
 from .responses import error_response, json_response
 
 

@@ -24,13 +24,14 @@ from typing import Any
 from aiohttp import web
 
 from ..admission.auth import Authenticator
+from ..calls.request_ids import RequestIds
 from ..config import ConfigError, parse_model
 from ..config.parsing import NAME
 from ..errors import InferdError, InvalidInput, MethodNotAllowed, NotFound, VersionConflict
 from ..models.rollout import Rollouts
 from ..models.versions import Version
-from .body_reader import BodyReader, json_object
-from .request_ids import RequestIds
+from ..wire.json_values import json_object
+from .body_reader import BodyReader
 from .responses import error_response, json_response
 
 PREFIX = "/v1/admin/models"

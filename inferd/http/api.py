@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from .. import __version__
 from ..admission.admission import Admission
 from ..admission.rate_limits import RateLimiter
+from ..calls.request_ids import RequestIds
 from ..errors import InferdError, MethodNotAllowed, ModelNotFound, NotFound
 from ..lifecycle import Lifecycle
 from ..models.registry import Models
@@ -25,21 +26,21 @@ from ..models.rollout import Rollouts
 from ..observability.dead_letters import DeadLetters
 from ..observability.outcomes import Outcomes
 from ..observability.tracing import Tracing
+from ..openapi.document import openapi_document
+from ..wire.json_values import dumps
 from .about import AboutApi
 from .admin import PREFIX as ADMIN_PREFIX
 from .admin import AdminApi
 from .api_page import PAGE_FILES, ApiPage
-from .batch_calls import CallHandler, traced_route
 from .body_reader import BodyReader, entered
+from .call_tracing import CallHandler, traced_route
 from .fast_path import FastPath
 from .generation import GenerationApi
 from .idempotency import IdempotentReplies
 from .inference import InferenceApi
 from .open_inference import OpenInferenceApi
-from .openapi import openapi_document
 from .operations import OperationsApi
-from .request_ids import RequestIds
-from .responses import WholeResponse, dumps, error_response, openai_path
+from .responses import WholeResponse, error_response, openai_path
 from .tokens import TokensApi
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]

@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import orjson
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
-from ..errors import Draining, InferdError, InvalidInput, PayloadTooLarge, RequestTimeout, UnreadableBody
+from ..errors import Draining, InferdError, PayloadTooLarge, RequestTimeout, UnreadableBody
 from ..lifecycle import Lifecycle
 
 IN_FLIGHT = web.RequestKey("inferd.in_flight", bool)  # set by whoever entered the request in the lifecycle (`BodyReader`)
@@ -93,12 +92,3 @@ class BodyReader:
             raise Draining("server is shutting down; retry on another instance", retry_after_ms=1000)
         return b"".join(parts)
 
-
-def json_object(body: bytes) -> dict[str, Any]:
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:  # also rejects invalid UTF-8 and lone surrogates
-        raise InvalidInput(f"body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidInput("body must be a JSON object")
-    return data

@@ -11,8 +11,8 @@ from typing import Protocol
 
 from aiohttp import web
 
+from ..calls.request_ids import RequestIds
 from ..errors import ServiceOverloaded
-from .request_ids import RequestIds
 from .responses import error_response, openai_path
 
 HEALTH_PATHS = frozenset({"/healthz", "/readyz"})

@@ -28,12 +28,13 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError, _ErrInfo
 
+from ..calls.request_ids import RequestIds
 from ..errors import InferdError, InternalError, MalformedRequest, PayloadTooLarge, describe
 from ..messages import Client
+from ..wire.json_values import dumps
 from .connection_reserve import ConnectionLimits, health_only
 from .fast_path import BODY_GRACE_S, FastPath, InFlight
-from .request_ids import RequestIds
-from .responses import dumps, error_response, openai_path
+from .responses import error_response, openai_path
 
 _parse = RequestHandler.data_received  # (called directly: super() in a method called per request costs)
 log = logging.getLogger("inferd.http")

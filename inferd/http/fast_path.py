@@ -38,12 +38,12 @@ from typing import Any, Protocol
 
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 
+from ..calls.batch_calls import call_start, withdraw_unanswered
 from ..errors import InferdError, InternalError, PayloadTooLarge, describe
 from ..lifecycle import Lifecycle
 from ..messages import Client
 from ..observability.tracing import Tracing
-from .batch_calls import call_start, withdraw_unanswered
-from .dialects import (
+from ..wire.dialects import (
     CLASSIFY,
     COHERE_EMBED,
     EMBEDDINGS,

@@ -22,17 +22,18 @@ from aiohttp import web
 
 from ..admission.admission import Admission
 from ..admission.rate_limits import Identity
+from ..calls.batch_calls import call_start
+from ..calls.request_ids import RequestIds
 from ..errors import DeadlineExceeded, InferdError, InferenceFailed, InvalidInput, ModelNotFound, describe
 from ..lifecycle import Lifecycle
 from ..observability.outcomes import Call, Outcomes
 from ..observability.tracing import Generated
-from .batch_calls import call_start
-from .body_reader import BodyReader, json_object
-from .inference_body import InferenceBody, timeout_ms
-from .openai_text import Choice, TextAnswer, parse_text_call
-from .request_ids import RequestIds
-from .responses import WholeResponse, dumps, error_response
-from .sampling_fields import sampling_fields
+from ..wire.inference_body import InferenceBody, timeout_ms
+from ..wire.json_values import dumps, json_object
+from ..wire.openai_text import Choice, TextAnswer, parse_text_call
+from ..wire.sampling_fields import sampling_fields
+from .body_reader import BodyReader
+from .responses import WholeResponse, error_response
 
 if TYPE_CHECKING:
     from ..models.adapters import Adapter

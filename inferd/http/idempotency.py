@@ -28,9 +28,9 @@ from itertools import islice
 from aiohttp import web
 
 from ..admission.auth import Authenticator
+from ..calls.request_ids import RequestIds
 from ..errors import IdempotencyKeyInUse, IdempotencyKeyReused, InferdError, InvalidInput
 from .body_reader import BodyReader
-from .request_ids import RequestIds
 from .responses import KeptAnswer, WholeResponse, error_response
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]

@@ -18,16 +18,16 @@ from aiohttp import web
 
 from ..admission.admission import Admission
 from ..admission.rate_limits import Identity
+from ..calls.batch_calls import BatchCalls, cache_allowed, call_start, call_timing
+from ..calls.request_ids import RequestIds
 from ..errors import InferdError, InvalidInput, ModelNotFound
 from ..lifecycle import Lifecycle
 from ..messages import RequestState
 from ..models.batch_model import BatchModel
 from ..models.registry import Models
 from ..observability.outcomes import Call, Outcomes
-from .batch_calls import BatchCalls, cache_allowed, call_start, call_timing, client_of
-from .body_reader import BodyReader
-from .classify_body import ClassifyBody
-from .dialects import (
+from ..wire.classify_body import ClassifyBody
+from ..wire.dialects import (
     CLASSIFY,
     COHERE_EMBED,
     EMBEDDINGS,
@@ -41,12 +41,14 @@ from .dialects import (
     TEI_SIMILARITY,
     Dialect,
 )
-from .embeddings import EmbeddingsBody, shaped
+from ..wire.embeddings import EmbeddingsBody, shaped
+from ..wire.inference_body import InferenceBody, encode_vector, input_kind, parse_image_body, parse_inference_body
+from ..wire.json_values import dumps
+from ..wire.rerank_body import RerankBody
+from .body_reader import BodyReader
+from .call_tracing import client_of
 from .generation import GenerationApi
-from .inference_body import InferenceBody, encode_vector, input_kind, parse_image_body, parse_inference_body
-from .request_ids import RequestIds
-from .rerank_body import RerankBody
-from .responses import WholeResponse, dumps, error_response
+from .responses import WholeResponse, error_response
 
 _ATTACHED, _CACHED = RequestState.ATTACHED, RequestState.CACHED
 

@@ -15,13 +15,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from ..admission.admission import Admission
 from ..admission.rate_limits import RateLimiter
+from ..calls.request_ids import RequestIds
 from ..errors import InferdError, ModelNotFound
 from ..lifecycle import Lifecycle
 from ..models.batch_model import BatchModel
 from ..models.registry import Models
 from ..observability.dead_letters import DeadLetters
 from .idempotency import IdempotentReplies
-from .request_ids import RequestIds
 from .responses import error_response, json_response
 
 _INFINITY_CAPABILITY = {"embedding": "embed", "rerank": "rerank", "classification": "classify"}  # (its `capabilities`)

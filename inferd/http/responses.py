@@ -18,10 +18,10 @@ from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from ..errors import InferdError
+from ..wire.json_values import dumps
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _date_second = -1
@@ -35,11 +35,6 @@ def _date() -> bytes:
     if now != _date_second:
         _date_second, _date_header = now, formatdate(now, usegmt=True).encode()
     return _date_header
-
-
-def dumps(payload: Any) -> bytes:
-    """JSON bytes; numpy arrays (e.g. embeddings) are written directly, without a list of floats in between."""
-    return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def answer_bytes(status: int, body: bytes, extra: tuple[tuple[str, str], ...], keep_alive: bool,

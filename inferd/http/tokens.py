@@ -22,12 +22,13 @@ from typing import Any
 from aiohttp import web
 
 from ..admission.admission import Admission
+from ..calls.request_ids import RequestIds
 from ..errors import InferdError, InvalidInput, ModelNotFound, NotReady, ServiceOverloaded
 from ..models.batch_model import BatchModel
 from ..models.registry import Models
-from .body_reader import BodyReader, json_object
-from .request_ids import RequestIds
-from .responses import WholeResponse, dumps, error_response
+from ..wire.json_values import dumps, json_object
+from .body_reader import BodyReader
+from .responses import WholeResponse, error_response
 
 MAX_AT_ONCE = 2  # tokeniser calls running at once (each on a thread of its own, holding its texts)
 

@@ -193,7 +193,7 @@ async def test_large_json_image_bodies_taken_apart_before_parsing_give_the_model
     (`image_strings`): plain base64 and a data URL, one input, an embeddings array and the same image
     again (collapsing on: keyed by its bytes), the same vectors as the model called directly; a raw
     control character or a non-ASCII character inside an image is that input's 400, the others served."""
-    from inferd.http.image_strings import LARGE_BODY
+    from inferd.wire.image_strings import LARGE_BODY
 
     images = [image(300, 300, 6), image(280, 290, 7)]  # ~270 kB of noise each
     text = b64(images[1]).encode()

@@ -579,7 +579,7 @@ async def test_tool_choice_auto_streams_content_and_calls_as_vllms_parser_reads_
     answer. A hermes-format text fed as the engine's steps (its real token ids, a few tokens a step)
     streams its content first, then the call's id and name, then its arguments in pieces."""
     from inferd.backends.contract import Delta
-    from inferd.http.openai_text import TextAnswer, parse_text_call
+    from inferd.wire.openai_text import TextAnswer, parse_text_call
 
     url, headers = server.url, bearer("enterprise")
     body = {"model": "tiny", "messages": [{"role": "user", "content": "weather?"}], "tools": [WEATHER], "max_tokens": 8,

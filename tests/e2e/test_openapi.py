@@ -11,7 +11,7 @@ from xml.etree import ElementTree
 import pytest
 
 from inferd.http.api_page import PAGE_FILES
-from inferd.http.openapi import PARAMETRISED, PATHS, openapi_document
+from inferd.openapi.document import PARAMETRISED, PATHS, openapi_document
 
 from ..helpers import PYTHON, ServerProcess, running_server, sim_model, until, write_config
 

@@ -14,8 +14,9 @@ LAYERS: list[set[str]] = [
     {"__main__"},
     {"cli"},
     {"server", "planning"},
-    {"grpc"},
-    {"http"},
+    {"grpc", "http"},  # the two networks, side by side: neither imports the other
+    {"calls", "openapi"},  # the call layer under both; the API's document
+    {"wire"},  # every dialect's body parsers and answer writers
     {"admission"},
     {"models"},
     {"scheduling", "execution"},

@@ -12,9 +12,9 @@ from aiohttp.streams import StreamReader
 from multidict import CIMultiDict, CIMultiDictProxy
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from inferd.calls.request_ids import RequestIds
 from inferd.config import TracingConfig
 from inferd.http.fast_path import FastPath, whole_body
-from inferd.http.request_ids import RequestIds
 from inferd.lifecycle import Lifecycle
 from inferd.observability.tracing import Tracing
 

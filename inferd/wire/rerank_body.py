@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidInput
-from .body_reader import json_object
 from .inference_body import timeout_ms, without_infinity_defaults
+from .json_values import json_object
 
 
 @dataclass(slots=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from inferd.errors import InvalidInput
-from inferd.http.classify_body import parse_classify_body, parse_tei_predict_body, tei_predict_payload
+from inferd.wire.classify_body import parse_classify_body, parse_tei_predict_body, tei_predict_payload
 
 
 @pytest.mark.parametrize("body, items, single", [

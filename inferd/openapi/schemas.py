@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .openapi_parts import DIMENSIONS, GENERATION_FIELDS, MODEL, TIMEOUT, or_null, ref
-from .vector_types import VECTOR_TYPES
+from ..wire.vector_types import VECTOR_TYPES
+from .parts import DIMENSIONS, GENERATION_FIELDS, MODEL, TIMEOUT, or_null, ref
 
 SCHEMAS: dict[str, Any] = {
     "Error": {"type": "object", "required": ["error", "message", "request_id"], "properties": {

@@ -10,9 +10,9 @@ import orjson
 import pytest
 
 from inferd.errors import InvalidInput
-from inferd.http import image_strings
-from inferd.http.body_reader import json_object
-from inferd.http.image_strings import LARGE_BODY, LONG_STRING, json_object_with_images
+from inferd.wire import image_strings
+from inferd.wire.image_strings import LARGE_BODY, LONG_STRING, json_object_with_images
+from inferd.wire.json_values import json_object
 
 
 def image(n: int, seed: int = 0) -> str:

@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from inferd.errors import InvalidInput
-from inferd.http.rerank_body import (
+from inferd.wire.rerank_body import (
     parse_rerank_body,
     parse_tei_rerank_body,
     ranked,

@@ -7,7 +7,7 @@ import base64
 
 import pytest
 
-from inferd.http.vector_types import encoded
+from inferd.wire.vector_types import encoded
 
 np = pytest.importorskip("numpy")
 

@@ -7,9 +7,9 @@ import base64
 import numpy as np
 import pytest
 
+from inferd.calls.request_ids import RequestIds
 from inferd.errors import InvalidInput
-from inferd.http.inference_body import encode_vector, input_kind, parse_image_body, parse_inference_body
-from inferd.http.request_ids import RequestIds
+from inferd.wire.inference_body import encode_vector, input_kind, parse_image_body, parse_inference_body
 
 
 def test_a_valid_body_and_its_optional_fields():

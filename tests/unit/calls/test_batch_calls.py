@@ -1,6 +1,6 @@
 """What a multi-input call's answer says of its timing."""
 
-from inferd.http.batch_calls import call_timing
+from inferd.calls.batch_calls import call_timing
 from inferd.messages import Batch, PendingRequest
 
 

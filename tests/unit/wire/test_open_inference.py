@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from inferd.errors import InvalidInput
-from inferd.http.open_inference_wire import parse_infer
+from inferd.wire.open_inference import parse_infer
 
 
 def texts(shape: list[int], data: object) -> list[str]:

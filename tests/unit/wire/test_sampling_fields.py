@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from inferd.errors import InvalidInput
-from inferd.http.sampling_fields import sampling_fields
+from inferd.wire.sampling_fields import sampling_fields
 
 
 def test_a_seed_must_fit_64_bits_for_every_choice_it_seeds():

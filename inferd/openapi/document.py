@@ -6,9 +6,9 @@ server (tests/e2e/test_openapi.py) and checks every answer against it: no 500, n
 no body outside its schema. A server without a generation model serves it without the OpenAI text
 endpoints.
 
-Its paths are here; the named schemas they refer to (`ref(name)`) are in `openapi_schemas`, and the
+Its paths are here; the named schemas they refer to (`ref(name)`) are in `schemas`, and the
 parts several paths share (references, error responses, common fields and headers, the tokeniser
-routes) in `openapi_parts`. The test above checks the document whole against the routes.
+routes) in `parts`. The test above checks the document whole against the routes.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .openapi_examples import with_examples
-from .openapi_parts import (
+from .examples import with_examples
+from .parts import (
     CHOICES,
     COMPUTE_ERRORS,
     GENERATION_FIELDS,
@@ -33,7 +33,7 @@ from .openapi_parts import (
     or_null,
     ref,
 )
-from .openapi_schemas import SCHEMAS
+from .schemas import SCHEMAS
 
 _INFERENCE = {
     "post": {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inferd.errors import InvalidInput
-from inferd.http.openai_text import parse_text_call
+from inferd.wire.openai_text import parse_text_call
 
 
 def test_every_string_that_reaches_the_chat_template_counts_roles_too():
@@ -23,7 +23,7 @@ def test_a_message_without_a_string_role_is_a_400():
 
 def test_the_chunks_of_two_choices_carry_their_index_the_role_once_each_and_the_usage_after_the_last():
     from inferd.backends.contract import Delta
-    from inferd.http.openai_text import Choice, TextAnswer
+    from inferd.wire.openai_text import Choice, TextAnswer
 
     answer = TextAnswer(parse_text_call({"messages": [{"role": "user", "content": "hi"}],
                                          "stream_options": {"include_usage": True}}, chat=True), "m", 0)

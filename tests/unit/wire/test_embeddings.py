@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from inferd.errors import InvalidInput
-from inferd.http.embeddings import (
+from inferd.wire.embeddings import (
     cohere_embed_payload,
     embeddings_payload,
     parse_cohere_embed_body,

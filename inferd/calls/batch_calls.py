@@ -1,81 +1,27 @@
-"""The one way an HTTP handler runs a call on a batch model, whatever its wire format (`/v1/inference`,
-`/v1/embeddings`, the Open Inference Protocol): where the call starts (its clock, its request id, its
-trace), admission's one question, the inputs' futures awaited together, the inputs withdrawn when the
-call ends without them (an error, the client gone), and the client that left counted.
-
-Tracing wraps a route where the route is registered (`traced_route`), as idempotency does: a handler
-never calls itself again to be traced.
-"""
+"""The one way a network front runs a call on a batch model, whatever its protocol or wire format
+(`/v1/inference`, `/v1/embeddings`, the Open Inference Protocol over HTTP or gRPC): where the call
+starts (its clock, its request id), admission's one question, the inputs' futures awaited together,
+the inputs withdrawn when the call ends without them (an error, the client gone), and the client that
+left counted."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from functools import partial
-from typing import Any, Protocol, cast
-
-from aiohttp import web
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 from ..admission.admission import Admission
 from ..admission.rate_limits import Identity
-from ..messages import Batch, Client, PendingRequest, RequestState
+from ..messages import Batch, PendingRequest, RequestState
 from ..models.batch_model import BatchModel
 from ..observability.outcomes import Call, Outcomes
-from ..observability.tracing import Tracing
 from .request_ids import RequestIds
 
 
 def call_start(ids: RequestIds, headers: Mapping[str, str]) -> Call:
     """A call starting now, with the client's `X-Request-ID` (or `Idempotency-Key`) if sane, else a new id."""
     return Call(time.monotonic(), ids.pick(headers.get("X-Request-ID") or headers.get("Idempotency-Key")))
-
-
-def client_of(request: web.BaseRequest) -> Client | None:
-    """The connection a request came on, as the batcher's echo knows it (`connections.GuardedConnection`)."""
-    return getattr(request.protocol, "client", None)
-
-
-class CallHandler(Protocol):
-    """A route that may be handed the call's start (when a trace or the fast path began it)."""
-
-    def __call__(self, request: web.BaseRequest, call: Call | None = None, /) -> Awaitable[web.StreamResponse]: ...
-
-
-def traced_route(tracing: Tracing, ids: RequestIds, handler: CallHandler) -> Callable[
-        [web.BaseRequest], Awaitable[web.StreamResponse]]:
-    """`handler` (a route's) with a trace: see `traced`. An unsampled call (99 in 100 at the default
-    rate) goes straight to the handler: the draw, and no coroutine frame of tracing's own."""
-    async def route(request: web.BaseRequest) -> web.StreamResponse:
-        call = call_start(ids, request.headers)
-        call.trace = tracing.begin(request.headers, call.started, request)
-        if call.trace is None:
-            return await handler(request, call)
-        return await _answer_traced(tracing, call, partial(handler, request))
-
-    return route
-
-
-async def traced(tracing: Tracing, request: web.BaseRequest, call: Call,
-                 answer: Callable[[Call], Awaitable[web.StreamResponse]], route: str | None = None) -> web.StreamResponse:
-    """`answer(call)`, with the call's trace begun (sampled or not) as it starts, and its span written
-    with the status it answered (499: the client left first). `route`: the span's route (default: the
-    request's path)."""
-    call.trace = tracing.begin(request.headers, call.started, route or request)
-    if call.trace is None:
-        return await answer(call)
-    return await _answer_traced(tracing, call, answer)
-
-
-async def _answer_traced(tracing: Tracing, call: Call,
-                         answer: Callable[[Call], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-    status = 499
-    try:
-        response = await answer(call)
-        status = response.status
-        return response
-    finally:
-        tracing.end(call.trace, call.request_id, status)  # type: ignore[arg-type]
 
 
 class BatchCalls:

@@ -22,8 +22,7 @@ import numpy as np
 import orjson
 
 from ..errors import InvalidInput
-from .body_reader import json_object
-from .responses import dumps
+from .json_values import dumps, json_object
 
 INPUT, IMAGE_INPUT, OUTPUT = "text", "image", "output"
 HEADER_LENGTH = "Inference-Header-Content-Length"

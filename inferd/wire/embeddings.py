@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidInput
-from .body_reader import json_object
 from .image_strings import json_object_with_images
 from .inference_body import encoding_format, image_item, timeout_ms, without_infinity_defaults
+from .json_values import json_object
 from .vector_types import VECTOR_TYPES, encoded
 
 Item = str | list[int] | dict[str, str]
