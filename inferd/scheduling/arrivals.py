@@ -15,9 +15,9 @@ loaded one's 20-35 ms at 50 clients), an open loop comes alike all through the c
 than `EVIDENCE` moves the score in proportion. Past a score, a worker that frees is held for the
 connections its batch just answered (each request names its connection: `messages.Client`): their
 batch leaves the moment the last of them sent again, or as many requests came as it answered (a
-client's pool may send on any of its connections), and at the latest when the first of them to come has lingered its linger (or a
-batch's time passed without any): one batch per cycle, each request waiting one batch and its clients'
-turnaround. Where a client's echo spreads past the linger (a loaded Python client sends a few at once
+client's pool may send on any of its connections), and at the latest when the first of them to come
+has lingered its linger (or a batch's time passed without any): one batch per cycle, each request
+waiting one batch and its clients' turnaround. Where a client's echo spreads past the linger (a loaded Python client sends a few at once
 and the rest 15-20 ms later), the first one's wait stretches to the spread lately seen (a whole echo's
 last arrival after its first, the highest of late, plus a quarter) but to a third of a batch's time at
 most: the late ones would otherwise wait a whole batch more, and the clients split into two groups.
