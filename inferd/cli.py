@@ -198,7 +198,7 @@ def _folders_config(args: argparse.Namespace, api_key: str | None, admin_key: st
               for i, path in enumerate(args.model)]
     digest, admin_digest = (None if key is None else key_digest(key) for key in (api_key, admin_key))
     config, text = folder_config(models, args.host or args.hostname or "127.0.0.1", 8000 if args.port is None else args.port,
-                                 digest, admin_digest)
+                                 digest, admin_digest, args.grpc_port)
     if args.print_config:
         print(text, end="")
         return None

@@ -94,11 +94,12 @@ def folder_task(path: Path) -> str:
 
 
 def folder_config_toml(models: Sequence[FolderModel], host: str = "127.0.0.1", port: int = 8000,
-                       api_key_sha256: str | None = None, admin_key_sha256: str | None = None) -> str:
+                       api_key_sha256: str | None = None, admin_key_sha256: str | None = None,
+                       grpc_port: int | None = None) -> str:
     """The TOML of a server for these folders: the first one the default, each named after its folder
-    unless named, every setting but the model's own left at inferd's defaults."""
+    unless named, every setting but the model's own left at inferd's defaults (`grpc_port`: gRPC on it too)."""
     lines = ["# made by `inferd serve --model ...`; save it and serve it with --config", "",
-             "[server]", f"host = {_toml(host)}", f"port = {port}"]
+             "[server]", f"host = {_toml(host)}", f"port = {port}", *([f"grpc_port = {grpc_port}"] if grpc_port is not None else [])]
     if api_key_sha256 is not None or admin_key_sha256 is not None:
         lines += ["", "[auth]"]
         if api_key_sha256 is None:
@@ -159,9 +160,10 @@ def resolve_model_path(spec: str) -> Path:
 
 
 def folder_config(models: Sequence[FolderModel], host: str = "127.0.0.1", port: int = 8000,
-                  api_key_sha256: str | None = None, admin_key_sha256: str | None = None) -> tuple[ServerConfig, str]:
+                  api_key_sha256: str | None = None, admin_key_sha256: str | None = None,
+                  grpc_port: int | None = None) -> tuple[ServerConfig, str]:
     """The config `folder_config_toml` writes, read as a file would be, with that text."""
-    text = folder_config_toml(models, host, port, api_key_sha256, admin_key_sha256)
+    text = folder_config_toml(models, host, port, api_key_sha256, admin_key_sha256, grpc_port)
     return parse_config(tomllib.loads(text)), text
 
 

@@ -51,6 +51,16 @@ def test_folders_with_an_admin_key_serve_keyless_requests_and_open_the_admin_api
     assert "anonymous_tier" not in both and 'name = "api-key"' in both and hashlib.sha256(b"root").hexdigest() in both
 
 
+def test_the_printed_config_of_folders_holds_the_grpc_port_asked(capsys, tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text('{"architectures": ["BertModel"]}')
+    assert main(["serve", "--model", str(tmp_path / "m"), "--grpc-port", "8001", "--print-config"]) == 0
+    text = capsys.readouterr().out
+    assert "grpc_port = 8001" in text.split("[[models]]")[0]  # (under [server], as a --config file has it)
+    assert main(["serve", "--model", str(tmp_path / "m"), "--print-config"]) == 0
+    assert "grpc_port" not in capsys.readouterr().out
+
+
 def test_an_empty_key_refuses_to_start_and_a_key_is_taken_as_clients_present_it(monkeypatch, capsys):
     monkeypatch.delenv("INFERD_API_KEY", raising=False)
     for empty in ("", "  ", "\n"):  # (`--api-key "$KEY"` with KEY unset: not a server open to anyone)
