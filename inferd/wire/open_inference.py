@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import orjson
 
 from ..errors import InvalidInput
 from .json_values import dumps, json_object
@@ -209,7 +208,7 @@ def output_tensor(outputs: list[Any]) -> OutputTensor:
     if outputs and all(isinstance(o, np.ndarray) for o in outputs):
         array = np.stack(outputs).astype("<f4", copy=False)
         return OutputTensor("FP32", list(array.shape), array)
-    texts = [o if isinstance(o, str) else orjson.dumps(o, option=orjson.OPT_SERIALIZE_NUMPY).decode() for o in outputs]
+    texts = [o if isinstance(o, str) else dumps(o).decode() for o in outputs]
     return OutputTensor("BYTES", [len(texts)], texts)
 
 
