@@ -24,6 +24,8 @@ from aiohttp import web
 from .admission.admission import Admission
 from .admission.auth import Authenticator
 from .admission.rate_limits import RateLimiter
+from .calls.context import CallContext
+from .calls.request_ids import RequestIds
 from .config import ConfigError, ModelConfig, ServerConfig
 from .errors import Draining, InferdError, describe
 from .http.agent_check import start_agent_check
@@ -31,6 +33,8 @@ from .http.api import HttpApi
 from .http.body_reader import BodyReader
 from .http.connection_reserve import ConnectionLimits
 from .http.connections import GuardedServer
+from .http.idempotency import IdempotentReplies
+from .http.operations import ServerFigures
 from .lifecycle import Lifecycle, Phase
 from .models.batch_model import BatchModel
 from .models.config_reload import ConfigReload
@@ -96,19 +100,13 @@ class InferenceServer:
             collector = InferdCollector(request_metrics, lambda: self.models.snapshots(time.monotonic()), lambda: self.ready)
             registry = build_registry(collector)
         admission = Admission(self.lifecycle, Authenticator(config, limiter), limiter, config.tiers)
+        context = CallContext(self.models, admission, outcomes, self.lifecycle, RequestIds(), self.tracing)
+        body = BodyReader(config.max_body_bytes, config.body_timeout_s, self.lifecycle)
         self.api = HttpApi(
-            models=self.models,
-            admission=admission,
-            lifecycle=self.lifecycle,
-            outcomes=outcomes,
-            limiter=limiter,
-            dead_letters=self.dead_letters,
-            registry=registry,
-            body=BodyReader(config.max_body_bytes, config.body_timeout_s, self.lifecycle),
-            idempotency_window_s=config.idempotency_window_s, idempotency_max_keys=config.idempotency_max_keys,
-            idempotency_max_bytes=config.idempotency_max_bytes, fast_path=config.fast_path,
-            connections=lambda: self.connections.stats(), tracing=self.tracing, rollouts=self.rollouts,
-            file_drift=self.config_reload.drift,
+            context, body, ServerFigures(limiter, self.dead_letters, registry, lambda: self.connections.stats()),
+            IdempotentReplies(admission.auth, body, context.ids, config.idempotency_window_s,
+                              config.idempotency_max_keys, config.idempotency_max_bytes),
+            rollouts=self.rollouts, file_drift=self.config_reload.drift, fast_path=config.fast_path,
         )
         # The API reads bodies itself, with its own limits (413, 408): no client_max_size here.
         limits = ConnectionLimits(config.max_connections or connection_budget(), config.connection_reserve,
@@ -129,8 +127,7 @@ class InferenceServer:
         if config.grpc_port is not None:  # (grpcio is imported only where it is asked for)
             from .grpc.open_inference import OpenInferenceService, start_grpc_server
 
-            service = OpenInferenceService(models=self.models, admission=admission, outcomes=outcomes,
-                                           lifecycle=self.lifecycle, ids=self.api.ids, tracing=self.tracing)
+            service = OpenInferenceService(context)
             try:
                 self._grpc, self.grpc_port = await start_grpc_server(service, config.host, config.grpc_port, config.max_body_bytes)
             except OSError:

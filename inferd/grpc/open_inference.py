@@ -25,16 +25,12 @@ from tritonclient.grpc import model_config_pb2
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from ..admission.admission import Admission
 from ..calls.batch_calls import BatchCalls
 from ..calls.catalog import model_metadata, model_statistics, repository_index, routed_model, server_metadata, triton_config
-from ..calls.request_ids import RequestIds
+from ..calls.context import CallContext
 from ..errors import InferdError, InternalError, describe
-from ..lifecycle import Lifecycle
 from ..models.batch_model import BatchModel
-from ..models.registry import Models
-from ..observability.outcomes import Call, Outcomes
-from ..observability.tracing import Tracing
+from ..observability.outcomes import Call
 from .wire import infer_response, parse_infer, status_of
 
 INFER_ROUTE = "/inference.GRPCInferenceService/ModelInfer"  # (the span's route)
@@ -45,15 +41,14 @@ Context = grpc.aio.ServicerContext
 class OpenInferenceService(pb_grpc.GRPCInferenceServiceServicer):
     """The service's calls, answered from the models and the gate HTTP shares (see the module docstring)."""
 
-    def __init__(self, *, models: Models, admission: Admission, outcomes: Outcomes, lifecycle: Lifecycle,
-                 ids: RequestIds, tracing: Tracing | None = None) -> None:
-        self.models = models
-        self.admission = admission
-        self.outcomes = outcomes
-        self.lifecycle = lifecycle
-        self.ids = ids
-        self.tracing = tracing
-        self.calls = BatchCalls(admission, outcomes)
+    def __init__(self, context: CallContext) -> None:
+        self.models = context.models
+        self.admission = context.admission
+        self.outcomes = context.outcomes
+        self.lifecycle = context.lifecycle
+        self.ids = context.ids
+        self.tracing = context.tracing
+        self.calls = BatchCalls(context.admission, context.outcomes)
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)

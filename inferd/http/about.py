@@ -16,26 +16,22 @@ from typing import Any
 from aiohttp import web
 
 from .. import __version__
-from ..admission.auth import Authenticator
-from ..calls.request_ids import RequestIds
+from ..calls.context import CallContext
 from ..config import ModelConfig
 from ..errors import InferdError, describe
-from ..lifecycle import Lifecycle
 from ..models.batch_model import BatchModel
-from ..models.registry import Models
 from .responses import error_response, json_response
 
 
 class AboutApi:
     """The probes, `/version` and `/info`; `ready` is the server's answer to "send traffic here?"."""
 
-    def __init__(self, models: Models, ids: RequestIds, lifecycle: Lifecycle, ready: Callable[[], bool],
-                 auth: Authenticator) -> None:
-        self.models = models
-        self.ids = ids
-        self.lifecycle = lifecycle
+    def __init__(self, context: CallContext, ready: Callable[[], bool]) -> None:
+        self.models = context.models
+        self.ids = context.ids
+        self.lifecycle = context.lifecycle
         self._ready = ready
-        self.auth = auth
+        self.auth = context.admission.auth
 
     def _may_see_models(self, request: web.BaseRequest) -> InferdError | None:
         """None where the caller may learn which models are served, else why not (`[auth] operations`)."""

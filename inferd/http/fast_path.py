@@ -43,34 +43,13 @@ from ..errors import InferdError, InternalError, PayloadTooLarge, describe
 from ..lifecycle import Lifecycle
 from ..messages import Client
 from ..observability.tracing import Tracing
-from ..wire.dialects import (
-    CLASSIFY,
-    COHERE_EMBED,
-    EMBEDDINGS,
-    INFINITY_CLASSIFY,
-    INFINITY_EMBEDDINGS,
-    RERANK,
-    TEI_EMBED,
-    TEI_PREDICT,
-    TEI_RERANK,
-    TEI_ROOT_BY_KIND,
-    TEI_ROOT_EMBED,
-    TEI_SIMILARITY,
-    Dialect,
-)
-from .inference import InferenceApi, ManyInputs, OneInput
+from ..wire.dialects import Dialect
+from .inference import CALL_PATHS, TEI_ROOT, InferenceApi, ManyInputs, OneInput
 from .open_inference import TRACED_ROUTE, OpenInferenceApi, V2Infer
 from .responses import answer_bytes
 
 log = logging.getLogger("inferd.http")
 
-_TEI_ROOT = "/"  # (its dialect is the default model's: `TEI_ROOT_BY_KIND`)
-_PATHS: dict[str, Dialect | None] = {  # None: one input (`/v1/inference`)
-    "/v1/inference": None, "/api/inference": None, "/v1/embeddings": EMBEDDINGS, "/embed": TEI_EMBED,
-    "/v2/embed": COHERE_EMBED, "/v1/classify": CLASSIFY, "/predict": TEI_PREDICT, "/v1/rerank": RERANK,
-    "/rerank": TEI_RERANK, _TEI_ROOT: TEI_ROOT_EMBED, "/similarity": TEI_SIMILARITY, "/embeddings": INFINITY_EMBEDDINGS,
-    "/classify": INFINITY_CLASSIFY,
-}
 BODY_GRACE_S = 0.05  # how long a connection holds a request whose body is on its way before the usual way takes it
 _GO_THE_USUAL_WAY = ("Idempotency-Key", "Expect", "Content-Encoding")
 
@@ -146,14 +125,12 @@ class FastPath:
         """Answer a request `takes` accepted: at once (a refusal), or when its future resolves (the
         connection's `fast_flight` meanwhile); None. Or it is not one after all (it names a generation
         model): nothing was done, and the request (its body unread again) is returned to go the usual way."""
-        if message.path not in _PATHS:
+        if message.path not in CALL_PATHS:
             return self._start_v2(connection, message, payload)
-        dialect = _PATHS[message.path]
+        dialect = CALL_PATHS[message.path]
         if dialect is not None:
-            if message.path == _TEI_ROOT:
-                model = self.inference.models.route(self.inference.models.default)
-                kind = model.output_kind if model is not None else None
-                dialect = TEI_ROOT_BY_KIND.get(kind, TEI_ROOT_EMBED) if kind else TEI_ROOT_EMBED
+            if message.path == TEI_ROOT:
+                dialect = self.inference.tei_root_dialect()
             self._start_many(connection, message, payload, dialect)
             return None
         inference, headers = self.inference, message.headers
@@ -335,7 +312,7 @@ class FastPath:
 
 
 def _taken_path(path: str) -> bool:
-    return path in _PATHS or path[:11] == "/v2/models/" and path[-6:] == "/infer"
+    return path in CALL_PATHS or path[:11] == "/v2/models/" and path[-6:] == "/infer"
 
 
 _READ_LIMIT = 2**16  # (aiohttp's own for a request's body)

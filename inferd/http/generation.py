@@ -7,6 +7,9 @@ then the engine's waiting bounds, all before tokenising), tokenise off the loop 
 template for chat), then consume the engine's deltas under the request's deadline.
 A passed deadline aborts the request in the engine and answers 504 (or, mid-stream, a final error
 event); a client that goes away aborts it too.
+
+Why one module: the three request shapes differ only in how they are read and answered (`Generation`);
+one run (`_generate`) serves them all.
 """
 
 from __future__ import annotations
@@ -15,18 +18,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ..admission.admission import Admission
 from ..admission.rate_limits import Identity
 from ..calls.batch_calls import call_start
-from ..calls.request_ids import RequestIds
+from ..calls.context import CallContext
 from ..errors import DeadlineExceeded, InferdError, InferenceFailed, InvalidInput, ModelNotFound, describe
-from ..lifecycle import Lifecycle
-from ..observability.outcomes import Call, Outcomes
+from ..observability.outcomes import Call
 from ..observability.tracing import Generated
 from ..wire.inference_body import InferenceBody, timeout_ms
 from ..wire.json_values import dumps, json_object
@@ -34,30 +36,49 @@ from ..wire.openai_text import Choice, TextAnswer, parse_text_call
 from ..wire.sampling_fields import sampling_fields
 from .body_reader import BodyReader
 from .responses import WholeResponse, error_response
+from .routes import Route, call_route
 
 if TYPE_CHECKING:
     from ..models.adapters import Adapter
     from ..models.generation import GenerationModel
     from ..models.generation_promises import Promise
-    from ..models.registry import Models
 
 log = logging.getLogger("inferd.generation")
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Server": "inferd"}
 
 
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One generation call, routed and read: what `_generate` runs, whatever the request's shape."""
+
+    model: GenerationModel
+    body: dict[str, Any]  # the request's fields (sampling, `stream`, `timeout_ms`)
+    who: Identity
+    call: Call
+    chars: int  # the prompt's characters (admission's first estimate of its tokens)
+    prompt_ids: Callable[[Promise], Awaitable[list[int]]]  # its prompt tokenised (moves the place admission reserved)
+    whole: Callable[[list[Choice], Any], dict]  # the answer whole, from its choices and last delta
+    chunk: Callable[[str, Any], list[dict]]  # a stream's events for one delta
+    openai: bool  # errors in OpenAI's shape, a stream ends with `data: [DONE]`, `n` choices may be asked
+    adapter: Adapter | None = None  # the LoRA adapter it goes through
+
+
 class GenerationApi:
     """Handlers for the generation models."""
 
-    def __init__(
-        self, *, models: Models, admission: Admission, outcomes: Outcomes, lifecycle: Lifecycle,
-        ids: RequestIds, body: BodyReader,
-    ) -> None:
-        self.models = models
-        self.admission = admission
-        self.outcomes = outcomes
-        self.lifecycle = lifecycle
-        self.ids = ids
+    def __init__(self, context: CallContext, body: BodyReader) -> None:
+        self.context = context
+        self.models = context.models
+        self.admission = context.admission
+        self.outcomes = context.outcomes
+        self.lifecycle = context.lifecycle
+        self.ids = context.ids
         self.body = body
+
+    def routes(self) -> dict[str, Route]:
+        """OpenAI's two generation routes; a keyed repeat of a running one is refused (a stream is not shared)."""
+        return {"/v1/completions": call_route(self.context, self.completions, keyed="once", openai_errors=True),
+                "/v1/chat/completions": call_route(self.context, self.chat_completions, keyed="once", openai_errors=True)}
 
     # ---- the three request shapes ----------------------------------------------------------------
 
@@ -81,8 +102,9 @@ class GenerationApi:
                 event.update(done=True, finish_reason=last.finish_reason, usage=_usage(last))
             return [event]
 
-        return await self._serve(request, model, body, who, call, len(prompt),
-                                 partial(_prompt, model, text=prompt, chars=len(prompt)), whole, chunk, openai=False, adapter=adapter)
+        return await self._serve(request, Generation(model, body, who, call, len(prompt),
+                                                     partial(_prompt, model, text=prompt, chars=len(prompt)), whole, chunk,
+                                                     openai=False, adapter=adapter))
 
     async def completions(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         return await self._openai(request, chat=False, call=call)
@@ -121,33 +143,30 @@ class GenerationApi:
         prompt_ids = (partial(_prompt, model, messages=parsed.messages, tools=tools.tools if tools is not None else None,
                               chars=parsed.chars)
                       if parsed.chat else partial(_prompt, model, text=parsed.prompt, chars=parsed.chars))
-        return await self._serve(request, model, body, who, call, parsed.chars, prompt_ids,
-                                 lambda choices, last: answer.whole(choices, _usage(last)),
-                                 lambda text, last: answer.chunks(text, last, _usage(last)), openai=True, adapter=adapter)
+        return await self._serve(request, Generation(model, body, who, call, parsed.chars, prompt_ids,
+                                                     lambda choices, last: answer.whole(choices, _usage(last)),
+                                                     lambda text, last: answer.chunks(text, last, _usage(last)),
+                                                     openai=True, adapter=adapter))
 
     # ---- one generation, whole or streamed -------------------------------------------------------
 
-    async def _serve(self, request: web.BaseRequest, model: GenerationModel, body: dict[str, Any], who: Identity,
-                     call: Call, chars: int, prompt_ids: Callable[[Promise], Awaitable[list[int]]],
-                     whole: Callable[[list[Choice], Any], dict], chunk: Callable[[str, Any], list[dict]], *,
-                     openai: bool, adapter: Adapter | None = None) -> web.StreamResponse:
-        """`openai`: errors in OpenAI's shape, a stream ends with `data: [DONE]`, and `n` choices may be
-        asked (inferd's own shape has one output). `adapter`: the LoRA adapter it goes through, counted
-        as in use from here (no await since it was routed) to the end, so an unload waits for it."""
+    async def _serve(self, request: web.BaseRequest, generation: Generation) -> web.StreamResponse:
+        """One generation (`Generation`); its adapter, if any, counted as in use from here (no await since
+        it was routed) to the end, so an unload waits for it."""
+        adapter = generation.adapter
         if adapter is not None:
             adapter.enter()
         try:
-            return await self._generate(request, model, body, who, call, chars, prompt_ids, whole, chunk, openai, adapter)
+            return await self._generate(request, generation)
         finally:
             if adapter is not None:
                 adapter.leave()
 
-    async def _generate(self, request: web.BaseRequest, model: GenerationModel, body: dict[str, Any], who: Identity,
-                        call: Call, chars: int, prompt_ids: Callable[[Promise], Awaitable[list[int]]],
-                        whole: Callable[[list[Choice], Any], dict], chunk: Callable[[str, Any], list[dict]],
-                        openai: bool, adapter: Adapter | None) -> web.StreamResponse:
+    async def _generate(self, request: web.BaseRequest, generation: Generation) -> web.StreamResponse:
         """One generation, whole or streamed (see `_serve`). A traced request's stages are noted on its
         trace as they end (`Generated`), for its span."""
+        model, body, who, call, adapter = generation.model, generation.body, generation.who, generation.call, generation.adapter
+        openai, chunk = generation.openai, generation.chunk
         tier, tenant, request_id, trace = who.tier, who.tenant, call.request_id, call.trace
         served = adapter.name if adapter is not None else model.config.version  # (which answers: an adapter, a split's pick)
         call.tier, call.tenant, call.model, call.version = tier, tenant, model.name, served
@@ -158,14 +177,14 @@ class GenerationApi:
                 overrides = sampling_fields(body)
                 if not openai and overrides.get("n", 1) != 1:
                     raise InvalidInput("`n` above 1 (several choices) is for /v1/completions and /v1/chat/completions")
-                ticket = self.admission.admit_generation(model, who, timeout_ms(body), chars,  # before any tokenising
+                ticket = self.admission.admit_generation(model, who, timeout_ms(body), generation.chars,  # before any tokenising
                                                          overrides.get("max_tokens"), call.started)
                 promise = ticket.promise
                 sampling = model.sampling(overrides)
                 if trace is not None:
                     trace.model, trace.tier, trace.tenant = model.name, tier, tenant
                     stages = trace.generation = Generated(promise.request_id, time.monotonic())
-                ids = await prompt_ids(promise)  # moves the place admission reserved; no await from here to the engine
+                ids = await generation.prompt_ids(promise)  # moves the place admission reserved; no await from here to the engine
                 asked, context = overrides.get("max_tokens"), model.engine.max_model_len if model.engine else None
                 if asked and context and len(ids) + asked > context:  # (as vLLM's server refuses it, not cut short)
                     raise InvalidInput(f"this model's maximum context length is {context} tokens; this request asks for "
@@ -256,7 +275,7 @@ class GenerationApi:
             for index, choice in made.items():
                 choice.text = "".join(pieces[index])
             choices = [made.get(i) or Choice(tokens=[]) for i in range(overrides.get("n", 1))]
-            return WholeResponse(200, dumps(whole(choices, last)), (("X-Request-ID", request_id), ("X-Model-Version", served)))
+            return WholeResponse(200, dumps(generation.whole(choices, last)), (("X-Request-ID", request_id), ("X-Model-Version", served)))
         if response is None:  # nothing was generated: still a well-formed stream
             response = web.StreamResponse(headers={**_SSE_HEADERS, "X-Request-ID": request_id, "X-Model-Version": served})
             await response.prepare(request)

@@ -12,20 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from aiohttp import web
 
-from ..admission.admission import Admission
 from ..admission.rate_limits import Identity
 from ..calls.batch_calls import BatchCalls, cache_allowed, call_start, call_timing
-from ..calls.request_ids import RequestIds
+from ..calls.context import CallContext
 from ..errors import InferdError, InvalidInput, ModelNotFound
-from ..lifecycle import Lifecycle
 from ..messages import RequestState
 from ..models.batch_model import BatchModel
-from ..models.registry import Models
-from ..observability.outcomes import Call, Outcomes
+from ..observability.outcomes import Call
 from ..wire.classify_body import ClassifyBody
 from ..wire.dialects import (
     CLASSIFY,
@@ -37,6 +35,7 @@ from ..wire.dialects import (
     TEI_EMBED,
     TEI_PREDICT,
     TEI_RERANK,
+    TEI_ROOT_BY_KIND,
     TEI_ROOT_EMBED,
     TEI_SIMILARITY,
     Dialect,
@@ -49,8 +48,19 @@ from .body_reader import BodyReader
 from .call_tracing import client_of
 from .generation import GenerationApi
 from .responses import WholeResponse, error_response
+from .routes import Route, call_route
 
 _ATTACHED, _CACHED = RequestState.ATTACHED, RequestState.CACHED
+TEI_ROOT = "/"  # (its dialect is the default model's: `InferenceApi.tei_root_dialect`)
+# Every batch call's path, and the dialect of its body and answer (None: one input, inferd's own). The
+# fast path takes the same paths (`fast_path`). Infinity's paths are OpenAI's without `/v1`; its rerank
+# body posts to `/rerank`, beside TEI's (the body says which).
+CALL_PATHS: dict[str, Dialect | None] = {
+    "/v1/inference": None, "/api/inference": None, "/v1/embeddings": EMBEDDINGS, "/v1/rerank": RERANK,
+    "/rerank": TEI_RERANK, "/embed": TEI_EMBED, "/v2/embed": COHERE_EMBED, "/v1/classify": CLASSIFY,
+    "/predict": TEI_PREDICT, "/embeddings": INFINITY_EMBEDDINGS, "/classify": INFINITY_CLASSIFY,
+    "/similarity": TEI_SIMILARITY, TEI_ROOT: TEI_ROOT_EMBED,
+}
 
 
 @dataclass(slots=True)
@@ -66,18 +76,28 @@ class OneInput:
 class InferenceApi:
     """Handlers for the batch models (and `/v1/inference` for a generation model, handed on)."""
 
-    def __init__(
-        self, *, models: Models, admission: Admission, outcomes: Outcomes, lifecycle: Lifecycle, ids: RequestIds,
-        body: BodyReader, generation: GenerationApi | None,
-    ) -> None:
-        self.models = models
-        self.admission = admission
-        self.outcomes = outcomes
-        self.lifecycle = lifecycle
-        self.ids = ids
+    def __init__(self, context: CallContext, body: BodyReader, generation: GenerationApi | None) -> None:
+        self.context = context
+        self.models = context.models  # (each read per request: copied, not reached through `context`)
+        self.admission = context.admission
+        self.outcomes = context.outcomes
+        self.lifecycle = context.lifecycle
+        self.ids = context.ids
         self.body = body
         self.generation = generation
-        self.calls = BatchCalls(admission, outcomes)
+        self.calls = BatchCalls(context.admission, context.outcomes)
+
+    def routes(self) -> dict[str, Route]:
+        """Every batch call's route (`CALL_PATHS`), in the dialect of its path."""
+        context, declared = self.context, {}
+        for path, dialect in CALL_PATHS.items():
+            if dialect is None:
+                declared[path] = call_route(context, self.inference)
+            elif path == TEI_ROOT:
+                declared[path] = call_route(context, self.tei_root)
+            else:
+                declared[path] = call_route(context, partial(self.call_of_many, dialect), openai_errors=dialect.openai)
+        return declared
 
     async def inference(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         headers = request.headers
@@ -156,51 +176,19 @@ class InferenceApi:
                    "latency_ms": round((now - call.started) * 1e6) / 1000}  # (to the µs: no decimal rounding, half the cost)
         return dumps(payload), extra
 
-    async def embeddings(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
-        """OpenAI's `POST /v1/embeddings`: each item batched like a request of its own, answered in order."""
-        return await self._call_of_many(request, call, EMBEDDINGS)
+    async def tei_root(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
+        """Text Embeddings Inference's `POST /`, where Hugging Face's `InferenceClient` (and LangChain's and
+        LlamaIndex's TEI embeddings through it) post: in the dialect of what the default model does."""
+        return await self.call_of_many(self.tei_root_dialect(), request, call)
 
-    async def tei_embed(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
-        """Text Embeddings Inference's `POST /embed`: the same computation, TEI's body and an array of vectors."""
-        return await self._call_of_many(request, call, TEI_EMBED)
+    def tei_root_dialect(self) -> Dialect:
+        """`/embed`'s body and answer (or `/similarity`'s), unless the default model classifies
+        (`/predict`'s) or reranks (`/rerank`'s)."""
+        model = self.models.route(self.models.default)
+        kind = model.output_kind if model is not None else None
+        return TEI_ROOT_BY_KIND.get(kind, TEI_ROOT_EMBED) if kind else TEI_ROOT_EMBED
 
-    async def cohere_embed(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
-        """Cohere's `POST /v2/embed`: the same computation, each vector in the types asked."""
-        return await self._call_of_many(request, call, COHERE_EMBED)
-
-    async def classify(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
-        """vLLM's `POST /v1/classify`: each text classified like a request of its own, every label's probability."""
-        return await self._call_of_many(request, call, CLASSIFY)
-
-    async def tei_similarity(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
-        """Text Embeddings Inference's `POST /similarity`: each sentence's cosine to the source sentence."""
-        return await self._call_of_many(request, call, TEI_SIMILARITY)
-
-    async def tei_root_embed(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
-        """TEI's `POST /` for an embedding model: `/embed`'s body, or `/similarity`'s."""
-        return await self._call_of_many(request, call, TEI_ROOT_EMBED)
-
-    async def infinity_embeddings(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
-        """Infinity's `POST /embeddings`: OpenAI's, read as Infinity's client sends it."""
-        return await self._call_of_many(request, call, INFINITY_EMBEDDINGS)
-
-    async def infinity_classify(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
-        """Infinity's `POST /classify`: the same computation, each text's labels best first."""
-        return await self._call_of_many(request, call, INFINITY_CLASSIFY)
-
-    async def tei_predict(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
-        """Text Embeddings Inference's `POST /predict`: the same computation, TEI's body and answer."""
-        return await self._call_of_many(request, call, TEI_PREDICT)
-
-    async def rerank(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
-        """Cohere's `POST /v1/rerank` (Jina's clients send the same): relevance scores, best first."""
-        return await self._call_of_many(request, call, RERANK)
-
-    async def tei_rerank(self, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
-        """Text Embeddings Inference's `POST /rerank`: the same computation, TEI's body and answer."""
-        return await self._call_of_many(request, call, TEI_RERANK)
-
-    async def _call_of_many(self, request: web.BaseRequest, call: Call | None, dialect: Dialect) -> web.StreamResponse:
+    async def call_of_many(self, dialect: Dialect, request: web.BaseRequest, call: Call | None = None) -> web.StreamResponse:
         """A call holding several inputs, each batched like a request of its own, in `dialect`."""
         headers = request.headers
         many = ManyInputs(call_start(self.ids, headers) if call is None else call, dialect)
@@ -213,7 +201,7 @@ class InferenceApi:
             return self.refused(many, error)
         return WholeResponse(200, *self.answered_many(many, outputs))
 
-    # The steps of `_call_of_many`, which the fast path takes too.
+    # The steps of `call_of_many`, which the fast path takes too.
 
     def take(self, many: ManyInputs, body: bytes, headers: Mapping[str, str]) -> None:
         """Read the call from the body, find its model (`many.model`), refuse what it cannot honour, and

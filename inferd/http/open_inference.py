@@ -20,17 +20,13 @@ from typing import Any
 
 from aiohttp import web
 
-from ..admission.admission import Admission
 from ..admission.rate_limits import Identity
 from ..calls.batch_calls import BatchCalls, cache_allowed, call_timing
 from ..calls.catalog import model_metadata, model_statistics, repository_index, routed_model, server_metadata, triton_config
-from ..calls.request_ids import RequestIds
+from ..calls.context import CallContext
 from ..errors import InferdError, MethodNotAllowed, NotFound
-from ..lifecycle import Lifecycle
 from ..models.batch_model import BatchModel
-from ..models.registry import Models
-from ..observability.outcomes import Call, Outcomes
-from ..observability.tracing import Tracing
+from ..observability.outcomes import Call
 from ..wire.json_values import dumps, json_object
 from ..wire.open_inference import HEADER_LENGTH, InferBody, infer_response, parse_infer
 from .body_reader import BodyReader, entered
@@ -41,16 +37,15 @@ from .responses import WholeResponse, error_response
 class OpenInferenceApi:
     """Routes `/v2/...` paths and answers them."""
 
-    def __init__(self, *, models: Models, admission: Admission, outcomes: Outcomes, lifecycle: Lifecycle,
-                 ids: RequestIds, body: BodyReader, tracing: Tracing | None = None) -> None:
-        self.models = models
-        self.admission = admission
-        self.outcomes = outcomes
-        self.lifecycle = lifecycle
-        self.ids = ids
+    def __init__(self, context: CallContext, body: BodyReader) -> None:
+        self.models = context.models
+        self.admission = context.admission
+        self.outcomes = context.outcomes
+        self.lifecycle = context.lifecycle
+        self.ids = context.ids
         self.body = body
-        self.tracing = tracing
-        self.calls = BatchCalls(admission, outcomes)
+        self.tracing = context.tracing
+        self.calls = BatchCalls(context.admission, context.outcomes)
 
     async def route(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
         request_id = self.ids.pick(request.headers.get("X-Request-ID") or request.headers.get("Idempotency-Key"))

@@ -8,18 +8,16 @@ from __future__ import annotations
 import resource
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from ..admission.admission import Admission
 from ..admission.rate_limits import RateLimiter
-from ..calls.request_ids import RequestIds
+from ..calls.context import CallContext
 from ..errors import InferdError, ModelNotFound
-from ..lifecycle import Lifecycle
 from ..models.batch_model import BatchModel
-from ..models.registry import Models
 from ..observability.dead_letters import DeadLetters
 from .idempotency import IdempotentReplies
 from .responses import error_response, json_response
@@ -27,21 +25,29 @@ from .responses import error_response, json_response
 _INFINITY_CAPABILITY = {"embedding": "embed", "rerank": "rerank", "classification": "classify"}  # (its `capabilities`)
 
 
+@dataclass(frozen=True, slots=True)
+class ServerFigures:
+    """What the operations endpoints read beside the calls' context (`CallContext`)."""
+
+    limiter: RateLimiter  # the callers' rate limits (/v1/limits)
+    dead_letters: DeadLetters  # the poison inputs isolated (/v1/dead-letters)
+    registry: CollectorRegistry | None = None  # Prometheus' (None: no /metrics)
+    connections: Callable[[], dict[str, int]] | None = None  # the connections' figures (/v1/stats)
+
+
 class OperationsApi:
     """The operations endpoints (see the module docstring)."""
 
-    def __init__(self, *, models: Models, admission: Admission, limiter: RateLimiter, lifecycle: Lifecycle, ids: RequestIds,
-                 dead_letters: DeadLetters, registry: CollectorRegistry | None, idempotency: IdempotentReplies,
-                 connections: Callable[[], dict[str, int]] | None) -> None:
-        self.models = models
-        self.admission = admission
-        self.limiter = limiter
-        self.lifecycle = lifecycle
-        self.ids = ids
-        self.dead_letter_log = dead_letters
-        self.registry = registry
+    def __init__(self, context: CallContext, figures: ServerFigures, idempotency: IdempotentReplies) -> None:
+        self.models = context.models
+        self.admission = context.admission
+        self.limiter = figures.limiter
+        self.lifecycle = context.lifecycle
+        self.ids = context.ids
+        self.dead_letter_log = figures.dead_letters
+        self.registry = figures.registry
         self.idempotency = idempotency
-        self.connections = connections
+        self.connections = figures.connections
         self.created = int(time.time())  # `created` of every model in GET /v1/models (OpenAI's list shape)
 
     async def list_models(self, request: web.BaseRequest) -> web.StreamResponse:

@@ -21,11 +21,9 @@ from typing import Any
 
 from aiohttp import web
 
-from ..admission.admission import Admission
-from ..calls.request_ids import RequestIds
+from ..calls.context import CallContext
 from ..errors import InferdError, InvalidInput, ModelNotFound, NotReady, ServiceOverloaded
 from ..models.batch_model import BatchModel
-from ..models.registry import Models
 from ..wire.json_values import dumps, json_object
 from .body_reader import BodyReader
 from .responses import WholeResponse, error_response
@@ -36,10 +34,10 @@ MAX_AT_ONCE = 2  # tokeniser calls running at once (each on a thread of its own,
 class TokensApi:
     """`/tokenize` and `/decode` (see the module docstring)."""
 
-    def __init__(self, *, models: Models, admission: Admission, ids: RequestIds, body: BodyReader) -> None:
-        self.models = models
-        self.admission = admission
-        self.ids = ids
+    def __init__(self, context: CallContext, body: BodyReader) -> None:
+        self.models = context.models
+        self.admission = context.admission
+        self.ids = context.ids
         self.body = body
         self.running = 0  # calls on a thread now (at most MAX_AT_ONCE)
 

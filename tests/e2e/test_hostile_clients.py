@@ -8,6 +8,7 @@ import hashlib
 import orjson
 
 from inferd.config import AuthConfig, TenantConfig, TierConfig
+from inferd.http.routes import Route
 
 from ..helpers import infer, running_server, sim_model, until
 from .test_connections import connect
@@ -77,7 +78,7 @@ async def test_a_bug_in_a_handler_is_a_json_500_for_that_request_alone(http):
     async with running_server(sim_model(latency_ms=5)) as srv:
         async def broken(request):
             raise RuntimeError("a bug")
-        srv.api.routes["/healthz"] = ("GET", broken, False)
+        srv.api.routes["/healthz"] = Route("GET", broken)
         async with http.get(f"{srv.url}/healthz", headers={"X-Request-ID": "mine-1"}) as resp:
             status, body = resp.status, await resp.json()
         assert (status, body["error"], body["request_id"]) == (500, "INTERNAL_ERROR", "mine-1")

@@ -14,10 +14,14 @@ from aiohttp.test_utils import RawTestServer, TestClient
 from inferd.admission.admission import Admission
 from inferd.admission.auth import Authenticator
 from inferd.admission.rate_limits import RateLimiter
+from inferd.calls.context import CallContext
+from inferd.calls.request_ids import RequestIds
 from inferd.config import ModelConfig, ServerConfig
 from inferd.errors import Draining
 from inferd.http.api import HttpApi
 from inferd.http.body_reader import BodyReader
+from inferd.http.idempotency import IdempotentReplies
+from inferd.http.operations import ServerFigures
 from inferd.lifecycle import Lifecycle, Phase
 from inferd.models.batch_model import BatchModel
 from inferd.models.registry import Models
@@ -57,11 +61,11 @@ async def wired(*configs: ModelConfig, start: bool = True, **server) -> AsyncIte
         served[model_config.name].add(model, VersionState.READY)
         served[model_config.name].set_traffic({model_config.version: 1.0})
     models = Models(served, {}, config.models[0].name)
-    api = HttpApi(
-        models=models, admission=Admission(lifecycle, Authenticator(config, limiter), limiter, config.tiers),
-        lifecycle=lifecycle, outcomes=Outcomes(metrics, AccessLog("off", 0.0)), limiter=limiter,
-        dead_letters=DeadLetters(), registry=None, body=BodyReader(config.max_body_bytes, config.body_timeout_s, lifecycle),
-    )
+    admission = Admission(lifecycle, Authenticator(config, limiter), limiter, config.tiers)
+    context = CallContext(models, admission, Outcomes(metrics, AccessLog("off", 0.0)), lifecycle, RequestIds())
+    body = BodyReader(config.max_body_bytes, config.body_timeout_s, lifecycle)
+    api = HttpApi(context, body, ServerFigures(limiter, DeadLetters()),
+                  IdempotentReplies(admission.auth, body, context.ids, window_s=0.0, max_keys=1))
     for model in built.values():
         if start:
             model.start()
