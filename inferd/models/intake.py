@@ -76,7 +76,7 @@ class Intake:
                                         retry_after_ms=self.retry_after_ms(tier), reason="queue_full")
             for i in fresh:  # (the cache was asked above: now only an earlier input of this call can lead)
                 taken[i] = (self.from_shared_work(ids[i], values[i], timeout_s, tier, tenant, use_cache=False)
-                            or self.submit(ids[i], values[i], timeout_s, tier, tenant, call_id=request_id, call_size=len(values),
+                            or self.submit(ids[i], values[i], timeout_s, tier, tenant, of_call=(request_id, len(values)),
                                            client=client))
         except BaseException:
             for request in taken:  # all or none: what was taken is withdrawn
@@ -115,20 +115,20 @@ class Intake:
 
     def submit(
         self, request_id: str, raw: Any, timeout_s: float, tier: str = "default", tenant: str = "anonymous",
-        call_id: str | None = None, key: Any = UNKEYED, call_size: int = 1, client: Client | None = None,
+        *, of_call: tuple[str, int] | None = None, key: Any = UNKEYED, client: Client | None = None,
     ) -> PendingRequest:
         """Take one admitted input: it is prepared (off the loop when the backend has `prepare_batch`),
         then queued, unless it would not finish in time (`timeliness`). The caller awaits `.future`.
-        `call_id`: the id of the multi-input call it is one input of (its inputs take turns with the
-        tenant's other calls in the queue), of `call_size` inputs; `key`: its identity, when the caller
+        `of_call`: the multi-input call it is one input of, its id and its inputs' count (its inputs take
+        turns with the tenant's other calls in the queue); `key`: its identity, when the caller
         has it.
         Raises InvalidInput or ServiceOverloaded when that is known at once; otherwise the future
         carries it."""
         now = self.clock()
         request = self.new_request(request_id, raw, now, timeout_s, tier, tenant)
         request.client = client
-        if call_id is not None:
-            request.call_id, request.call_size = call_id, call_size
+        if of_call is not None:
+            request.call_id, request.call_size = of_call
         if self.shared.enabled:
             request.key = self.shared.key_of(raw, tenant) if key is UNKEYED else key
         if self.preprocessor is not None:

@@ -90,14 +90,13 @@ class Timeliness:
         # Under an objective, also the wait as a batch of its own (`_as_its_own_batch`), from the same pass:
         # with tiers, the tail's (below), as that judgement reads it.
         as_own = tier in self._objective_tiers and bucket is not None
-        wait, alone, ahead = self._waits(tier, now, request.tenant, bucket, 0.0, request.call_id, None, request.due,
-                                         as_own and not tiered)
+        wait, alone, ahead = self._waits(tier, now, request.tenant, bucket, 0.0, as_own and not tiered, request)
         lingering = 0.0  # a worker is free: its batch goes when the rule says it is due, never past its due
         if wait == 0.0 and bucket is not None:
             wait = lingering = self._batcher.linger_left(request, now)
         request.predicted_wait = wait
         if tiered:  # for the decision, the wait that holds if the higher tiers send a burst meanwhile
-            tail, alone, _ = self._waits(tier, now, request.tenant, bucket, TAIL_SIGMAS, request.call_id, None, request.due, as_own)
+            tail, alone, _ = self._waits(tier, now, request.tenant, bucket, TAIL_SIGMAS, as_own, request)
             wait = max(wait, tail)
         costs = self.costs
         own = 0.0
@@ -228,25 +227,23 @@ class Timeliness:
         return now + bound <= request.due and (limit is None or bound <= limit)
 
     def wait_and_ahead(self, tier: str | None, now: float, tenant: str | None = None, bucket: int | None = None,
-                       sigmas: float = 0.0, call_id: str | None = None,
-                       ahead: dict[int, int] | None = None, due: float | None = None) -> tuple[float, dict[int, int]]:
+                       sigmas: float = 0.0) -> tuple[float, dict[int, int]]:
         """The predicted wait of a request of `tier` (None: behind everything) from `tenant` in `bucket`
         (None: unknown) queued now, counting the higher tiers' work expected to arrive meanwhile (and
-        `sigmas` standard deviations more of it); and what is ahead of it, by bucket. `call_id`: the
-        multi-input call it is an input of (its tenant's calls take turns in the queue); `ahead`: what
-        is ahead of it, where the caller has counted it already; `due`: its own due, which can make its
-        bucket's partial batch go sooner than that batch's oldest request was predicted to."""
-        wait, _, ahead = self._waits(tier, now, tenant, bucket, sigmas, call_id, ahead, due, False)
+        `sigmas` standard deviations more of it); and what is ahead of it, by bucket."""
+        wait, _, ahead = self._waits(tier, now, tenant, bucket, sigmas, False, None)
         return wait, ahead
 
     def _waits(self, tier: str | None, now: float, tenant: str | None, bucket: int | None, sigmas: float,
-               call_id: str | None, ahead: dict[int, int] | None, due: float | None,
-               alone: bool) -> tuple[float, float, dict[int, int]]:
+               alone: bool, asking: PendingRequest | None) -> tuple[float, float, dict[int, int]]:
         """`wait_and_ahead`, and with `alone` beside the wait the one `bucket` None reads of the same queue
-        (its bucket's partial batch a whole call too: `_as_its_own_batch`; nan without `alone`)."""
+        (its bucket's partial batch a whole call too: `_as_its_own_batch`; nan without `alone`). `asking`:
+        the request it is for, where one is: the multi-input call it is an input of (its tenant's calls
+        take turns in the queue), and its due, which can make its bucket's partial batch go sooner than
+        that batch's oldest request was predicted to."""
         batcher, forecast, pool = self._batcher, self.forecast, self._pool
-        if ahead is None:  # (given: already counted for this request)
-            ahead = batcher.ahead_by_bucket(tier, tenant, call_id)
+        due = asking.due if asking is not None else None
+        ahead = batcher.ahead_by_bucket(tier, tenant, asking.call_id if asking is not None else None)
         healthy, first_free_s = pool.healthy, pool.first_free_s(now, self._running_s)
         share = 0.0  # of each batch, what the higher tiers' requests arriving meanwhile take
         if self._tiered and tier is not None and healthy:

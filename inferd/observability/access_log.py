@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -130,6 +130,15 @@ def _timestamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
 
 
+class Logged(Protocol):
+    """What a line names of its call (`outcomes.Call`)."""
+
+    request_id: str
+    model: str
+    tier: str
+    tenant: str
+
+
 class AccessLog:
     """Writes (some of) the answers as JSON lines: every 500 and 504, others at the sample rate."""
 
@@ -143,26 +152,16 @@ class AccessLog:
         """Whether this answer is logged: 500 and 504 always, others by sampling (one random draw)."""
         return status == 500 or status == 504 or (self.sample_rate > 0.0 and self._draw() < self.sample_rate)
 
-    def record(
-        self,
-        request_id: str,
-        model: str,
-        tier: str,
-        status: int,
-        error: str,
-        latency_s: float,
-        pending: PendingRequest | None,
-        tenant: str = "-",
-        trace_id: str | None = None,
-    ) -> None:
-        """Write one line (callers ask `wants` first)."""
+    def record(self, call: Logged, status: int, error: str, latency_s: float, pending: PendingRequest | None,
+               trace_id: str | None = None) -> None:
+        """Write one line for `call` (callers ask `wants` first); `pending`: its one request, if it had one."""
         must = status in (500, 504)
         line: dict[str, Any] = {
             "ts": _timestamp(),
-            "request_id": request_id,
-            "model": model,
-            "tier": tier,
-            "tenant": pending.tenant if pending is not None else tenant,
+            "request_id": call.request_id,
+            "model": call.model,
+            "tier": call.tier,
+            "tenant": pending.tenant if pending is not None else call.tenant,
             "status": status,
             "latency_ms": round(latency_s * 1000, 3),
         }

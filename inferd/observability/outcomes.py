@@ -59,8 +59,8 @@ class Outcomes:
                     metrics.response[model].observe(now - pending.batch.finished_at)
         trace = call.trace
         if trace is not None or self.access_log.wants(status):  # (a traced request is always logged, with its trace id)
-            self.access_log.record(call.request_id, call.model, call.tier, status, error, now - call.started, pending,
-                                   call.tenant, trace.trace_id if trace is not None else None)
+            self.access_log.record(call, status, error, now - call.started, pending,
+                                   trace.trace_id if trace is not None else None)
         return now
 
     def record_error(self, call: Call, error: InferdError) -> float:

@@ -11,6 +11,7 @@ import orjson
 
 from inferd.observability import access_log
 from inferd.observability.access_log import AccessLog, _DroppingQueueHandler
+from inferd.observability.outcomes import Call
 
 
 def test_server_side_failures_are_always_logged_and_the_rest_sampled():
@@ -22,7 +23,7 @@ def test_server_side_failures_are_always_logged_and_the_rest_sampled():
 
 def test_a_line_is_one_json_object_without_the_input(caplog):
     with caplog.at_level(logging.INFO, logger="inferd.access"):
-        AccessLog("info", 1.0).record("r1", "m", "free", 200, "", 0.0123, None, "acme")
+        AccessLog("info", 1.0).record(Call(0.0, "r1", tier="free", tenant="acme", model="m"), 200, "", 0.0123, None)
     line = orjson.loads(caplog.records[-1].getMessage())
     stamp = line.pop("ts")
     assert line == {"request_id": "r1", "model": "m", "tier": "free", "tenant": "acme", "status": 200, "latency_ms": 12.3}
