@@ -25,7 +25,9 @@ the CPU, run eagerly. An out-of-memory error in an eager call splits the batch a
 
 Options: `model_path` (default: the packaged MiniLM), `task`, `dtype` (float32, bfloat16, float16),
 `max_tokens` (default 256), `truncate` (default true: longer inputs are cut to `max_tokens`; false: a
-400), `matryoshka_dimensions` (the sizes `dimensions` may cut to; default `config.json`'s, else any),
+400), `normalize` (an embedding model's, default true: unit-length vectors; false: the pooled vectors
+as they are, TEI's `normalize: false`, which the server normalises for a call that asks, as TEI's
+`/embed` does by default), `matryoshka_dimensions` (the sizes `dimensions` may cut to; default `config.json`'s, else any),
 `bucket_edges` (token counts, default [16, 32, 64, 128, 256], `max_tokens` always last), `cuda_graphs`
 (default true), `graph_batch_sizes` (captured, default 1 to 256 in steps of at most 1.5x), `graph_lengths`
 (captured, default the bucket edges, `max_tokens` always last), `torch_threads` (CPU threads per worker;
@@ -61,7 +63,7 @@ __all__ = ["DTYPES", "InputTooLong", "TextModel", "check_choices", "create", "de
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TASKS = ("embedding", "classification", "rerank")
-_OPTIONS = {"model_path", "task", "dtype", "max_tokens", "truncate", "bucket_edges", "cuda_graphs",
+_OPTIONS = {"model_path", "task", "dtype", "max_tokens", "truncate", "normalize", "bucket_edges", "cuda_graphs",
             "graph_batch_sizes", "graph_lengths", "torch_threads", "matryoshka_dimensions", "launch_ahead"}
 
 
@@ -80,6 +82,8 @@ def check_options(options: Mapping[str, Any]) -> None:
     lengths, max_tokens = options.get("graph_lengths"), options.get("max_tokens", 256)
     if lengths is not None and (not lengths or any(type(n) is not int or not 0 < n <= max_tokens for n in lengths)):
         raise ValueError(f"graph_lengths must be a list of token counts from 1 to max_tokens ({max_tokens})")
+    if "normalize" in options and (type(options["normalize"]) is not bool or options.get("task", "embedding") != "embedding"):
+        raise ValueError("normalize is an embedding model's, true or false (false: its vectors as pooled, not unit length)")
     sizes = options.get("matryoshka_dimensions")
     if sizes is not None and (not isinstance(sizes, list) or not sizes or any(type(n) is not int or n < 1 for n in sizes)):
         raise ValueError("matryoshka_dimensions must be a list of positive integers (the sizes the model was trained to cut to)")
@@ -145,6 +149,7 @@ class TextModel(PreparesBatches, WarmsUp, WarmsUpByBucket):
         dtype = DTYPES[options.get("dtype", "float32")]
         self.max_tokens = int(options.get("max_tokens", 256))
         self.truncate = bool(options.get("truncate", True))
+        self.unit_length = bool(options.get("normalize", True))  # (an embedding's: see the module docstring)
         edges = sorted({int(e) for e in options.get("bucket_edges", (16, 32, 64, 128, 256)) if int(e) < self.max_tokens})
         self.bucket_edges = (*edges, self.max_tokens)  # every input fits the last bucket
         # What changes the computation besides the model and version (shown as the batch key).
@@ -177,7 +182,7 @@ class TextModel(PreparesBatches, WarmsUp, WarmsUpByBucket):
         width = {"classification": len(self.labels), "rerank": 1}.get(self.task) or int(self.model.config.hidden_size)
         if self.task == "embedding":  # (what `dimensions` may ask: a Matryoshka model's sizes, else any up to its width)
             trained = options.get("matryoshka_dimensions") or getattr(self.model.config, "matryoshka_dimensions", None)
-            self.embedding_sizes, self.normalized = (tuple(sorted(trained)) if trained else width), True
+            self.embedding_sizes, self.normalized = (tuple(sorted(trained)) if trained else width), self.unit_length
         lengths = options.get("graph_lengths")
         seq_lens = tuple({*lengths, self.max_tokens}) if lengths else self.bucket_edges
         grid = ShapeGrid(tuple(options.get("graph_batch_sizes", DEFAULT_BATCH_SIZES)), seq_lens)
@@ -267,7 +272,7 @@ class TextModel(PreparesBatches, WarmsUp, WarmsUpByBucket):
         hidden = out.last_hidden_state.float()
         weights = mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
-        return torch.nn.functional.normalize(pooled, p=2, dim=1)
+        return torch.nn.functional.normalize(pooled, p=2, dim=1) if self.unit_length else pooled
 
     def _compute_fixed(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """`_compute` with the 4-D attention mask built here, from tensors alone: the model's own mask

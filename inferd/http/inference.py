@@ -264,7 +264,8 @@ def _refuse_vectors_it_cannot_give(call: EmbeddingsBody, model: BatchModel) -> N
         allowed = f"up to {sizes}" if isinstance(sizes, int) else ", ".join(map(str, sizes))  # type: ignore[arg-type]
         raise InvalidInput(f"`dimensions` {size} is not served by model {model.name}: it takes {allowed}")
     if call.normalize is False and model.offers.normalized:
-        raise InvalidInput(f"`normalize: false` is not served by model {model.name}: its vectors are normalised")
+        raise InvalidInput(f"`normalize: false` is not served by model {model.name}: its vectors are normalised "
+                           "(a text model with the option normalize = false serves its raw vectors)")
 
 
 def _refuse_long_pairs(call: RerankBody, model: BatchModel) -> None:

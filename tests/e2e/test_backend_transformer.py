@@ -371,3 +371,37 @@ async def test_the_tokens_of_every_computed_input_are_counted_by_length(http, re
     assert f'inferd_input_tokens_count{{model="minilm",version="1"}} {float(len(inputs))}' in text
     at_most_16 = sum(n <= 16 for n in lengths)
     assert f'inferd_input_tokens_bucket{{le="16.0",model="minilm",version="1"}} {float(at_most_16)}' in text
+
+
+async def test_a_model_serving_raw_vectors_answers_teis_normalize_false_and_normalises_what_asks(http, reference):
+    """With the option `normalize = false`, MiniLM's pooled vectors as they are: TEI's `/embed` with
+    `normalize: false` gets them, `/embed` by default (TEI's `normalize: true`) gets them unit length,
+    and OpenAI's route gets them as the model gives them; each against the model called directly."""
+    raw_model = TextModel("cpu", {"max_tokens": 64, "bucket_edges": EDGES, "normalize": False})
+    inputs = texts()[:4]
+    raw = [raw_model([raw_model.tokenize(text)])[0] for text in inputs]
+    unit = [alone(reference, text) for text in inputs]
+    assert all(abs(np.linalg.norm(v) - 1.0) > 0.01 for v in raw)  # (raw indeed: not unit length)
+    async with running_server(minilm(options={"normalize": False})) as srv:
+        async with http.post(f"{srv.url}/embed", json={"inputs": inputs, "normalize": False}) as resp:
+            assert resp.status == 200
+            tei_raw = await resp.json()
+        async with http.post(f"{srv.url}/embed", json={"inputs": inputs}) as resp:
+            tei_default = await resp.json()
+        async with http.post(f"{srv.url}/v1/embeddings", json={"input": inputs}) as resp:
+            openai_shape = await resp.json()
+    for got, want in zip(tei_raw, raw, strict=True):
+        assert np.max(np.abs(np.array(got) - want)) < 1e-4
+    for got, want in zip(tei_default, unit, strict=True):
+        assert np.max(np.abs(np.array(got) - want)) < 1e-4
+    for got, want in zip(openai_shape["data"], raw, strict=True):
+        assert np.max(np.abs(np.array(got["embedding"]) - want)) < 1e-4
+
+
+def test_normalize_is_an_embedding_models_true_or_false():
+    from inferd.backends.transformer import check_options
+
+    check_options({"normalize": False})
+    for wrong in ({"normalize": "no"}, {"normalize": False, "task": "rerank"}):
+        with pytest.raises(ValueError, match="normalize"):
+            check_options(wrong)
