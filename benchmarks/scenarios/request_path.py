@@ -1,7 +1,7 @@
 """Before/after of a change to the request path: S2 (the simulated GPU, which costs the server no CPU)
 and S9 (the real MiniLM front end, a stand-in only for the GPU's time) on this checkout and on
 `--baseline-tree`, alternated round by round so both see the same machine (and which goes first swapped
-each round). 10 ms per batch of up to
+each round); `--paths S9` runs one of them. 10 ms per batch of up to
 100, wrk at 100 and 400 clients. The figures are the ratios of the medians, and the median of the
 round-by-round ratios (this machine is noisy: one pair proves little).
 """
@@ -43,10 +43,14 @@ if __name__ == "__main__":
     n_rounds = int(sys.argv.pop(sys.argv.index("--rounds") + 1)) if rounds_given else 5
     if rounds_given:
         sys.argv.remove("--rounds")
+    only = sys.argv.pop(sys.argv.index("--paths") + 1).split(",") if "--paths" in sys.argv else None  # (e.g. S9)
+    if only is not None:
+        sys.argv.remove("--paths")
     args = parse_args(__doc__, baseline=True)
     if not args.baseline_tree:
         raise SystemExit("--baseline-tree is required (git worktree add DIR REF)")
     paths = {"S2": (sim_config(latency_ms=10), S2_BODY), "S9": (standin_config("gpu_ms = 10"), S9_BODY)}
+    paths = {name: path for name, path in paths.items() if only is None or name in only}
     rounds = []
     for n in range(1 if args.quick else n_rounds):
         one = {}
