@@ -8,15 +8,15 @@ nothing and sends the first of its own clients to come back alone (a lone reques
 linger), and either way every request waits for a whole batch of the others (10 clients on a 100 ms
 function: batches of 1 and 4, p50 220 ms, half of one batch per cycle). A cycle (one batch's end to
 the next's) "echoed" when most of what the batch answered came back in the cycle's first quarter, four
-times as densely as in its second half: a closed loop comes back in a burst, however long its clients'
-turnaround (wrk's 1-3 ms; a loaded Python client's 20-35 ms at 50 clients), an open loop comes alike
-all through the cycle. A cycle that answered fewer than `EVIDENCE` requests moves the score in
-proportion: a light open loop's one or two come in a first quarter by chance (20 req/s on 100 ms
-batches: two cycles in five), and weighed whole they held a worker for echoes that never came
-(p99 +48 ms over the greedy rule's). Past a score, a worker that frees is held for the connections its batch just
-answered (each request names its connection: `messages.Client`): their batch leaves the moment the
-last of them sent again, or as many requests came as it answered (a client's pool may send on any of
-its connections), and at the latest when the first of them to come has lingered its linger (or a
+times as densely as in its second half, or (a batch of `WHOLE_BURST` or more) all of it early with
+nothing after, early enough that an open loop's arrivals would all come that early once in 20 cycles
+(of a cycle's first f, f^n: a tenth of it for 2 requests, 3/4 at most from 10): a closed loop comes back in a burst, however long its clients'
+turnaround (wrk's 1-3 ms; a Python client reading 10 answers one by one, 2-7 ms of a 12 ms cycle; a
+loaded one's 20-35 ms at 50 clients), an open loop comes alike all through the cycle; a cycle of fewer
+than `EVIDENCE` moves the score in proportion. Past a score, a worker that frees is held for the
+connections its batch just answered (each request names its connection: `messages.Client`): their
+batch leaves the moment the last of them sent again, or as many requests came as it answered (a
+client's pool may send on any of its connections), and at the latest when the first of them to come has lingered its linger (or a
 batch's time passed without any): one batch per cycle, each request waiting one batch and its clients'
 turnaround. Where a client's echo spreads past the linger (a loaded Python client sends a few at once
 and the rest 15-20 ms later), the first one's wait stretches to the spread lately seen (a whole echo's
@@ -42,8 +42,12 @@ RATE_WINDOW_S = 1.0  # rates are counts decaying with this time constant...
 RATE_STEP_S = 0.05  # ...applied in steps this long (no exponential per event)
 _HALF_WINDOW_S = RATE_WINDOW_S / 2
 ECHO_SCORE_TO_HOLD = 0.5  # the moving average of "this cycle echoed" past which a free worker waits
+HOLD_WITHIN = 0.75  # ...for an echo back within this share of a batch's time
+WHOLE_BURST = 2  # from a batch this large, the whole echo back early in a cycle, then nothing, is one too:
+BY_CHANCE = 0.05  # early enough that an open loop's as many arrivals would all come that early once in 20 cycles
+WHOLE_WITHIN = 0.75  # (n arrivals spread alike over a cycle all come in its first f with chance f^n), within 3/4
+EVIDENCE = 4  # a cycle of fewer requests moves the score in proportion (a light open loop's come early by chance)
 _ECHO_ALPHA = 0.3
-EVIDENCE = 4  # a cycle that answered fewer requests moves the score in proportion (see `batch_finished`)
 SPREAD_MARGIN = 1.25  # a hold stretched for an echo's spread waits this much longer than the spread seen...
 _SPREAD_FALL = 0.05  # ...the highest of late: a loaded client's spread varies by half from cycle to cycle
 CYCLE_ARRIVALS = 1024  # the arrivals of a cycle whose times the echo's score reads
@@ -122,7 +126,7 @@ class Echo:
             self._offsets.append(now - self.cycle_start)
         if not self.hold_until or now >= self.hold_until:
             # (none, or it ran out: the batch that leaves next ends it, `batch_left`). Clients not held
-            # for (their echo comes back over more than a third of a batch) are still back whole when
+            # for (their echo comes back over more than `HOLD_WITHIN` of a batch) are still back whole when
             # every connection the batch answered has sent again: their batch goes then, not at the
             # linger's end.
             returning = self._returning
@@ -148,11 +152,16 @@ class Echo:
         length = now - self.cycle_start
         if self.cycle_start and self._cycle_size and length > 0:
             offsets = self._offsets  # (in the order they came: sorted)
-            early = bisect.bisect_right(offsets, length / 4)
+            size = self._cycle_size
             late = len(offsets) - bisect.bisect_right(offsets, length / 2)
-            echoed = early >= self._cycle_size / 2 and early >= 2 * late  # (a quarter against a half: 4x as dense)
-            self.score += _ECHO_ALPHA * min(1.0, self._cycle_size / EVIDENCE) * (float(echoed) - self.score)
-            if echoed:  # the burst's end: its last arrival in the first quarter (a slow client's later one is not it)
+            early = bisect.bisect_right(offsets, length / 4)
+            echoed = early >= size / 2 and early >= 2 * late  # (a quarter against a half: 4x as dense)
+            if not echoed and size >= WHOLE_BURST:  # the whole echo back early, then nothing: see `WHOLE_WITHIN`
+                whole = bisect.bisect_right(offsets, length * min(WHOLE_WITHIN, BY_CHANCE ** (1.0 / size)))
+                if whole >= size and whole == len(offsets):
+                    echoed, early = True, whole
+            self.score += _ECHO_ALPHA * min(1.0, size / EVIDENCE) * (float(echoed) - self.score)
+            if echoed:  # the burst's end: its last early arrival (a slow client's later one is not it)
                 self.echo_s += _ECHO_ALPHA * (offsets[early - 1] - self.echo_s)
                 if len(offsets) >= self._cycle_size:  # back whole: as many came as it answered
                     spread = offsets[self._cycle_size - 1] - offsets[0]  # (rises at once, falls over ~20 cycles)
@@ -170,12 +179,14 @@ class Echo:
     def hold(self, answered: Sequence[Client | None], now: float, waiting: bool, longest_s: float) -> bool:
         """Whether a worker that frees having just answered requests on the `answered` connections (None:
         one not known) is held for their echo, for `longest_s` at most (a batch's time), and until the first of them to come lingered:
-        when one is expected, comes back whole within a third of a batch's time (a client slower than
-        that, holding, idles the device longer than the batches it merges save: the Python load
-        generator's 100 clients against 10 ms batches), and someone is to be waited for (not a
-        connection found slow); a lone answer only beside requests `waiting` (a lone request goes at
-        once anyway, and a light open loop's come in a cycle's first quarter now and then)."""
-        if not self.expected or self.echo_s > longest_s / 3 or (not waiting and len(answered) < 2):
+        when one is expected, comes back whole within `HOLD_WITHIN` of a batch's time (two groups held
+        for merge into cycles of a batch and the echo, where they alternated in cycles of two batches: a
+        gain while the echo takes less than a batch, and the margin for its variation; a slower client
+        is the Python load generator's 100 against 10 ms batches, whose answers come back all through
+        the cycle), and someone is to be waited for (not a connection found slow); a lone answer only
+        beside requests `waiting` (a lone request goes at once anyway, and a light open loop's come in
+        a cycle's first half now and then)."""
+        if not self.expected or self.echo_s > HOLD_WITHIN * longest_s or (not waiting and len(answered) < 2):
             self._not_held_for(answered)
             return False
         awaited, counted = self._awaited, False

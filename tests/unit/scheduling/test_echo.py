@@ -95,6 +95,32 @@ def test_two_groups_of_closed_loop_clients_out_of_step_merge_within_two_cycles()
     assert run.p50(3.0) <= 0.15 + 0.010
 
 
+@pytest.mark.parametrize(("clients", "step_s"), [(3, 0.00025), (5, 0.00025), (10, 0.00025), (10, 0.0005)])
+def test_a_client_that_reads_its_answers_one_by_one_merges_a_straggler_back_into_the_batch(clients: int, step_s: float):
+    """The Python load generator's 5 and 10 clients against 10 ms batches (measured: batches of 9 and 1
+    in turn, 0.61 of one batch per cycle): its loop reads a batch's answers one after another, so they
+    come back 2 ms after the batch, then one every `step_s`: past a cycle's first quarter, yet an echo.
+    A straggler that started while the others' batch computed is merged for good."""
+    sim = Simulation(batch_s=0.01, max_batch_size=100, max_wait_ms=20)
+    rank = {"at": -1.0, "n": 0}
+
+    def one_by_one(client: int) -> float:
+        now = sim.clock()
+        rank["n"] = rank["n"] + 1 if now == rank["at"] else 0
+        rank["at"] = now
+        return 0.002 + step_s * rank["n"]
+
+    closed_loop(sim, {c: 0.0 if c < clients - 1 else 0.004 for c in range(clients)}, one_by_one)
+    run = sim.until(4.0)
+    sim.close()
+    since = 1.0
+    served = len(run.after(since)) / (4.0 - since - 0.01)
+    one_batch_per_cycle = clients / (0.01 + 0.002 + step_s * clients)
+    assert served >= 0.95 * one_batch_per_cycle, (served, one_batch_per_cycle)
+    assert {size for start, size, _ in run.batches if start >= since} == {clients}
+    assert run.p50(since) <= 0.01 + 0.010
+
+
 def test_a_client_that_went_away_is_waited_for_once_and_a_slow_one_not_again():
     sim = Simulation(batch_s=0.1, max_batch_size=100, max_wait_ms=20)
     fast = turnarounds()
