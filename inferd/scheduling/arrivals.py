@@ -10,13 +10,14 @@ function: batches of 1 and 4, p50 220 ms, half of one batch per cycle). A cycle 
 the next's) "echoed" when most of what the batch answered came back in the cycle's first quarter, four
 times as densely as in its second half, or (a batch of `WHOLE_BURST` or more) all of it early with
 nothing after, early enough that an open loop's arrivals would all come that early once in 20 cycles
-(of a cycle's first f, f^n: a tenth of it for 2 requests, 3/4 at most from 10): a closed loop comes back in a burst, however long its clients'
-turnaround (wrk's 1-3 ms; a Python client reading 10 answers one by one, 2-7 ms of a 12 ms cycle; a
-loaded one's 20-35 ms at 50 clients), an open loop comes alike all through the cycle; a cycle of fewer
-than `EVIDENCE` moves the score in proportion. Past a score, a worker that frees is held for the
-connections its batch just answered (each request names its connection: `messages.Client`): their
-batch leaves the moment the last of them sent again, or as many requests came as it answered (a
-client's pool may send on any of its connections), and at the latest when the first of them to come has lingered its linger (or a
+(of a cycle's first f, f^n: a fifth of it for 2 requests, 3/4 at most from 10): a closed loop comes
+back in a burst, however long its clients' turnaround (wrk's 1-3 ms; a Python client reading 10
+answers one by one, 2-7 ms of a 12 ms cycle; a loaded one's 20-35 ms at 50 clients), an open loop
+comes alike all through the cycle; a cycle of fewer than `EVIDENCE` moves the score in proportion.
+Past a score, a worker that frees is held for the connections its batch just answered (each request
+names its connection: `messages.Client`): their batch leaves the moment the last of them sent again,
+or as many requests came as it answered (a client's pool may send on any of its connections), and at
+the latest when the first of them to come has lingered its linger (or a
 batch's time passed without any): one batch per cycle, each request waiting one batch and its clients'
 turnaround. Where a client's echo spreads past the linger (a loaded Python client sends a few at once
 and the rest 15-20 ms later), the first one's wait stretches to the spread lately seen (a whole echo's
