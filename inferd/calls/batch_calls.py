@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from ..admission.admission import Admission
 from ..admission.rate_limits import Identity
-from ..messages import Batch, PendingRequest, RequestState
+from ..messages import PendingRequest, RequestState
 from ..models.batch_model import BatchModel
 from ..observability.outcomes import Call, Outcomes
 from .request_ids import RequestIds
@@ -62,11 +62,10 @@ def call_timing(items: Sequence[PendingRequest], held_s: float) -> str:
     computation has neither), and how many of its inputs the result cache answered. (The largest queue
     and the largest compute of any of its inputs, as it once said, could come from two batches of a
     call split over them and add up to more than the call's total.)"""
-    computed = [item for item in items if item.batch is not None]
+    computed = [(item, item.batch) for item in items if item.batch is not None]
     timing = f"total;dur={held_s * 1000:.3f}"
     if computed:
-        last = max(computed, key=lambda item: item.batch.finished_at)  # type: ignore[union-attr]
-        batch = cast(Batch, last.batch)
+        last, batch = max(computed, key=lambda pair: pair[1].finished_at)
         timing += f", queue;dur={batch.queue_s(last) * 1000:.3f}, compute;dur={batch.compute_s * 1000:.3f}"
     hits = sum(1 for item in items if item.state is RequestState.CACHED)
     if hits:  # (as /v1/inference marks its own: the inputs answered from the result cache)
@@ -86,6 +85,8 @@ def cache_allowed(headers: Mapping[str, str]) -> bool:
 def withdraw_unanswered(model: BatchModel | None, items: list[PendingRequest]) -> None:
     """The rest of a call that failed or was given up: never computed if still waiting (a cancelled
     gather has cancelled their futures already, so a cancelled future counts as unanswered)."""
+    if model is None:  # (refused before it was routed: nothing was admitted)
+        return
     for item in items:
         if not item.future.done() or item.future.cancelled():
-            model.abandon(item)  # type: ignore[union-attr]
+            model.abandon(item)

@@ -202,7 +202,7 @@ class FastPath:
         return None
 
     def _start_call(self, connection: Connection, message: Any, payload: Any, state: ManyInputs | V2Infer,
-                    take: Callable[[bytes], None], route: str, identify: Callable[[], None] | None = None) -> None:
+                    take: Callable[[bytes], object], route: str, identify: Callable[[], None] | None = None) -> None:
         """In flight from here: traced (`route`), the caller identified (where not yet: `identify`), the
         body read, `take(body)` admits its inputs; then answered when the last of their futures calls
         back, or refused at once."""
@@ -243,7 +243,9 @@ class FastPath:
         """Draw the call's trace (`Tracing.begin`), from its start, once it is known to be a batch model's
         call or refused: a generation model's handler draws its own, and a second draw would take a
         client's sampled `traceparent` twice from `max_client_traced_per_s`. Returns True: drawn."""
-        one.call.trace = self.tracing.begin(headers, one.call.started, path)  # type: ignore[union-attr]
+        tracing = self.tracing
+        assert tracing is not None  # (drawn only where the server traces)
+        one.call.trace = tracing.begin(headers, one.call.started, path)
         return True
 
     def resolved(self, flight: InFlight, future: asyncio.Future) -> None:
@@ -266,7 +268,8 @@ class FastPath:
                     if type(one) is ManyInputs:
                         data = answer_bytes(200, *self.inference.answered_many(one, outputs), flight.keep_alive)
                     else:
-                        body, extra, content_type = self.open_inference.answered(one, outputs)  # type: ignore[arg-type]
+                        assert type(one) is V2Infer
+                        body, extra, content_type = self.open_inference.answered(one, outputs)
                         data = answer_bytes(200, body, extra, flight.keep_alive, content_type)
         except InferdError as raised:
             error = raised
@@ -283,7 +286,7 @@ class FastPath:
 
     def _refusal(self, flight: InFlight, error: InferdError) -> tuple[int, bytes, bool]:
         one = flight.one
-        response = self.open_inference.refused(one, error) if type(one) is V2Infer else self.inference.refused(one, error)  # type: ignore[arg-type]
+        response = self.open_inference.refused(one, error) if isinstance(one, V2Infer) else self.inference.refused(one, error)
         keep_alive = flight.keep_alive and not response.closes
         return error.status, response.encoded(keep_alive), keep_alive
 
@@ -291,8 +294,9 @@ class FastPath:
         one = flight.one
         self.taken += 1
         try:
-            if one.call.trace is not None:
-                self.tracing.end(one.call.trace, one.call.request_id, status)  # type: ignore[union-attr]
+            trace = one.call.trace
+            if trace is not None and self.tracing is not None:  # (a trace is drawn only where the server traces)
+                self.tracing.end(trace, one.call.request_id, status)
             flight.connection.fast_answered(data, keep_alive)
         finally:
             self.lifecycle.leave()
@@ -305,8 +309,9 @@ class FastPath:
         try:
             self.inference.outcomes.record(one.call, 499, "CLIENT_DISCONNECTED")
             withdraw_unanswered(one.model, one.call.requests)
-            if one.call.trace is not None:
-                self.tracing.end(one.call.trace, one.call.request_id, 499)  # type: ignore[union-attr]
+            trace = one.call.trace
+            if trace is not None and self.tracing is not None:
+                self.tracing.end(trace, one.call.request_id, 499)
         finally:
             self.lifecycle.leave()
 

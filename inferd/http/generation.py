@@ -225,8 +225,8 @@ class GenerationApi:
                         if choice is None:
                             choice, pieces[delta.index] = made.setdefault(delta.index, Choice(tokens=[])), []
                         pieces[delta.index].append(delta.text)
-                        if delta.logprobs:
-                            choice.tokens.extend(delta.logprobs)  # type: ignore[union-attr]
+                        if delta.logprobs and choice.tokens is not None:
+                            choice.tokens.extend(delta.logprobs)
                         if delta.finished:
                             choice.finish_reason = delta.finish_reason
                         continue
@@ -238,10 +238,10 @@ class GenerationApi:
                         await response.prepare(request)
                     await response.write(b"".join(b"data: " + dumps(event) + b"\n\n" for event in events))
         except TimeoutError:
-            if last is None and first_deadline < deadline:
+            if last is None and ttft_s is not None and first_deadline < deadline:
                 model.record_abort("ttft_objective")
                 failure: InferdError | None = DeadlineExceeded(
-                    f"no first token within the {ttft_s * 1000:.0f} ms objective; withdrawn from the engine",  # type: ignore[operator]
+                    f"no first token within the {ttft_s * 1000:.0f} ms objective; withdrawn from the engine",
                     reason="ttft_objective")
             else:
                 model.record_abort("deadline")

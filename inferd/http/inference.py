@@ -110,8 +110,7 @@ class InferenceApi:
                 parsed, who = one.parsed, one.who
                 assert parsed is not None and who is not None and self.generation is not None  # (set on the way here)
                 return await self.generation.inference(request, generation[0], parsed, who, one.call, generation[1])
-            self.admit(one, headers)
-            output = (await self.calls.answers(one.model, one.call))[0]  # type: ignore[arg-type]
+            output = (await self.calls.answers(self.admit(one, headers), one.call))[0]
         except InferdError as error:
             return self.refused(one, error)
         return WholeResponse(200, *self.answered(one, output))
@@ -145,9 +144,12 @@ class InferenceApi:
             raise InvalidInput(f"model {name} takes {model.input_kind} inputs, not {input_kind(parsed.input)}")
         return None
 
-    def admit(self, one: OneInput, headers: Mapping[str, str]) -> None:
-        self.calls.admit(one.model, one.call, (one.parsed.input,), one.who, one.parsed.timeout_ms,  # type: ignore[arg-type, union-attr]
-                         cache_allowed(headers))
+    def admit(self, one: OneInput, headers: Mapping[str, str]) -> BatchModel:
+        """Admit the call's input to its model (`identify` and `route` found them); returns the model."""
+        model, parsed, who = one.model, one.parsed, one.who
+        assert model is not None and parsed is not None and who is not None
+        self.calls.admit(model, one.call, (parsed.input,), who, parsed.timeout_ms, cache_allowed(headers))
+        return model
 
     def refused(self, one: OneInput | ManyInputs, error: InferdError) -> WholeResponse:
         """The call's error answer (in OpenAI's shape on its routes), recorded."""
@@ -170,7 +172,7 @@ class InferenceApi:
             extra += (("Server-Timing", timing + ', shared;desc="collapsed"' if pending.state is _ATTACHED else timing),)
         elif pending.state is _CACHED:
             extra += (("Server-Timing", 'cache;desc="hit"'),)
-        if one.parsed.base64:  # type: ignore[union-attr]
+        if one.parsed is not None and one.parsed.base64:
             output = encode_vector(output, base64=True)
         payload = {"output": output, "request_id": request_id, "model": call.model, "model_version": version,
                    "latency_ms": round((now - call.started) * 1e6) / 1000}  # (to the µs: no decimal rounding, half the cost)
@@ -195,18 +197,19 @@ class InferenceApi:
         many.call.client = client_of(request)
         try:
             self.identify(many, headers)
-            self.take(many, await self.body.read(request), headers)
-            outputs = await self.calls.answers(many.model, many.call)  # type: ignore[arg-type]
+            model = self.take(many, await self.body.read(request), headers)
+            outputs = await self.calls.answers(model, many.call)
         except InferdError as error:
             return self.refused(many, error)
         return WholeResponse(200, *self.answered_many(many, outputs))
 
     # The steps of `call_of_many`, which the fast path takes too.
 
-    def take(self, many: ManyInputs, body: bytes, headers: Mapping[str, str]) -> None:
-        """Read the call from the body, find its model (`many.model`), refuse what it cannot honour, and
-        admit its inputs (`many.call.requests`)."""
-        call, kind = many.call, many.dialect.kind
+    def take(self, many: ManyInputs, body: bytes, headers: Mapping[str, str]) -> BatchModel:
+        """Read the call from the body, find its model (`many.model`, returned), refuse what it cannot
+        honour, and admit its inputs (`many.call.requests`) for the caller `identify` found."""
+        call, kind, who = many.call, many.dialect.kind, many.who
+        assert who is not None
         many.parsed = parsed = many.dialect.parse(body)
         name = parsed.model or self.models.default_for(kind)
         many.model = model = self.models.route(name)
@@ -220,14 +223,15 @@ class InferenceApi:
             raise InvalidInput(f"the call holds {parsed.count} inputs; model {name} takes at most {cap} per call")
         inputs = parsed.inputs
         _refuse_what_the_model_cannot_honour(parsed, model, inputs)
-        self.calls.admit(model, call, inputs, many.who, parsed.timeout_ms, cache_allowed(headers))  # type: ignore[arg-type]
+        self.calls.admit(model, call, inputs, who, parsed.timeout_ms, cache_allowed(headers))
+        return model
 
     def answered_many(self, many: ManyInputs, outputs: list[Any]) -> tuple[bytes, tuple[tuple[str, str], ...]]:
         """The call's answer (its body and headers) from its outputs in order, recorded."""
         call, parsed = many.call, many.parsed
         now = self.outcomes.record(call)
-        if isinstance(parsed, EmbeddingsBody):  # (cut to `dimensions`, normalised as asked)
-            outputs = shaped(outputs, parsed, many.model.offers.normalized)  # type: ignore[union-attr]
+        if isinstance(parsed, EmbeddingsBody) and many.model is not None:  # (cut to `dimensions`, normalised as asked)
+            outputs = shaped(outputs, parsed, many.model.offers.normalized)
         requests = call.requests
         payload = many.dialect.answer(parsed, outputs, call.model, call.request_id, sum(r.tokens for r in requests))
         return dumps(payload), (("X-Request-ID", call.request_id), ("X-Model-Version", call.version),
@@ -258,11 +262,12 @@ def _refuse_vectors_it_cannot_give(call: EmbeddingsBody, model: BatchModel) -> N
     """`dimensions` the model does not take, TEI's `normalize: false` on a model that normalises: a 400
     naming the field, before anything is computed."""
     sizes, size = model.offers.embedding_sizes, call.dimensions
-    if size is not None and sizes is None:
-        raise InvalidInput(f"`dimensions` is not served by model {model.name}: its vectors come at their own size")
-    if size is not None and (size > sizes if isinstance(sizes, int) else size not in sizes):  # type: ignore[operator]
-        allowed = f"up to {sizes}" if isinstance(sizes, int) else ", ".join(map(str, sizes))  # type: ignore[arg-type]
-        raise InvalidInput(f"`dimensions` {size} is not served by model {model.name}: it takes {allowed}")
+    if size is not None:
+        if sizes is None:
+            raise InvalidInput(f"`dimensions` is not served by model {model.name}: its vectors come at their own size")
+        if size > sizes if isinstance(sizes, int) else size not in sizes:
+            allowed = f"up to {sizes}" if isinstance(sizes, int) else ", ".join(map(str, sizes))
+            raise InvalidInput(f"`dimensions` {size} is not served by model {model.name}: it takes {allowed}")
     if call.normalize is False and model.offers.normalized:
         raise InvalidInput(f"`normalize: false` is not served by model {model.name}: its vectors are normalised "
                            "(a text model with the option normalize = false serves its raw vectors)")

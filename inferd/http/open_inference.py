@@ -83,9 +83,9 @@ class OpenInferenceApi:
                 return _json(triton_config(model), request_id)
             if rest == ["stats"]:
                 return _json({"model_stats": [model_statistics(model, self.outcomes.metrics)]}, request_id)
-            if rest == ["infer"]:
+            if rest == ["infer"] and who is not None:  # (identified above)
                 entered(self.lifecycle, request)
-                infer = V2Infer(self.started(model, request_id), model, who)  # type: ignore[arg-type]
+                infer = V2Infer(self.started(model, request_id), model, who)
                 infer.call.client = client_of(request)  # (the connection, as the batcher's echo knows it)
                 try:
                     return await self.infer(request, infer)
@@ -142,8 +142,9 @@ class OpenInferenceApi:
     def answered(self, infer: V2Infer, outputs: list[Any]) -> tuple[bytes, tuple[tuple[str, str], ...], bytes]:
         """The call's answer (its body, headers and content type), recorded."""
         call, parsed = infer.call, infer.parsed
+        assert parsed is not None  # (read by `take`)
         now = self.outcomes.record(call)
-        body, header_length = infer_response(call.model, call.version, parsed.id, outputs, parsed.binary_output)  # type: ignore[union-attr]
+        body, header_length = infer_response(call.model, call.version, parsed.id, outputs, parsed.binary_output)
         headers = (("X-Request-ID", call.request_id), ("Server-Timing", call_timing(call.requests, now - call.started)))
         if header_length is None:
             return body, headers, b"application/json"

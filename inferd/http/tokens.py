@@ -108,7 +108,9 @@ def _tokenize(model: BatchModel, data: dict[str, Any]) -> list[list[dict[str, An
         raise InvalidInput(f"input is {longest} characters; model {model.name} accepts at most {model.config.max_input_chars}")
     if data.get("prompt_name") is not None:
         raise InvalidInput("`prompt_name` is not served: no prompts are configured for this model")
-    return model.offers.tokens_of(texts, _flag(data, "add_special_tokens"))  # type: ignore[misc]  # (checked in _model)
+    tokens_of = model.offers.tokens_of
+    assert tokens_of is not None  # (checked in _model)
+    return tokens_of(texts, _flag(data, "add_special_tokens"))
 
 
 def _decode(model: BatchModel, data: dict[str, Any]) -> list[str]:
@@ -120,8 +122,10 @@ def _decode(model: BatchModel, data: dict[str, Any]) -> list[str]:
             isinstance(one, list) and all(type(i) is int for i in one) for one in lists):
         raise InvalidInput("`ids` must be a list of token ids or a non-empty list of such lists")
     _check_count(model, len(lists), "id lists")
+    text_of = model.offers.text_of
+    assert text_of is not None  # (checked in _model)
     try:
-        return model.offers.text_of(lists, _flag(data, "skip_special_tokens"))  # type: ignore[misc]  # (checked in _model)
+        return text_of(lists, _flag(data, "skip_special_tokens"))
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
 

@@ -87,11 +87,12 @@ class Delivery:
                     self.timeliness.lateness.observe(batch.finished_at - predicted, batch.finished_at)
         if self.tracing is not None:
             self.tracing.batch(batch, self.name)
+        outputs = batch.outputs or ()  # (None only where every request failed)
         if batch.error is None:
             self.breaker.record(True, batch.finished_at)
             shared = self.shared
             cache = shared.cache
-            for request, output in zip(batch.requests, batch.outputs, strict=False):  # type: ignore[arg-type]
+            for request, output in zip(batch.requests, outputs, strict=False):
                 if not request.future.done():
                     request.future.set_result(output)
                 if request.key is not None:
@@ -109,9 +110,9 @@ class Delivery:
                 self.dead_letters.add(request, self.name, error)
             if error is None:
                 if not request.future.done():
-                    request.future.set_result(batch.outputs[i])  # type: ignore[index]
+                    request.future.set_result(outputs[i])
                 if request.key is not None:
-                    self._deliver_shared(request, batch, batch.outputs[i])  # type: ignore[index]
+                    self._deliver_shared(request, batch, outputs[i])
             else:  # (its riders sent the same input: they fail with it, and nobody else does)
                 self.fail(request, InferenceFailed(f"inference failed: {errors.describe(error, 480)}"))
         if self.breaker.record(len(failures) < batch.size, batch.finished_at):

@@ -214,8 +214,9 @@ class Intake:
         client waits on the same computation (collapsing)."""
         self.deadlines.discard(request)
         request.future.cancel()
-        if request.state is RequestState.ATTACHED:
-            self.withdraw_if_unwanted(request.lead)  # type: ignore[arg-type]
+        lead = request.lead
+        if request.state is RequestState.ATTACHED and lead is not None:  # (an attached request has its lead)
+            self.withdraw_if_unwanted(lead)
         elif request.state is not RequestState.CACHED:
             self.withdraw_if_unwanted(request, RequestState.CANCELLED)
 
@@ -233,7 +234,7 @@ class Intake:
                 self.shared.settle(lead)
 
     def expire(self, request: PendingRequest) -> None:
-        lead: PendingRequest = request.lead if request.state is RequestState.ATTACHED else request  # type: ignore[assignment]
+        lead = request.lead if request.state is RequestState.ATTACHED and request.lead is not None else request
         if not request.future.done():
             where = "computing" if lead.state is RequestState.TAKEN else "queued"
             self.expired[(self.name, request.tier, where)] += 1

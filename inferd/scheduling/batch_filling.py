@@ -46,7 +46,8 @@ class BatchFilling:
         self.limit = limit
         self.max_size = max(limit, max_size or limit)
         self.tokens_left = math.inf if token_budget is None else token_budget
-        self.now, self.curve, self.level, self.margin = now, curve, level, margin
+        self.curve: Sequence[float] = () if curve is None else curve  # (read only where a bound was set: with a curve)
+        self.now, self.level, self.margin = now, level, margin
         self.horizon = -math.inf if curve is None else now + curve[limit] * level  # when the largest batch ends
         self.tightest = math.inf  # the earliest due among members that will meet it
         self.short_end = math.inf  # with a short call aboard, the most its shape may grow to (level 1.0)
@@ -63,8 +64,8 @@ class BatchFilling:
         n = len(self.taken)  # (without a curve neither bound is ever set: both stay inf)
         if n and ((n >= self.limit and not (short_call and (request.tenant, request.call_id) == self.short_call))
                   or tokens_of(request) > self.tokens_left
-                  or (self.tightest < math.inf and self.now + self.curve[n + 1] * self.level > self.tightest)  # type: ignore[index]
-                  or (self.short_end < math.inf and not short_call and self.curve[n + 1] > self.short_end)):  # type: ignore[index]
+                  or (self.tightest < math.inf and self.now + self.curve[n + 1] * self.level > self.tightest)
+                  or (self.short_end < math.inf and not short_call and self.curve[n + 1] > self.short_end)):
             self.stopped = True
             return False
         return True
@@ -76,12 +77,12 @@ class BatchFilling:
         batch up to the limit as before."""
         last = self.taken[-1]
         self.short_call = (last.tenant, last.call_id)
-        if self.curve is not None and bound_growth:
+        if self.curve and bound_growth:
             self.short_end = self.curve[len(self.taken)] * (1.0 + SHORT_CALL_GROWTH)
 
     def add(self, request: PendingRequest) -> None:
         self.taken.append(request)
         self.tokens_left -= tokens_of(request)
         due = request.due
-        if due < self.horizon and due >= self.now + self.curve[len(self.taken)] * self.level * self.margin:  # type: ignore[index]
+        if due < self.horizon and due >= self.now + self.curve[len(self.taken)] * self.level * self.margin:
             self.tightest = min(self.tightest, due)

@@ -216,12 +216,13 @@ class TextAnswer:
         return events
 
     def _tool_chunks(self, text: str, last: Any, usage: dict[str, int]) -> list[dict[str, Any]]:
-        assert self.tools is not None
-        if self.tools.choice == "named":  # the text is the call's arguments: streamed as they come
-            return self._named_call_chunks(text, last, usage)
-        return self._parsed_call_chunks(text, last, usage)
+        tools = self.tools
+        assert tools is not None
+        if tools.choice == "named":  # the text is the call's arguments: streamed as they come
+            return self._named_call_chunks(tools, text, last, usage)
+        return self._parsed_call_chunks(tools, text, last, usage)
 
-    def _named_call_chunks(self, text: str, last: Any, usage: dict[str, int]) -> list[dict[str, Any]]:
+    def _named_call_chunks(self, tools: ToolPlan, text: str, last: Any, usage: dict[str, int]) -> list[dict[str, Any]]:
         """A forced function's call, streamed: its id and name in the choice's first chunk, then its
         arguments as the model writes them (as OpenAI streams a call)."""
         index = last.index
@@ -231,17 +232,17 @@ class TextAnswer:
             self._role_sent.add(index)
             delta["role"] = "assistant"
             call.update(id=f"call_{os.urandom(12).hex()}", type="function")
-            call["function"]["name"] = self.tools.name  # type: ignore[union-attr]
-        reason = self.tools.finish_reason(last.finish_reason, True) if last.finished else None  # type: ignore[union-attr]
+            call["function"]["name"] = tools.name
+        reason = tools.finish_reason(last.finish_reason, True) if last.finished else None
         return self._events({"index": index, "delta": delta, "logprobs": self._logprobs(last.logprobs, index),
                              "finish_reason": reason}, last, usage)
 
-    def _parsed_call_chunks(self, text: str, last: Any, usage: dict[str, int]) -> list[dict[str, Any]]:
+    def _parsed_call_chunks(self, tools: ToolPlan, text: str, last: Any, usage: dict[str, int]) -> list[dict[str, Any]]:
         """"required"'s or "auto"'s content and calls, streamed as vLLM's readers parse them (the first
         step sends the role; a later one that completes nothing sends nothing, unless it carries
         logprobs or ends the choice)."""
         index = last.index
-        content, calls = self.tools.stream(index, text, last.token_ids, last.finished)  # type: ignore[union-attr]
+        content, calls = tools.stream(index, text, last.token_ids, last.finished)
         delta: dict[str, Any] = {}
         if index not in self._role_sent:
             self._role_sent.add(index)
@@ -253,7 +254,7 @@ class TextAnswer:
             self._called.add(index)
         reason = None
         if last.finished:
-            reason = self.tools.finish_reason(last.finish_reason, index in self._called)  # type: ignore[union-attr]
+            reason = tools.finish_reason(last.finish_reason, index in self._called)
         if not delta and not last.finished and not last.logprobs:
             return []
         return self._events({"index": index, "delta": delta, "logprobs": self._logprobs(last.logprobs, index),
