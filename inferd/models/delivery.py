@@ -87,8 +87,9 @@ class Delivery:
                     self.timeliness.lateness.observe(batch.finished_at - predicted, batch.finished_at)
         if self.tracing is not None:
             self.tracing.batch(batch, self.name)
-        outputs = batch.outputs or ()  # (None only where every request failed)
+        outputs = batch.outputs
         if batch.error is None:
+            assert outputs is not None  # (a batch without an error has its outputs: `execution.worker`)
             self.breaker.record(True, batch.finished_at)
             shared = self.shared
             cache = shared.cache
@@ -109,6 +110,7 @@ class Delivery:
             if error is not None and batch.failures is not None:  # isolated: this input fails on its own
                 self.dead_letters.add(request, self.name, error)
             if error is None:
+                assert outputs is not None  # (a request that did not fail has its output)
                 if not request.future.done():
                     request.future.set_result(outputs[i])
                 if request.key is not None:
