@@ -22,3 +22,17 @@ class CallContext:
     lifecycle: Lifecycle
     ids: RequestIds
     tracing: Tracing | None = None  # (None: no call is traced)
+
+
+class CallHandlers:
+    """The base of a network's handlers: the context's parts as their own attributes (each is read per
+    request: one lookup, not two), set in one place."""
+
+    def __init__(self, context: CallContext) -> None:
+        self.context = context
+        self.models = context.models
+        self.admission = context.admission
+        self.outcomes = context.outcomes
+        self.lifecycle = context.lifecycle
+        self.ids = context.ids
+        self.tracing = context.tracing

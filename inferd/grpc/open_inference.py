@@ -27,7 +27,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from ..calls.batch_calls import BatchCalls
 from ..calls.catalog import model_metadata, model_statistics, repository_index, routed_model, server_metadata, triton_config
-from ..calls.context import CallContext
+from ..calls.context import CallContext, CallHandlers
 from ..errors import InferdError, InternalError, describe
 from ..models.batch_model import BatchModel
 from ..observability.outcomes import Call
@@ -38,16 +38,11 @@ log = logging.getLogger("inferd.grpc")
 Context = grpc.aio.ServicerContext
 
 
-class OpenInferenceService(pb_grpc.GRPCInferenceServiceServicer):
+class OpenInferenceService(CallHandlers, pb_grpc.GRPCInferenceServiceServicer):
     """The service's calls, answered from the models and the gate HTTP shares (see the module docstring)."""
 
     def __init__(self, context: CallContext) -> None:
-        self.models = context.models
-        self.admission = context.admission
-        self.outcomes = context.outcomes
-        self.lifecycle = context.lifecycle
-        self.ids = context.ids
-        self.tracing = context.tracing
+        super().__init__(context)
         self.calls = BatchCalls(context.admission, context.outcomes)
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> pb.ServerLiveResponse:

@@ -16,20 +16,18 @@ from typing import Any
 from aiohttp import web
 
 from .. import __version__
-from ..calls.context import CallContext
+from ..calls.context import CallContext, CallHandlers
 from ..config import ModelConfig
 from ..errors import InferdError, describe
 from ..models.batch_model import BatchModel
 from .responses import error_response, json_response
 
 
-class AboutApi:
+class AboutApi(CallHandlers):
     """The probes, `/version` and `/info`; `ready` is the server's answer to "send traffic here?"."""
 
     def __init__(self, context: CallContext, ready: Callable[[], bool]) -> None:
-        self.models = context.models
-        self.ids = context.ids
-        self.lifecycle = context.lifecycle
+        super().__init__(context)
         self._ready = ready
         self.auth = context.admission.auth
 

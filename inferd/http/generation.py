@@ -26,7 +26,7 @@ from aiohttp import web
 
 from ..admission.rate_limits import Identity
 from ..calls.batch_calls import call_start
-from ..calls.context import CallContext
+from ..calls.context import CallContext, CallHandlers
 from ..errors import DeadlineExceeded, InferdError, InferenceFailed, InvalidInput, ModelNotFound, describe
 from ..observability.outcomes import Call
 from ..observability.tracing import Generated
@@ -63,16 +63,11 @@ class Generation:
     adapter: Adapter | None = None  # the LoRA adapter it goes through
 
 
-class GenerationApi:
+class GenerationApi(CallHandlers):
     """Handlers for the generation models."""
 
     def __init__(self, context: CallContext, body: BodyReader) -> None:
-        self.context = context
-        self.models = context.models
-        self.admission = context.admission
-        self.outcomes = context.outcomes
-        self.lifecycle = context.lifecycle
-        self.ids = context.ids
+        super().__init__(context)
         self.body = body
 
     def routes(self) -> dict[str, Route]:

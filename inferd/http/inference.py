@@ -19,7 +19,7 @@ from aiohttp import web
 
 from ..admission.rate_limits import Identity
 from ..calls.batch_calls import BatchCalls, cache_allowed, call_start, call_timing
-from ..calls.context import CallContext
+from ..calls.context import CallContext, CallHandlers
 from ..errors import InferdError, InvalidInput, ModelNotFound
 from ..messages import RequestState
 from ..models.batch_model import BatchModel
@@ -73,16 +73,11 @@ class OneInput:
     model: BatchModel | None = None
 
 
-class InferenceApi:
+class InferenceApi(CallHandlers):
     """Handlers for the batch models (and `/v1/inference` for a generation model, handed on)."""
 
     def __init__(self, context: CallContext, body: BodyReader, generation: GenerationApi | None) -> None:
-        self.context = context
-        self.models = context.models  # (each read per request: copied, not reached through `context`)
-        self.admission = context.admission
-        self.outcomes = context.outcomes
-        self.lifecycle = context.lifecycle
-        self.ids = context.ids
+        super().__init__(context)
         self.body = body
         self.generation = generation
         self.calls = BatchCalls(context.admission, context.outcomes)

@@ -23,7 +23,7 @@ from aiohttp import web
 from ..admission.rate_limits import Identity
 from ..calls.batch_calls import BatchCalls, cache_allowed, call_timing
 from ..calls.catalog import model_metadata, model_statistics, repository_index, routed_model, server_metadata, triton_config
-from ..calls.context import CallContext
+from ..calls.context import CallContext, CallHandlers
 from ..errors import InferdError, MethodNotAllowed, NotFound
 from ..models.batch_model import BatchModel
 from ..observability.outcomes import Call
@@ -34,17 +34,12 @@ from .call_tracing import client_of, traced
 from .responses import WholeResponse, error_response
 
 
-class OpenInferenceApi:
+class OpenInferenceApi(CallHandlers):
     """Routes `/v2/...` paths and answers them."""
 
     def __init__(self, context: CallContext, body: BodyReader) -> None:
-        self.models = context.models
-        self.admission = context.admission
-        self.outcomes = context.outcomes
-        self.lifecycle = context.lifecycle
-        self.ids = context.ids
+        super().__init__(context)
         self.body = body
-        self.tracing = context.tracing
         self.calls = BatchCalls(context.admission, context.outcomes)
 
     async def route(self, request: web.BaseRequest, path: str) -> web.StreamResponse:

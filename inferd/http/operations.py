@@ -15,7 +15,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from ..admission.rate_limits import RateLimiter
-from ..calls.context import CallContext
+from ..calls.context import CallContext, CallHandlers
 from ..errors import InferdError, ModelNotFound
 from ..models.batch_model import BatchModel
 from ..observability.dead_letters import DeadLetters
@@ -35,15 +35,12 @@ class ServerFigures:
     connections: Callable[[], dict[str, int]] | None = None  # the connections' figures (/v1/stats)
 
 
-class OperationsApi:
+class OperationsApi(CallHandlers):
     """The operations endpoints (see the module docstring)."""
 
     def __init__(self, context: CallContext, figures: ServerFigures, idempotency: IdempotentReplies) -> None:
-        self.models = context.models
-        self.admission = context.admission
+        super().__init__(context)
         self.limiter = figures.limiter
-        self.lifecycle = context.lifecycle
-        self.ids = context.ids
         self.dead_letter_log = figures.dead_letters
         self.registry = figures.registry
         self.idempotency = idempotency

@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..calls.context import CallContext
+from ..calls.context import CallContext, CallHandlers
 from ..errors import InferdError, InvalidInput, ModelNotFound, NotReady, ServiceOverloaded
 from ..models.batch_model import BatchModel
 from ..wire.json_values import dumps, json_object
@@ -31,13 +31,11 @@ from .responses import WholeResponse, error_response
 MAX_AT_ONCE = 2  # tokeniser calls running at once (each on a thread of its own, holding its texts)
 
 
-class TokensApi:
+class TokensApi(CallHandlers):
     """`/tokenize` and `/decode` (see the module docstring)."""
 
     def __init__(self, context: CallContext, body: BodyReader) -> None:
-        self.models = context.models
-        self.admission = context.admission
-        self.ids = context.ids
+        super().__init__(context)
         self.body = body
         self.running = 0  # calls on a thread now (at most MAX_AT_ONCE)
 
