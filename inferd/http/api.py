@@ -26,7 +26,7 @@ from .admin import AdminApi
 from .api_page import PAGE_FILES, ApiPage
 from .body_reader import BodyReader, entered
 from .fast_path import FastPath
-from .generation import GenerationApi
+from .generation import GENERATION_PATHS, GenerationApi
 from .idempotency import IdempotentReplies
 from .inference import InferenceApi
 from .open_inference import OpenInferenceApi
@@ -34,8 +34,6 @@ from .operations import OperationsApi, ServerFigures
 from .responses import WholeResponse, error_response, openai_path
 from .routes import Handler, PathHandler, Route
 from .tokens import TokensApi
-
-_GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")  # (without a generation model: a 404 that says so)
 
 
 class HttpApi:
@@ -131,7 +129,7 @@ class HttpApi:
                 if path.startswith(prefix):
                     return await routed(request, path)
             error: InferdError = NotFound(f"no route for {request.method} {path}")
-            if path in _GENERATION_PATHS:
+            if path in GENERATION_PATHS:  # (without a generation model: a 404 that says so)
                 error = ModelNotFound(f"this server serves no generation model: {path} has nothing to answer; see GET /v1/models")
             return error_response(error, self.ids.pick(request.headers.get("X-Request-ID")), openai=openai_path(path))
         return self._wrong_method(request, path, route.method)

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ..models.generation_promises import Promise
 
 log = logging.getLogger("inferd.generation")
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")  # OpenAI's (`GenerationApi.routes`)
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Server": "inferd"}
 
 
@@ -72,8 +73,9 @@ class GenerationApi(CallHandlers):
 
     def routes(self) -> dict[str, Route]:
         """OpenAI's two generation routes; a keyed repeat of a running one is refused (a stream is not shared)."""
-        return {"/v1/completions": call_route(self.context, self.completions, keyed="once", openai_errors=True),
-                "/v1/chat/completions": call_route(self.context, self.chat_completions, keyed="once", openai_errors=True)}
+        completions, chat = GENERATION_PATHS
+        return {completions: call_route(self.context, self.completions, keyed="once", openai_errors=True),
+                chat: call_route(self.context, self.chat_completions, keyed="once", openai_errors=True)}
 
     # ---- the three request shapes ----------------------------------------------------------------
 
