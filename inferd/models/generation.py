@@ -79,6 +79,7 @@ class GenerationModel:
         self.adapters = Adapters(self.name, self.engine)  # its LoRA adapters, by name
         self.costs = EngineCosts()
         self.book = EngineBook(self.costs)  # every admitted request, until its last token
+        self._kept: dict[str, asyncio.Future[None]] = {}  # by engine request id: kept back for KV, until handed over
         self.preparing = 0  # admitted, being tokenised: places reserved among the waiting
         self._waiting_tokens = 0  # the prompt tokens of those handed to the engine without a first token
         self._engine_ids = itertools.count(1)
@@ -176,6 +177,8 @@ class GenerationModel:
     def _read_engine(self) -> None:
         stats = self._stats
         self.book.places, self.book.kv_cache_tokens = stats.max_running, stats.kv_cache_tokens
+        if self.book.kept_back:
+            self._hand_over_released()
 
     def _refuse(self, error: ServiceOverloaded) -> ServiceOverloaded:
         self.metrics.refusals[error.reason] = self.metrics.refusals.get(error.reason, 0) + 1
@@ -298,6 +301,8 @@ class GenerationModel:
         first_at = 0.0
         finished = False
         try:
+            if not book.hand_over(promise):  # (kept back until its KV need is free: see `EngineBook.hand_over`)
+                await self._kept.setdefault(promise.request_id, self.loop.create_future())
             lora = adapter.engine_request if adapter is not None else None
             async for delta in self.engine.generate(prompt_ids, sampling, promise.request_id, promise.priority, lora):
                 now = time.monotonic()
@@ -317,7 +322,16 @@ class GenerationModel:
         finally:
             if not first_at:
                 self._waiting_tokens -= len(prompt_ids)
+            self._kept.pop(promise.request_id, None)
             book.leave(promise, time.monotonic(), finished)
+            self._hand_over_released()
+
+    def _hand_over_released(self) -> None:
+        """Those kept back whose KV need is free now go on to the engine."""
+        for promise in self.book.released():
+            handed = self._kept.get(promise.request_id)
+            if handed is not None and not handed.done():
+                handed.set_result(None)
 
     def record_abort(self, reason: str) -> None:
         self.metrics.aborts[reason] = self.metrics.aborts.get(reason, 0) + 1
@@ -367,6 +381,7 @@ class GenerationModel:
             "prediction_errors": {"ttft": self.book.ttft_errors.describe(), "tpot": self.book.tpot_errors.describe()},
             "stats": {
                 "waiting": self.book.waiting,
+                "kept_back": self.book.kept_back,
                 "running": self.running,
                 "engine_running": stats.running,
                 "engine_waiting": stats.waiting,

@@ -41,8 +41,8 @@ async def client():
         yield session
 
 
-async def complete(client, url, i, headers=None, max_tokens=40):
-    body = {"model": "llm", "prompt": f"word number {i}", "max_tokens": max_tokens}
+async def complete(client, url, i, headers=None, max_tokens=40, model="llm"):
+    body = {"model": model, "prompt": f"word number {i}", "max_tokens": max_tokens}
     async with client.post(f"{url}/v1/completions", json=body, headers=headers) as resp:
         return resp.status, await resp.json(), dict(resp.headers), asyncio.get_running_loop().time()
 
@@ -105,3 +105,21 @@ async def test_metrics_export_every_name_the_generation_autoscaler_asks_for(serv
     async with client.get(f"{server.url}/metrics") as resp:
         exported = set(re.findall(r"^(inferd_[a-z_]+)", await resp.text(), re.M))
     assert len(asked) == 3 and asked <= exported, asked - exported
+
+
+async def test_requests_past_what_the_kv_cache_holds_wait_for_it_and_the_engine_preempts_none(client):
+    # room for 4 sequences of their prompt and 40 tokens each, places for 16: given them all at once, the engine
+    # would start 16 (their prompts fit) and preempt as their outputs grew
+    model = ModelConfig(name="small-kv", kind="generation", backend="inferd.backends.sim_engine", timeout_ms=20000,
+                        options={"step_ms": 2, "max_running": 16, "kv_cache_tokens": 200, "max_tokens": 40})
+    async with running_server(model, ready_timeout_s=30) as srv:
+        generation = srv.models.generation["small-kv"]
+        answers = asyncio.gather(*(complete(client, srv.url, i, model="small-kv") for i in range(12)))
+        kept_back = 0
+        while not answers.done():
+            kept_back = max(kept_back, generation.book.kept_back)
+            await asyncio.sleep(0.002)
+        statuses = [a[0] for a in await answers]
+        stats = generation.describe()["stats"]
+    assert statuses == [200] * 12
+    assert kept_back > 0 and stats["preemptions"] == 0 and stats["kept_back"] == 0

@@ -41,6 +41,7 @@ class Run:
     ended: list[Ended] = field(default_factory=list)
     duration_s: float = 0.0
     demand: list[tuple[float, float]] = field(default_factory=list)  # (t, `EngineBook.demand`) once a second
+    preemptions: int = 0  # the engine's
 
     def of(self, how: str, priority: int | None = None) -> list[Ended]:
         return [e for e in self.ended if e.how == how and (priority is None or e.arrival.priority == priority)]
@@ -70,20 +71,35 @@ def run(arrivals: list[Arrival], profile: Profile | None = None, costs: EngineCo
     out = Run()
     pending = sorted(arrivals, key=lambda a: a.at)
     live: dict[Sequence, tuple[Promise, Arrival]] = {}
+    kept: dict[str, tuple[Promise, Arrival]] = {}  # kept back for KV (`EngineBook.hand_over`), by request id
     t, step_end, step_made = 0.0, None, []
     i = 0
 
+    def hand(promise: Promise, arrival: Arrival) -> None:
+        live[core.add(promise.request_id, arrival.prompt_tokens, arrival.max_tokens, arrival.priority)] = (promise, arrival)
+
+    def leave(promise: Promise, now: float, finished: bool) -> None:
+        book.leave(promise, now, finished)
+        for released in book.released():
+            hand(*kept.pop(released.request_id))
+
     def withdraw(now: float) -> None:
         """Those whose TTFT objective passed before `now` without a first token (the server's timer)."""
+        late = lambda promise, arrival: (not promise.first_at and arrival.objectives.ttft_s is not None  # noqa: E731
+                                         and now > arrival.at + arrival.objectives.ttft_s)
+        for request_id, (promise, arrival) in list(kept.items()):
+            if late(promise, arrival):
+                del kept[request_id]
+                leave(promise, now, finished=False)
+                out.ended.append(Ended(arrival, "withdrawn"))
         for seq, (promise, arrival) in list(live.items()):
-            ttft = arrival.objectives.ttft_s
-            if not promise.first_at and ttft is not None and now > arrival.at + ttft:
+            if late(promise, arrival):
                 core.abort(seq)
-                book.leave(promise, now, finished=False)
                 del live[seq]
+                leave(promise, now, finished=False)
                 out.ended.append(Ended(arrival, "withdrawn"))
 
-    while i < len(pending) or live:
+    while i < len(pending) or live or kept:
         next_arrival = pending[i].at if i < len(pending) else float("inf")
         if step_end is not None and step_end <= next_arrival:
             t = step_end
@@ -97,8 +113,8 @@ def run(arrivals: list[Arrival], profile: Profile | None = None, costs: EngineCo
                 else:
                     book.tokens(promise, 1, t)
                 if seq.made >= seq.max_tokens:
-                    book.leave(promise, t, finished=True)
                     del live[seq]
+                    leave(promise, t, finished=True)
                     tpot = (t - promise.first_at) / max(1, promise.made - 1)
                     out.ended.append(Ended(arrival, "answered", promise.first_at - arrival.at, tpot))
             step_end = None
@@ -117,13 +133,17 @@ def run(arrivals: list[Arrival], profile: Profile | None = None, costs: EngineCo
                 out.ended.append(Ended(arrival, "refused", refused_at=t, reason=refused.reason, message=refused.message))
             else:
                 book.submitted(promise, prediction, t)
-                live[core.add(promise.request_id, arrival.prompt_tokens, arrival.max_tokens, arrival.priority)] = (promise, arrival)
+                if book.hand_over(promise):
+                    hand(promise, arrival)
+                else:
+                    kept[promise.request_id] = (promise, arrival)
         if not out.demand or t - out.demand[-1][0] >= 1.0:
             out.demand.append((t, book.demand(t)))
         if step_end is None and core.busy:
             seconds, step_made = core.step()
             step_end = t + seconds * step_scale(t)
     out.duration_s = t
+    out.preemptions = core.preemptions
     return out
 
 
