@@ -117,6 +117,36 @@ async def test_the_official_openai_client_works_unchanged(server):
     await api.close()
 
 
+async def test_a_vllm_users_first_calls_beyond_generating_are_answered_as_vllm_serve_answers_them(server, client):
+    """Past the five above (list, complete, stream, chat, stream a chat), what vLLM's docs show next, with its
+    own client where it has one: one model by name, stop strings, a seed that repeats, a request past the
+    context (vLLM's 400), and the probes and metrics its deployments poll."""
+    api = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=KEYS["enterprise"], max_retries=0)
+    model = await api.models.retrieve("tiny")  # 6
+    whole = await api.completions.create(model="tiny", prompt="Clients send one input", max_tokens=12, seed=7)
+    stop = whole.choices[0].text[3:6] if len(whole.choices[0].text) >= 6 else None
+    stopped = await api.completions.create(model="tiny", prompt="Clients send one input", max_tokens=12, seed=7,
+                                           stop=[stop] if stop else None)  # 7
+    again = await api.completions.create(model="tiny", prompt="Clients send one input", max_tokens=12, seed=7)  # 8
+    with pytest.raises(openai.BadRequestError) as too_long:  # 9
+        await api.completions.create(model="tiny", prompt="Clients send one input", max_tokens=1000)
+    await api.close()
+    probes = {}
+    for path in ("/health", "/ping", "/version", "/metrics"):  # 10
+        async with client.get(f"{server.url}{path}") as resp:
+            probes[path] = resp.status, await resp.text()
+    assert model.id == "tiny"
+    assert again.choices[0].text == whole.choices[0].text
+    if stop:
+        assert stopped.choices[0].finish_reason == "stop" and stop not in stopped.choices[0].text
+        assert whole.choices[0].text.startswith(stopped.choices[0].text)
+    assert too_long.value.status_code == 400 and "maximum context length" in str(too_long.value)
+    assert {path: status for path, (status, _) in probes.items()} == dict.fromkeys(probes, 200)
+    metrics = probes["/metrics"][1]
+    assert all(name in metrics for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                                            "vllm:time_to_first_token_seconds", "vllm:kv_cache_usage_perc"))
+
+
 async def test_continuous_batching_lets_short_requests_finish_first(server, client):
     started = time.monotonic()
     done: dict[str, float] = {}
