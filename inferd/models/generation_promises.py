@@ -2,30 +2,30 @@
 to its last token, and the prediction of a new request's time to first token (TTFT) and time per
 output token (TPOT) that admission compares with its objectives.
 
-The prediction replays the engine's queue forward with the learnt costs (`EngineCosts`), in the
-engine's own order (priority, then arrival: vLLM's priority scheduling): the running sequences free
-their places as their expected remaining tokens are made; each request ahead of the new one takes the
-next free place, reads its prompt (one prefill at a time: prefill shares the engine's token budget),
-and runs for its expected output; the new request's first token comes once the step in progress has
-ended and its own prefill has been read, in the step that makes it. A request's places are the engine's
-running maximum, or fewer when the KV cache holds fewer of the sequences admitted (prompt plus
-max_tokens each): a request is handed to the engine only once that much of its cache is free
-(`hand_over`), kept back until then, so the engine never preempts what was promised. Requests of lower priority are not ahead: a
-higher tier passes them, and they are the ones that wait (or, once their objective has passed, are
-withdrawn). And since the engine does not preempt for priority (vLLM preempts for KV cache only), a
-place a lower tier holds is not given back in time to a higher tier's request: so places are kept for
-the tiers above one that were promised a TTFT in the last minute, as many as they hold on average
-(their arrival rate times the seconds a request holds its place), with room for their bursts, and a
-lower tier's requests may hold only the rest, unless places turn over faster than that tier's objective
-(every running request, and the newcomer, ends within it).
+The prediction replays the engine's queue forward with the learnt costs (`EngineCosts`), in the engine's
+own order (priority, then arrival: vLLM's priority scheduling): the running sequences free their places
+as their expected remaining tokens are made; each request ahead of the new one takes the next free
+place, reads its prompt (one prefill at a time: prefill shares the engine's token budget), and runs for
+its expected output; the new request's first token comes once the step in progress has ended and its own
+prefill has been read, in the step that makes it. A request's places are the engine's running maximum,
+or fewer when the KV cache holds fewer of the sequences admitted (prompt plus max_tokens each): a
+request is handed to the engine only once that much of its cache is free (`hand_over`), kept back until
+then, so the engine never preempts what was promised. Requests of lower priority are not ahead: a higher
+tier passes them, and they are the ones that wait (or, once their objective has passed, are withdrawn).
+And since the engine does not preempt for priority (vLLM preempts for KV cache only), a place a lower
+tier holds is not given back in time to a higher tier's request: so places are kept for the tiers above
+one that were promised a TTFT in the last minute, as many as they hold on average (their arrival rate
+times the seconds a request holds its place), with room for their bursts, and a lower tier's requests
+may hold only the rest, unless places turn over faster than that tier's objective (every running
+request, and the newcomer, ends within it).
 
-The error of every TTFT prediction is kept (`PredictionErrors`, as for batch models), and so is the
-cost model's error over each request's steps (its time from first token to last against what the model
-said those steps would take at the running counts they had): the margin a refusal adds is calibrated
-from them, and one slow step widens it for seconds, not for good. Each error is a whole prediction's
-(actual over predicted), so the margin is that ratio's 99th percentile times the prediction, not the
-square-root rule of independent batches. A TPOT is not judged against the one predicted at its hand-off:
-the requests that join later slow its steps, within the objective admission holds each of them to.
+The error of every TTFT prediction is kept (`PredictionErrors`, as for batch models), and so is the cost
+model's error over each request's steps (its time from first token to last against what the model said
+those steps would take at the running counts they had): the margin a refusal adds is calibrated from
+them, and one slow step widens it for seconds, not for good. Each error is a whole prediction's (actual
+over predicted), so the margin is that ratio's 99th percentile times the prediction, not the square-root
+rule of independent batches. A TPOT is not judged against the one predicted at its hand-off: the
+requests that join later slow its steps, within the objective admission holds each of them to.
 
 Why one module: the book's queues, its KV set aside and the prediction that replays them are read and
 changed together on every admission; apart, each would have to know the other's insides.
