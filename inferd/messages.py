@@ -49,6 +49,19 @@ class Client:
         return self.missed >= 2
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class EveryToken:
+    """An input whose every token's vector is asked (TEI's `/embed_all`), not its pooled one: a text or
+    token ids, as `/embed` takes them. It is an identity of its own for collapsing and the result cache
+    (`models.shared_work`), so it never shares an `/embed` of the same text, and a text model marks its
+    ids through the batch (`backends.text_inputs.EveryTokenIds`)."""
+
+    item: str | list[int]
+
+    def __len__(self) -> int:
+        return len(self.item)
+
+
 @dataclass(slots=True, eq=False)
 class PendingRequest:
     """One admitted request waiting for its output."""

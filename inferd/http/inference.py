@@ -33,6 +33,7 @@ from ..wire.dialects import (
     INFINITY_EMBEDDINGS,
     RERANK,
     TEI_EMBED,
+    TEI_EMBED_ALL,
     TEI_PREDICT,
     TEI_RERANK,
     TEI_ROOT_BY_KIND,
@@ -59,7 +60,7 @@ CALL_PATHS: dict[str, Dialect | None] = {
     "/v1/inference": None, "/api/inference": None, "/v1/embeddings": EMBEDDINGS, "/v1/rerank": RERANK,
     "/rerank": TEI_RERANK, "/embed": TEI_EMBED, "/v2/embed": COHERE_EMBED, "/v1/classify": CLASSIFY,
     "/predict": TEI_PREDICT, "/embeddings": INFINITY_EMBEDDINGS, "/classify": INFINITY_CLASSIFY,
-    "/similarity": TEI_SIMILARITY, TEI_ROOT: TEI_ROOT_EMBED,
+    "/similarity": TEI_SIMILARITY, "/embed_all": TEI_EMBED_ALL, TEI_ROOT: TEI_ROOT_EMBED,
 }
 
 
@@ -254,8 +255,11 @@ def _refuse_what_the_model_cannot_honour(call: Any, model: BatchModel, inputs: l
 
 
 def _refuse_vectors_it_cannot_give(call: EmbeddingsBody, model: BatchModel) -> None:
-    """`dimensions` the model does not take, TEI's `normalize: false` on a model that normalises: a 400
-    naming the field, before anything is computed."""
+    """`dimensions` the model does not take, TEI's `normalize: false` on a model that normalises, TEI's
+    `/embed_all` on a model without per-token vectors: a 400 naming the field, before anything is computed."""
+    if call.every_token and not model.offers.token_embeddings:
+        raise InvalidInput(f"/embed_all is not served by model {model.name}: it gives no per-token vectors "
+                           "(a text embedding model of the transformer backend does)")
     sizes, size = model.offers.embedding_sizes, call.dimensions
     if size is not None:
         if sizes is None:

@@ -26,7 +26,7 @@ import orjson
 import xxhash
 
 from ..config import ModelConfig
-from ..messages import PendingRequest, RequestState
+from ..messages import EveryToken, PendingRequest, RequestState
 from .result_cache import MISS, ResultCache
 
 _IN_FLIGHT = (RequestState.PREPARING, RequestState.QUEUED, RequestState.TAKEN)
@@ -65,8 +65,9 @@ class ImageIdentity:
 
 def identity(raw: Any) -> Hashable | None:
     """What makes two inputs one computation: the text itself; a (query, document) pair; an image's
-    bytes or base64 (`ImageIdentity`: not a copy, and not Python's hash of megabytes); the canonical
-    JSON of anything else (token ids); None for what JSON cannot write (then it is never shared)."""
+    bytes or base64 (`ImageIdentity`: not a copy, and not Python's hash of megabytes); an `EveryToken`
+    input's own, apart from its text's; the canonical JSON of anything else (token ids); None for what
+    JSON cannot write (then it is never shared)."""
     kind = type(raw)
     if kind is str:
         return raw
@@ -76,6 +77,9 @@ def identity(raw: Any) -> Hashable | None:
         return ImageIdentity(raw, base64=False)
     if kind is dict and len(raw) == 1 and type(raw.get("image")) in (str, bytes):
         return ImageIdentity(raw["image"], base64=True)
+    if kind is EveryToken:  # (its tokens' vectors: never the pooled one of the same text)
+        inner = identity(raw.item)
+        return None if inner is None else ("every token", inner)
     try:
         return orjson.dumps(raw, option=orjson.OPT_SORT_KEYS)
     except TypeError:

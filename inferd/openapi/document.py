@@ -225,7 +225,7 @@ for _suffix, _item in (("", _V2_METADATA), ("/ready", _V2_READY), ("/stats", _V2
                                                                         [_V2_MODEL, _V2_VERSION])):
         PATHS[_prefix + _suffix] = {method: {**op, "parameters": _parameters} for method, op in _item.items()}
 PATHS.update(TOKEN_PATHS)
-# Infinity's paths (without /v1; its rerank body on /rerank beside TEI's), TEI's /similarity, vLLM's /ping
+# Infinity's paths (without /v1; its rerank body on /rerank beside TEI's), TEI's /similarity and /embed_all, vLLM's /ping
 PATHS["/embeddings"] = _post("Infinity's embeddings: OpenAI's body", ref("InfinityEmbeddingsRequest"),
                              ref("EmbeddingsResponse"), "one embedding per item, in order", "OpenAIError")
 PATHS["/classify"] = _post("Infinity's classify: each text's labels, best first",
@@ -235,6 +235,9 @@ PATHS["/classify"] = _post("Infinity's classify: each text's labels, best first"
 PATHS["/similarity"] = _post("Text Embeddings Inference's similarity: each sentence's cosine to the source sentence",
                              ref("TeiSimilarityRequest"), {"type": "array", "items": {"type": "number"}},
                              "one similarity per sentence, in order")
+PATHS["/embed_all"] = _post("Text Embeddings Inference's embed_all: each input's tokens' vectors, before pooling",
+                            ref("TeiEmbedAllRequest"), {"type": "array", "items": PATHS["/embed"]["post"]["responses"]["200"][
+                                "content"]["application/json"]["schema"]}, "per input, in order: each token's vector")
 _rerank = PATHS["/rerank"]["post"]
 _rerank["requestBody"]["content"]["application/json"]["schema"] = {"anyOf": [ref("TeiRerankRequest"), ref("RerankRequest")]}
 _rerank["responses"]["200"]["content"]["application/json"]["schema"] = {"anyOf": [

@@ -19,6 +19,7 @@ EXAMPLES: dict[str, Any] = {
     "/embeddings": {"input": _TEXTS, "model": "minilm"},
     "/embed": {"inputs": _TEXTS}, "/": {"inputs": _TEXTS},
     "/similarity": {"inputs": {"source_sentence": "what batching servers do", "sentences": _TEXTS}},
+    "/embed_all": {"inputs": _TEXTS[0]},
     "/v2/embed": {"texts": _TEXTS, "model": "minilm", "input_type": "search_document"},
     "/v1/rerank": {"query": "what batching servers do", "documents": _TEXTS},
     "/rerank": {"query": "what batching servers do", "texts": _TEXTS},
@@ -32,7 +33,7 @@ EXAMPLES: dict[str, Any] = {
 }
 PARAMETERS = {"model": "batchstring", "version": "1"}
 
-_TEI = ("/", "/embed", "/rerank", "/predict", "/similarity", "/tokenize", "/decode", "/health", "/info")
+_TEI = ("/", "/embed", "/embed_all", "/rerank", "/predict", "/similarity", "/tokenize", "/decode", "/health", "/info")
 _OPERATIONS = ("/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/v1/stats", "/v1/limits", "/v1/dead-letters")
 # The page's groups: a path's own, else its prefix's (the first that fits), else operations.
 _GROUPS = {"/v1/inference": "inferd", "/api/inference": "inferd", "/v2/embed": "Cohere and Jina",

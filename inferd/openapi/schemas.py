@@ -55,6 +55,14 @@ SCHEMAS: dict[str, Any] = {
         "normalize": {"type": "boolean"}, "truncate": or_null({"type": "boolean"}),
         "truncation_direction": {"enum": ["Right", "right"]}, "dimensions": DIMENSIONS, "model": MODEL,
         "timeout_ms": TIMEOUT}},
+    "TeiEmbedAllRequest": {"type": "object", "required": ["inputs"], "properties": {
+        "inputs": {"oneOf": [
+            {"type": "string", "minLength": 1},
+            {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
+            {"type": "array", "minItems": 1, "items": {"type": "integer"}},
+            {"type": "array", "minItems": 1, "items": {"type": "array", "minItems": 1, "items": {"type": "integer"}}}]},
+        "truncate": or_null({"type": "boolean"}), "truncation_direction": {"enum": ["Right", "right"]}, "model": MODEL,
+        "timeout_ms": TIMEOUT}},
     "EmbeddingsResponse": {"type": "object", "required": ["object", "data", "model", "usage"], "properties": {
         "object": {"const": "list"}, "model": {"type": "string"}, "usage": {"type": "object"},
         "data": {"type": "array", "items": {"type": "object", "required": ["object", "index", "embedding"], "properties": {

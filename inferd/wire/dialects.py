@@ -25,6 +25,7 @@ from .embeddings import (
     parse_cohere_embed_body,
     parse_embeddings_body,
     parse_infinity_embeddings_body,
+    parse_tei_embed_all_body,
     parse_tei_embed_body,
     parse_tei_root_embed_body,
     parse_tei_similarity_body,
@@ -82,6 +83,7 @@ EMBEDDINGS = Dialect(parse_embeddings_body, "embedding", _embeddings_answer, ope
 INFINITY_EMBEDDINGS = Dialect(parse_infinity_embeddings_body, "embedding", _embeddings_answer, openai=True)
 TEI_EMBED = Dialect(parse_tei_embed_body, "embedding", _tei_embed_answer)
 TEI_SIMILARITY = Dialect(parse_tei_similarity_body, "embedding", _tei_embed_answer)
+TEI_EMBED_ALL = Dialect(parse_tei_embed_all_body, "embedding", _tei_embed_answer)  # (each input's tokens' vectors)
 TEI_ROOT_EMBED = Dialect(parse_tei_root_embed_body, "embedding", _tei_embed_answer)  # (`/embed`'s or `/similarity`'s)
 COHERE_EMBED = Dialect(parse_cohere_embed_body, "embedding", _cohere_embed_answer)
 CLASSIFY = Dialect(parse_classify_body, "classification", classify_payload, openai=True)

@@ -8,7 +8,8 @@ run in different batches); the answer keeps their order. Kept apart from the han
 in one place, as `inference_body` does for `/v1/inference`.
 
 Text Embeddings Inference's `POST /embed` is the same computation: `inputs` (a string or strings, or token
-ids), `normalize`, `truncate`, `truncation_direction`, answered as an array of vectors. `dimensions` (both
+ids), `normalize`, `truncate`, `truncation_direction`, answered as an array of vectors; its `/embed_all`
+answers each input with its tokens' vectors instead (an array of (tokens, width) arrays). `dimensions` (both
 routes) cuts each vector to its first N components, normalised again where the model's vectors are unit
 length (OpenAI's and TEI's rule); the model says which sizes it takes (`embedding_sizes`).
 `encoding_format` takes the compact types too (int8, uint8, binary, ubinary: `vector_types`).
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidInput
+from ..messages import EveryToken
 from .image_strings import json_object_with_images
 from .inference_body import encoding_format, image_item, timeout_ms, without_infinity_defaults
 from .json_values import json_object
@@ -47,6 +49,7 @@ class EmbeddingsBody:
     normalize: bool | None = None  # TEI's `normalize` (its default true); None: as the model gives them
     truncate: bool | None = None  # TEI's `truncate`; None: the model's own rule
     similarity: bool = False  # TEI's `/similarity`: answered with each item's cosine to the first (`similarities`)
+    every_token: bool = False  # TEI's `/embed_all`: each item's tokens' vectors, its inputs `EveryToken`
 
     @property
     def count(self) -> int:
@@ -54,16 +57,20 @@ class EmbeddingsBody:
         return len(self.items)
 
     @property
-    def inputs(self) -> list[Item]:
+    def inputs(self) -> list[Any]:
         """Its inputs, each checked here: after the cap, so that 200,000 one-token items are refused
         for their number at once, not read one by one first (they held the loop ~50 ms a body)."""
         for i, item in enumerate(self.items):
             if isinstance(item, str):
                 if not item:
                     raise InvalidInput(f"`input[{i}]` is an empty string")
+            elif self.every_token and not _is_token_ids(item):
+                raise InvalidInput(f"`inputs[{i}]` must be a string or a non-empty array of token ids (integers)")
             elif not _is_token_ids(item) and image_item(item) is None:
                 raise InvalidInput(f"`input[{i}]` must be a string, a non-empty array of token ids (integers), "
                                    'or {"image": base64} for an image model')
+        if self.every_token:
+            return [EveryToken(item) for item in self.items]  # type: ignore[arg-type]  # (texts and ids, checked above)
         return self.items
 
 
@@ -105,6 +112,19 @@ def parse_tei_root_embed_body(body: bytes) -> EmbeddingsBody:
     `InferenceClient.sentence_similarity` posts it: `inputs` an object)."""
     data = json_object(body)
     return _similarity_call(data) if isinstance(data.get("inputs"), dict) else _tei_embed_call(data)
+
+
+def parse_tei_embed_all_body(body: bytes) -> EmbeddingsBody:
+    """TEI's `/embed_all` body: `/embed`'s `inputs`, `truncate` and `truncation_direction`; each input is
+    answered with its tokens' vectors (`EveryToken`), so `normalize` and `dimensions`, a pooled vector's,
+    are refused rather than ignored."""
+    data = json_object(body)
+    for name in ("normalize", "dimensions"):
+        if data.get(name) is not None:
+            raise InvalidInput(f"`{name}` is not served on /embed_all: each token's vector comes as the model gives it")
+    call = _tei_embed_call(data)
+    call.every_token, call.normalize = True, None
+    return call
 
 
 def _similarity_call(data: dict[str, Any]) -> EmbeddingsBody:

@@ -166,8 +166,8 @@ def _documented(document: dict, method: str, path: str) -> set[str]:
 
 # Routes the default config serves whole: their examples must be answered 200 (the rest: a documented
 # answer, e.g. a 404 naming the model kind the default config lacks, or a 401 for the admin key).
-ANSWERED_WHOLE = {"/v1/inference", "/api/inference", "/v1/embeddings", "/embeddings", "/embed", "/", "/similarity", "/v2/embed",
-                  "/tokenize", "/decode", "/v2/models/{model}/infer", "/v2/models/{model}/versions/{version}/infer",
+ANSWERED_WHOLE = {"/v1/inference", "/api/inference", "/v1/embeddings", "/embeddings", "/embed", "/", "/similarity", "/embed_all",
+                  "/v2/embed", "/tokenize", "/decode", "/v2/models/{model}/infer", "/v2/models/{model}/versions/{version}/infer",
                   "/v1/models/{model}", "/v2/models/{model}", "/healthz", "/readyz", "/health", "/ping", "/info", "/v1/models"}
 
 

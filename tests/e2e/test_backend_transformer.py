@@ -405,3 +405,38 @@ def test_normalize_is_an_embedding_models_true_or_false():
     for wrong in ({"normalize": "no"}, {"normalize": False, "task": "rerank"}):
         with pytest.raises(ValueError, match="normalize"):
             check_options(wrong)
+
+
+async def test_tei_embed_all_gives_each_tokens_hidden_state_and_never_shares_embeds_computation(http):
+    """Each input's tokens' vectors as transformers' own model leaves them (special tokens too), with the
+    same texts posted to /embed at the same moment: collapsing keeps the two apart, so each route gets
+    its own kind of answer. A model without per-token vectors refuses /embed_all with a 400."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer, model = AutoTokenizer.from_pretrained(default_model_path()), AutoModel.from_pretrained(default_model_path())
+    inputs = [texts()[3], texts()[10], "a dog"]
+    plain = ModelConfig(name="plain", backend="tests.fakes:fake_embedder", options={"latency_ms": 5})
+    async with running_server(minilm(max_wait_ms=60), plain) as srv:
+        async def post(path: str, body: dict) -> tuple[int, object]:
+            async with http.post(f"{srv.url}{path}", json=body) as resp:
+                return resp.status, await resp.json()
+
+        every, pooled, ids = await asyncio.gather(post("/embed_all", {"inputs": inputs}), post("/embed", {"inputs": inputs}),
+                                                  post("/embed_all", {"inputs": [[7592, 2088]]}))
+        refused = await post("/embed_all", {"inputs": "hello", "model": "plain"})
+        dimensions = await post("/embed_all", {"inputs": "hello", "dimensions": 8})
+    assert every[0] == 200 and pooled[0] == 200 and ids[0] == 200, (every, pooled, ids)
+    for text, matrix, vector in zip(inputs, every[1], pooled[1], strict=True):
+        encoded = tokenizer(text, return_tensors="pt")
+        with torch.no_grad():
+            want = model(**encoded).last_hidden_state[0].numpy()
+        got = np.asarray(matrix, dtype=np.float32)
+        assert got.shape == want.shape == (encoded["input_ids"].shape[1], 384)
+        np.testing.assert_allclose(got, want, atol=1e-4)
+        mean = got.mean(axis=0)  # (the pooled vector /embed answered: the tokens' mean, unit length)
+        np.testing.assert_allclose(np.asarray(vector), mean / np.linalg.norm(mean), atol=1e-5)
+    with torch.no_grad():  # token ids take the model's special tokens around them, as a text does
+        want = model(input_ids=torch.tensor([[101, 7592, 2088, 102]])).last_hidden_state[0].numpy()
+    np.testing.assert_allclose(np.asarray(ids[1][0], dtype=np.float32), want, atol=1e-4)
+    assert refused[0] == 400 and "/embed_all is not served by model plain" in refused[1]["message"], refused
+    assert dimensions[0] == 400 and "`dimensions`" in dimensions[1]["message"], dimensions

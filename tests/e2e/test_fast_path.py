@@ -222,6 +222,8 @@ DIALECT_CASES = [  # (path, body, the status its answer must have): every route 
     ("/embed", b'{"inputs": ["a", "b"]}', 200),
     ("/embed", b'{"inputs": "a", "normalize": 3}', 400),
     ("/", b'{"inputs": "the root"}', 200),
+    ("/embed_all", b'{"model": "short", "inputs": ["fits", [2000, 2001]]}', 200),
+    ("/embed_all", b'{"inputs": "a"}', 400),  # (the default embedding model gives no per-token vectors)
     ("/v2/embed", b'{"model": "emb", "texts": ["a", "b"], "embedding_types": ["float", "int8"]}', 200),
     ("/v2/embed", b'{"model": "emb", "texts": []}', 400),
     ("/v1/classify", b'{"model": "clf", "input": ["fine", "bad"]}', 200),

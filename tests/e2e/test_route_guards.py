@@ -37,7 +37,7 @@ from ..helpers import running_server, sim_model  # noqa: E402
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 KEYS = {"open": "guard-open-key", "limited": "guard-limited-key", "admin": "guard-admin-key"}
-MODELS = {"emb", "sim", "rr", "clf", "gen"}
+MODELS = {"emb", "sim", "rr", "clf", "gen", "mini"}
 V2_INFER = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["v2 call"]}]}
 
 # Every exact path: (its scope, a valid call's body when it computes, or None).
@@ -58,6 +58,7 @@ ROUTES: dict[str, tuple[str, dict | None]] = {
     "/v1/chat/completions": ("key", {"model": "gen", "messages": [{"role": "user", "content": "eleven"}], "max_tokens": 2}),
     "/embeddings": ("key", {"model": "emb", "input": "twelve"}), "/classify": ("key", {"model": "clf", "input": "thirteen"}),
     "/similarity": ("key", {"inputs": {"source_sentence": "fourteen", "sentences": ["fifteen"]}}),
+    "/embed_all": ("key", {"model": "mini", "inputs": "sixteen"}),
     "/models": ("key", None), "/ping": ("probe", None),
     "/healthz": ("probe", None), "/readyz": ("probe", None), "/health": ("probe", None), "/version": ("probe", None),
     "/openapi.json": ("document", None), "/docs": ("document", None), "/docs/swagger-ui.css": ("document", None),
@@ -110,6 +111,8 @@ async def server(tmp_path_factory):
         ModelConfig(name="clf", backend="inferd.backends.transformer:create", max_wait_ms=5,
                     options={"model_path": classifier, "task": "classification", "max_tokens": 32, "bucket_edges": [32]}),
         ModelConfig(name="gen", kind="generation", backend="inferd.backends.echo_engine"),
+        ModelConfig(name="mini", backend="inferd.backends.transformer:create", max_wait_ms=5,  # (the packaged MiniLM: /embed_all)
+                    options={"max_tokens": 32, "bucket_edges": [32]}),
     )
     sha = {who: hashlib.sha256(key.encode()).hexdigest() for who, key in KEYS.items()}
     config = dict(
