@@ -1,6 +1,11 @@
 """The scheduler end to end, above capacity: length buckets served side by side, tier priority that holds
 across buckets, a light tenant not shed for a heavy one, token budgets. Short open-loop runs (a few
-seconds) on a simulated GPU with two length buckets."""
+seconds) on a simulated GPU with two length buckets.
+
+The load generator shares the server's event loop, so what a test offers costs this process CPU: the
+tests of who goes first run a slower GPU (40 ms a batch of 4: ~100 req/s) at ~165 req/s offered, so that
+on a host whose two cores are busy with other work the GPU stays the bottleneck they are about (at 660
+req/s against ~400 beside a CPU hog per core, the loop itself was: every class waited alike)."""
 
 from __future__ import annotations
 
@@ -24,7 +29,13 @@ def bucketed(**kw):  # type: ignore[no-untyped-def]
     """20 ms per batch of up to 8, inputs over 50 characters in bucket 1: ~400 req/s of capacity."""
     kw.setdefault("max_batch_size", 8)
     kw.setdefault("max_wait_ms", 2)
-    return sim_model(latency_ms=20, options={"bucket_chars": [50], "max_batch_size": 64}, **kw)
+    kw.setdefault("latency_ms", 20)
+    return sim_model(options={"bucket_chars": [50], "max_batch_size": 64}, **kw)
+
+
+def slow_bucketed(**kw):  # type: ignore[no-untyped-def]
+    """40 ms per batch of up to 4: ~100 req/s (see the module docstring)."""
+    return bucketed(latency_ms=40, max_batch_size=4, **kw)
 
 
 @dataclass
@@ -81,31 +92,33 @@ async def test_a_higher_tiers_long_inputs_go_before_a_lower_tiers_full_bucket():
     config = dict(auth=AuthConfig(enabled=True, anonymous_tier="free"),
                   tiers=(TierConfig("enterprise", priority=2), TierConfig("free")),
                   tenants=(TenantConfig("acme", "enterprise", hashlib.sha256(key.encode()).hexdigest()),))
-    async with running_server(bucketed(max_queue=300), **config) as srv:
-        result = await offered(srv.url, {"free-short": (600.0, SHORT, {}),
-                                         "enterprise-long": (60.0, LONG, {"Authorization": f"Bearer {key}"})}, 3.0)
+    async with running_server(slow_bucketed(max_queue=75), **config) as srv:
+        result = await offered(srv.url, {"free-short": (150.0, SHORT, {}),
+                                         "enterprise-long": (15.0, LONG, {"Authorization": f"Bearer {key}"})}, 4.0)
     free, enterprise = result["free-short"], result["enterprise-long"]
     assert enterprise.statuses[200] == sum(enterprise.statuses.values())  # every one served, none shed
     # (behind free's full batches without tiers across buckets: seconds, and 504s). Not the p99: the load
     # generator shares this process's loop, whose pauses (a full GC of the suite's heap) land in a few
-    # of its ~180 samples; the p95 already tells a scheduler that serves enterprise first from one that does not.
-    assert enterprise.p(0.5) < 0.15 and enterprise.p(0.95) < 0.6, (enterprise.p(0.5), enterprise.p(0.95))
+    # of its ~60 samples; the p95 already tells a scheduler that serves enterprise first from one that does not.
+    # 7.5 and 15 batch times, and well ahead of free's own (~0.9 s here, 0.13 for enterprise).
+    assert enterprise.p(0.5) < 0.3 and enterprise.p(0.95) < 0.6, (enterprise.p(0.5), enterprise.p(0.95))
+    assert enterprise.p(0.5) < free.p(0.5) / 2, (enterprise.p(0.5), free.p(0.5))
     assert free.share(503) > 0.2  # the free tier takes the overload
 
 
 async def test_a_light_tenant_is_not_shed_for_a_heavy_one():
     keys = {"heavy": "heavy-key", "light": "light-key"}
-    config = dict(auth=AuthConfig(enabled=True), tiers=(TierConfig("paid", priority=1, max_predicted_wait_ms=150),),
+    config = dict(auth=AuthConfig(enabled=True), tiers=(TierConfig("paid", priority=1, max_predicted_wait_ms=300),),
                   tenants=tuple(TenantConfig(n, "paid", hashlib.sha256(k.encode()).hexdigest()) for n, k in keys.items()))
-    async with running_server(bucketed(max_queue=200), **config) as srv:
+    async with running_server(slow_bucketed(max_queue=50), **config) as srv:
         result = await offered(srv.url, {
-            "heavy": (600.0, SHORT, {"Authorization": f"Bearer {keys['heavy']}"}),
-            "light": (60.0, SHORT, {"Authorization": f"Bearer {keys['light']}"}),
-        }, 3.0)
+            "heavy": (150.0, SHORT, {"Authorization": f"Bearer {keys['heavy']}"}),
+            "light": (15.0, SHORT, {"Authorization": f"Bearer {keys['light']}"}),
+        }, 4.0)
     heavy, light = result["heavy"], result["light"]
-    assert heavy.share(503) > 0.2  # 660 req/s against ~400: somebody is shed...
+    assert heavy.share(503) > 0.2  # 165 req/s against ~100: somebody is shed...
     assert light.share(503) <= heavy.share(503) / 2, (light.errors, heavy.errors)  # ...the heavy tenant first
-    assert light.p(0.5) < 0.1
+    assert light.p(0.5) < 0.2, light.p(0.5)  # (5 batch times)
 
 
 async def test_a_token_budget_holds_fewer_long_inputs_per_batch():
