@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -97,9 +98,11 @@ def inferd_process(config_toml: str, env: dict[str, str] | None = None, tree: Pa
                 break
         if url is None:
             raise RuntimeError("inferd did not start")
-        # Keep draining its output (access log lines), or a full pipe would stall the server.
-        threading.Thread(target=proc.stdout.read, daemon=True).start()
-        _wait_ready(url)
+        # Keep draining its output (access log lines), or a full pipe would stall the server; its last
+        # lines say why, should it stop before it is ready.
+        tail: deque[str] = deque(maxlen=20)
+        threading.Thread(target=lambda: tail.extend(proc.stdout or ()), daemon=True).start()
+        _wait_ready(url, proc, tail)
         yield url, proc.pid
     finally:
         if proc.poll() is None:
@@ -111,9 +114,12 @@ def inferd_process(config_toml: str, env: dict[str, str] | None = None, tree: Pa
         os.unlink(f.name)
 
 
-def _wait_ready(url: str, timeout_s: float = 300) -> None:
+def _wait_ready(url: str, proc: subprocess.Popen, tail: deque[str], timeout_s: float = 300) -> None:
     give_up = time.monotonic() + timeout_s
     while time.monotonic() < give_up:
+        if proc.poll() is not None:  # (a model that failed to start stops the server: no use waiting)
+            time.sleep(0.2)  # (its last lines read)
+            raise RuntimeError(f"inferd stopped before it was ready (exit {proc.returncode}):\n{''.join(tail)}")
         try:
             with urllib.request.urlopen(f"{url}/readyz", timeout=2) as resp:
                 if resp.status == 200:

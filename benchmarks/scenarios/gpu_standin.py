@@ -51,10 +51,15 @@ class StandInModel(TextModel):
         self.gpu_s = (lambda n: float(fixed_ms) / 1000.0) if fixed_ms is not None else (lambda n: curve_ms(curve, n) / 1000.0)
         self.width = self.shaped.width  # (the backend's own output width: 1 for a reranker's score)
 
-    def _compute(self, input_ids: torch.Tensor, mask: torch.Tensor, attention: torch.Tensor | None = None) -> torch.Tensor:
+    def _compute(self, input_ids: torch.Tensor, mask: torch.Tensor, attention: torch.Tensor | None = None,
+                 every_token: bool = False) -> torch.Tensor:
+        """The backend's `_compute` in shape and signature (`every_token`: each row's pooled vector, then a
+        vector per token), its values a normalised constant, its time the GPU's."""
         started = time.monotonic()
-        out = torch.full((input_ids.shape[0], self.width), 1.0 / self.width**0.5)  # a normalised vector per row
-        time.sleep(max(0.0, self.gpu_s(input_ids.shape[0]) - (time.monotonic() - started)))
+        rows = input_ids.shape[0]
+        shape = (rows, 1 + input_ids.shape[1], self.width) if every_token else (rows, self.width)
+        out = torch.full(shape, 1.0 / self.width**0.5)  # a normalised vector per row (and per token)
+        time.sleep(max(0.0, self.gpu_s(rows) - (time.monotonic() - started)))
         return out
 
 
