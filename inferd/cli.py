@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
                         "defaults (repeatable; the first is the default model)")
     serve.add_argument("--task", action="append", choices=TASKS, help="what the N-th --model does, where its "
                        "config.json does not say (repeatable, in --model's order)")
-    serve.add_argument("--name", action="append", help="the N-th --model's name (default: its folder's name)")
+    serve.add_argument("--name", action="append", help="the N-th --model's name (default: its folder's name, or "
+                       "its Hub name where it came from the Hub)")
     serve.add_argument("--print-config", action="store_true", help="print the config --model makes (TOML) and exit")
     serve.add_argument("--api-key", help="requests must present this key (Authorization: Bearer KEY), as with "
                        "`vllm serve --api-key`; the environment's INFERD_API_KEY is read when this is not given")

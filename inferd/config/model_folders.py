@@ -192,8 +192,15 @@ def _packaged() -> dict[str, Path]:
 
 
 def _name_of(given: Path, folder: Path) -> str:
-    """A Hub id's name part, or the folder's name (the packaged MiniLM's: its Hub name, not its folder's)."""
-    hub = next((hub_id for hub_id, packaged in _packaged().items() if packaged.resolve() == folder.resolve()), None)
+    """A Hub id's name part, or the folder's name. A folder that came from the Hub is named as there,
+    wherever it is given from: the packaged MiniLM (its folder is `model`), a snapshot in the Hugging
+    Face cache (`models--org--name/snapshots/SHA`: its folder is a commit hash). Not by its config's
+    `_name_or_path`: that often names the model it was trained from (MiniLM's says
+    nreimers/MiniLM-L6-H384-uncased)."""
+    resolved = folder.resolve()
+    hub = next((hub_id for hub_id, packaged in _packaged().items() if packaged.resolve() == resolved), None)
+    if hub is None and resolved.parent.name == "snapshots" and resolved.parent.parent.name.startswith("models--"):
+        hub = resolved.parent.parent.name.removeprefix("models--").replace("--", "/", 1)
     name = re.sub(r"[^A-Za-z0-9._:-]+", "-", hub.partition("/")[2] if hub else given.resolve().name).strip("-._:")
     return name[:128] or "model"
 

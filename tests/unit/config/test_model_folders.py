@@ -52,6 +52,16 @@ def test_the_printed_toml_is_the_config_that_runs(tmp_path):
     assert not parse_config(tomllib.loads(folder_config_toml([FolderModel(str(embedder))]))).auth.enabled
 
 
+def test_a_folder_from_the_hub_cache_is_named_as_on_the_hub_not_by_its_commit_or_its_base_model(tmp_path):
+    snapshots = tmp_path / "models--BAAI--bge-small-en-v1.5" / "snapshots"
+    snapshots.mkdir(parents=True)
+    snapshot = folder(snapshots, "5c38ec7c405ec4b44b94cc5a9bb96e735b38267a", architectures=["BertModel"],
+                      _name_or_path="/root/.cache/torch/sentence_transformers/BAAI_bge-small-en/")
+    plain = folder(tmp_path, "my-embedder", architectures=["BertModel"], _name_or_path="nreimers/MiniLM-L6-H384-uncased")
+    config, _ = folder_config([FolderModel(str(snapshot)), FolderModel(str(plain))])
+    assert [m.name for m in config.models] == ["bge-small-en-v1.5", "my-embedder"]
+
+
 def test_mistakes_are_named(tmp_path):
     embedder = folder(tmp_path, "embedder")
     (tmp_path / "empty").mkdir()
