@@ -172,6 +172,7 @@ class EngineStats:
     preemptions: int = 0  # sequences the engine has preempted (their KV cache taken back), since it started
     max_running: int = 0  # the most sequences it runs at once (vLLM's max_num_seqs; 0: not known)
     kv_cache_tokens: int = 0  # tokens its KV cache holds (0: not known)
+    kv_block_tokens: int = 0  # tokens a block of its KV cache holds, the unit a sequence is given (0: not known)
 
 
 @dataclass(slots=True)

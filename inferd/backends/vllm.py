@@ -254,7 +254,8 @@ def _stat_logger_factory(stats: EngineStats):
             config = self.vllm_config
             stats.max_running = int(getattr(config.scheduler_config, "max_num_seqs", 0) or 0)
             blocks = getattr(config.cache_config, "num_gpu_blocks", None) or 0
-            stats.kv_cache_tokens = int(blocks) * int(getattr(config.cache_config, "block_size", 0) or 0)
+            stats.kv_block_tokens = int(getattr(config.cache_config, "block_size", 0) or 0)
+            stats.kv_cache_tokens = int(blocks) * stats.kv_block_tokens
 
     return InferdStatLogger
 

@@ -177,6 +177,7 @@ class GenerationModel:
     def _read_engine(self) -> None:
         stats = self._stats
         self.book.places, self.book.kv_cache_tokens = stats.max_running, stats.kv_cache_tokens
+        self.book.kv_block_tokens = stats.kv_block_tokens
         if self.book.kept_back:
             self._hand_over_released()
 

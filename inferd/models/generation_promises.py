@@ -92,9 +92,16 @@ class Promise:
     modelled_s: float = 0.0  # what the cost model said each of its steps since its first token would take, summed
 
 
-def kv_need(promise: Promise) -> int:
-    """The most a request holds of the KV cache: its prompt and every token it may make."""
-    return promise.prompt_tokens + promise.max_tokens
+def kv_need(promise: Promise, block_tokens: int = 0) -> int:
+    """The most a request holds of the KV cache: its prompt and every token it may make, in whole blocks
+    where the engine allocates its cache in blocks of `block_tokens` (vLLM's 16: a request of 110 tokens
+    holds 7 blocks, 112; counted in tokens, 64 such requests overcommit the cache by 128)."""
+    return in_blocks(promise.prompt_tokens + promise.max_tokens, block_tokens)
+
+
+def in_blocks(tokens: int, block_tokens: int) -> int:
+    """`tokens` rounded up to whole blocks of `block_tokens` (as they are where it is 0 or 1)."""
+    return -(-tokens // block_tokens) * block_tokens if block_tokens > 1 else tokens
 
 
 def _engine_order(promise: Promise) -> tuple[int, int]:
@@ -115,6 +122,7 @@ class EngineBook:
         self.promised_ttft: dict[int, tuple[float, float]] = {}  # by priority: (TTFT objective, last seen)
         self._arrivals: dict[int, tuple[float, float, float]] = {}  # by priority: a decayed count, its time, the first
         self.kv_cache_tokens = 0  # what its KV cache holds (0: not known)
+        self.kv_block_tokens = 0  # the tokens of the blocks it allocates its cache in (0: not known, by the token)
         self.kv_handed = 0  # what the requests handed to the engine may hold at most (`kv_need` each)
         self._held: list[Promise] = []  # admitted, kept back until their KV need fits, in the engine's order
         self._refusals = 0.0  # refusals, each weighing exp((t - origin) / tau) (a rate: `refusal_rate`)
@@ -205,13 +213,14 @@ class EngineBook:
         out = []
         while self._held and self._fits(self._held[0]):
             promise = self._held.pop(0)
-            promise.kv_tokens = kv_need(promise)
+            promise.kv_tokens = kv_need(promise, self.kv_block_tokens)
             self.kv_handed += promise.kv_tokens
             out.append(promise)
         return out
 
     def _fits(self, promise: Promise) -> bool:
-        return self.kv_cache_tokens <= 0 or not self.kv_handed or self.kv_handed + kv_need(promise) <= self.kv_cache_tokens
+        need = kv_need(promise, self.kv_block_tokens)
+        return self.kv_cache_tokens <= 0 or not self.kv_handed or self.kv_handed + need <= self.kv_cache_tokens
 
     @property
     def kept_back(self) -> int:
@@ -315,12 +324,14 @@ class EngineBook:
         reach_s = DEMAND_TAU_S * -math.expm1(-max(RATE_MIN_AGE_S, now - first) / DEMAND_TAU_S)
         return weight * math.exp(-(now - at) / DEMAND_TAU_S) / reach_s
 
-    def _places(self, ahead: list[Promise], need: float) -> int:
+    def _places(self, ahead: list[Promise], need: int) -> int:
         """How many sequences run at once: the engine's maximum, or what its KV cache holds of the
         sequences in the book (each its `kv_need`, as `hand_over` sets aside), whichever is fewer."""
         places = self.places or max(1, len(self.running) + len(ahead) + 1)
         if self.kv_cache_tokens > 0:
-            held = [kv_need(p) for p in self.running.values()] + [kv_need(p) for p in ahead] + [need]
+            block = self.kv_block_tokens
+            held = [kv_need(p, block) for p in self.running.values()] + [kv_need(p, block) for p in ahead] + \
+                [in_blocks(need, block)]
             places = min(places, max(1, int(self.kv_cache_tokens * len(held) / sum(held))))
         return places
 

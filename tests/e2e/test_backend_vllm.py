@@ -704,6 +704,8 @@ async def test_requests_past_the_objectives_are_refused_at_once_and_the_admitted
     assert total - all_before == len(ok)  # (one first token each)
     assert in_time - in_time_before == total - all_before  # every first token within the objective
     assert await unfinished_after(server) == 0 and model.book.waiting == 0
+    book = model.book  # (the engine's KV cache as vLLM allocates it, read at admission: whole blocks, which the book counts in)
+    assert book.places == 4 and book.kv_block_tokens > 1 and book.kv_cache_tokens % book.kv_block_tokens == 0 < book.kv_cache_tokens
 
 
 def _ttft_counts(model, bound_s: float) -> tuple[int, int]:

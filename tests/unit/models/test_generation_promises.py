@@ -203,6 +203,18 @@ def test_requests_kept_back_for_kv_go_to_the_engine_in_its_order_as_the_cache_fr
     assert book.released() == [late_free] and book.kept_back == 0 and book.kv_handed == 220
 
 
+def test_a_cache_allocated_in_blocks_is_counted_in_whole_blocks():
+    """vLLM gives a sequence whole blocks (16 tokens): three requests of 100 tokens hold 7 blocks each,
+    21 of the 20 a 320-token cache has; counted by the token they fitted (300), and the engine preempted."""
+    counts = []
+    for block in (0, 16):
+        book = EngineBook(EngineCosts())
+        book.kv_cache_tokens, book.kv_block_tokens = 320, block
+        handed = [book.hand_over(book.reserve(f"r{i}", 0, 0.0, 10, 90, Objectives())) for i in range(3)]
+        counts.append((sum(handed), book.kv_handed))
+    assert counts == [(3, 300), (2, 224)]
+
+
 def test_a_tpot_error_is_the_cost_models_over_the_steps_run_not_the_hand_offs_prediction():
     book = EngineBook(EngineCosts())
     for i in range(2000):  # a line learnt: 5 ms + 0.5 ms a running sequence
