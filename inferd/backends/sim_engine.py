@@ -207,8 +207,13 @@ class SimEngine(EchoEngine):
         self._driver: asyncio.Task[None] | None = None
 
     def shutdown(self) -> None:
+        """Stop stepping; the requests it runs end with an error (as a real engine's do when its core
+        stops), not waiting for tokens that will never come."""
         if self._driver is not None:
             self._driver.cancel()
+        for reader in self._readers.values():
+            if not reader.done():
+                reader.set_exception(RuntimeError("the engine stopped"))
 
     async def generate(self, prompt_ids: list[int], sampling: Any, request_id: str, priority: int,
                        adapter: Any = None) -> AsyncIterator[Delta]:

@@ -243,6 +243,8 @@ class GenerationApi(CallHandlers):
             else:
                 model.record_abort("deadline")
                 failure = DeadlineExceeded(f"deadline of {timeout_s * 1000:.0f} ms passed during generation; aborted")
+        except InferdError as error:  # (the model's own answer before the engine ran it: e.g. it is stopping)
+            failure = error
         except (asyncio.CancelledError, ConnectionResetError):
             model.record_abort("client_disconnect")
             self.outcomes.record(call, 499, "CLIENT_DISCONNECTED")

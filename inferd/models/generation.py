@@ -22,7 +22,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
@@ -117,6 +117,13 @@ class GenerationModel:
             self.start_error = exc
 
     async def stop(self) -> None:
+        """Stop the engine. The requests kept back for KV room are answered first (a 503: the model is
+        going), or they would wait for an engine that is gone until their deadlines."""
+        self.ready = False
+        for kept in self._kept.values():
+            if not kept.done():
+                kept.set_exception(NotReady(f"model {self.name} is stopping; retry on another instance",
+                                            retry_after_ms=1000))
         if self._start_task is not None and not self._start_task.done():
             await asyncio.gather(self._start_task, return_exceptions=True)
         self._tokenizing.shutdown(wait=False, cancel_futures=True)
@@ -305,7 +312,8 @@ class GenerationModel:
             if not book.hand_over(promise):  # (kept back until its KV need is free: see `EngineBook.hand_over`)
                 await self._kept.setdefault(promise.request_id, self.loop.create_future())
             lora = adapter.engine_request if adapter is not None else None
-            async for delta in self.engine.generate(prompt_ids, sampling, promise.request_id, promise.priority, lora):
+            async for delta in self._until_stopped(self.engine.generate(prompt_ids, sampling, promise.request_id,
+                                                                         promise.priority, lora)):
                 now = time.monotonic()
                 if not first_at:
                     first_at = now
@@ -326,6 +334,22 @@ class GenerationModel:
             self._kept.pop(promise.request_id, None)
             book.leave(promise, time.monotonic(), finished)
             self._hand_over_released()
+
+    async def _until_stopped(self, deltas: AsyncIterator[Delta]) -> AsyncGenerator[Delta, None]:
+        """The engine's deltas; the error of an engine stopped under a request is the model's 503 (it is
+        going: retry elsewhere), not a failed generation."""
+        try:
+            async for delta in deltas:
+                yield delta
+        except Exception as exc:
+            if self.ready:
+                raise
+            raise NotReady(f"model {self.name} stopped while generating; retry on another instance",
+                           retry_after_ms=1000) from exc
+        finally:
+            close = getattr(deltas, "aclose", None)  # (closing it early aborts the request in the engine)
+            if close is not None:
+                await close()
 
     def _hand_over_released(self) -> None:
         """Those kept back whose KV need is free now go on to the engine."""
