@@ -308,12 +308,14 @@ class GenerationModel:
         self.metrics.prompt_tokens += len(prompt_ids)
         first_at = 0.0
         finished = False
+        engine_deltas: AsyncGenerator[Delta, None] | None = None
         try:
             if not book.hand_over(promise):  # (kept back until its KV need is free: see `EngineBook.hand_over`)
                 await self._kept.setdefault(promise.request_id, self.loop.create_future())
             lora = adapter.engine_request if adapter is not None else None
-            async for delta in self._until_stopped(self.engine.generate(prompt_ids, sampling, promise.request_id,
-                                                                         promise.priority, lora)):
+            engine_deltas = self._until_stopped(self.engine.generate(prompt_ids, sampling, promise.request_id,
+                                                                     promise.priority, lora))
+            async for delta in engine_deltas:
                 now = time.monotonic()
                 if not first_at:
                     first_at = now
@@ -329,6 +331,8 @@ class GenerationModel:
                 finished = delta.done
                 yield delta
         finally:
+            if engine_deltas is not None:  # (closed now, not when collected: closing aborts it in the engine)
+                await engine_deltas.aclose()
             if not first_at:
                 self._waiting_tokens -= len(prompt_ids)
             self._kept.pop(promise.request_id, None)
