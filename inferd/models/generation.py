@@ -29,7 +29,7 @@ from typing import Any
 
 from ..backends import Delta, EngineStats, GenerationEngine, ToolPlan, build_engine, built_alone
 from ..config import ModelConfig, TierConfig
-from ..errors import InvalidInput, NotReady, ServiceOverloaded, describe, retry_after_ms
+from ..errors import InferdError, InvalidInput, NotReady, ServiceOverloaded, describe, retry_after_ms
 from ..observability.histogram import Histogram
 from ..observability.snapshots import GenerationSnapshot
 from .adapters import Adapter, Adapters
@@ -308,13 +308,12 @@ class GenerationModel:
         self.metrics.prompt_tokens += len(prompt_ids)
         first_at = 0.0
         finished = False
-        engine_deltas: AsyncGenerator[Delta, None] | None = None
+        engine_deltas: AsyncIterator[Delta] | None = None
         try:
             if not book.hand_over(promise):  # (kept back until its KV need is free: see `EngineBook.hand_over`)
                 await self._kept.setdefault(promise.request_id, self.loop.create_future())
             lora = adapter.engine_request if adapter is not None else None
-            engine_deltas = self._until_stopped(self.engine.generate(prompt_ids, sampling, promise.request_id,
-                                                                     promise.priority, lora))
+            engine_deltas = self.engine.generate(prompt_ids, sampling, promise.request_id, promise.priority, lora)
             async for delta in engine_deltas:
                 now = time.monotonic()
                 if not first_at:
@@ -330,30 +329,22 @@ class GenerationModel:
                 self.metrics.output_tokens += delta.token_count
                 finished = delta.done
                 yield delta
-        finally:
-            if engine_deltas is not None:  # (closed now, not when collected: closing aborts it in the engine)
-                await engine_deltas.aclose()
-            if not first_at:
-                self._waiting_tokens -= len(prompt_ids)
-            self._kept.pop(promise.request_id, None)
-            book.leave(promise, time.monotonic(), finished)
-            self._hand_over_released()
-
-    async def _until_stopped(self, deltas: AsyncIterator[Delta]) -> AsyncGenerator[Delta, None]:
-        """The engine's deltas; the error of an engine stopped under a request is the model's 503 (it is
-        going: retry elsewhere), not a failed generation."""
-        try:
-            async for delta in deltas:
-                yield delta
-        except Exception as exc:
+        except InferdError:
+            raise
+        except Exception as exc:  # (an engine stopped under it: the model is going, a 503, not a failed generation)
             if self.ready:
                 raise
             raise NotReady(f"model {self.name} stopped while generating; retry on another instance",
                            retry_after_ms=1000) from exc
         finally:
-            close = getattr(deltas, "aclose", None)  # (closing it early aborts the request in the engine)
+            close = getattr(engine_deltas, "aclose", None)  # (now, not when collected: closing aborts it in the engine)
             if close is not None:
                 await close()
+            if not first_at:
+                self._waiting_tokens -= len(prompt_ids)
+            self._kept.pop(promise.request_id, None)
+            book.leave(promise, time.monotonic(), finished)
+            self._hand_over_released()
 
     def _hand_over_released(self) -> None:
         """Those kept back whose KV need is free now go on to the engine."""
