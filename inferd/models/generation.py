@@ -30,8 +30,7 @@ from typing import Any
 from ..backends import Delta, EngineStats, GenerationEngine, ToolPlan, build_engine, built_alone
 from ..config import ModelConfig, TierConfig
 from ..errors import InferdError, InvalidInput, NotReady, ServiceOverloaded, describe, retry_after_ms
-from ..observability.histogram import Histogram
-from ..observability.snapshots import GenerationSnapshot
+from ..observability.snapshots import GenerationMetrics, GenerationSnapshot
 from .adapters import Adapter, Adapters
 from .engine_costs import EngineCosts
 from .generation_promises import NO_OBJECTIVES, EngineBook, Objectives, Promise
@@ -39,19 +38,6 @@ from .generation_refusals import refusal
 from .memory import check_fits
 
 log = logging.getLogger("inferd.generation")
-
-
-class GenerationMetrics:
-    """Per generation model, recorded on the event loop."""
-
-    def __init__(self) -> None:
-        self.ttft = Histogram()
-        self.time_per_output_token = Histogram((0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0))
-        self.output_tokens = 0
-        self.prompt_tokens = 0
-        self.aborts: dict[str, int] = {}
-        self.refusals: dict[str, int] = {}  # by reason: queue_full, ttft_objective, tpot_objective
-        self.ttft_prediction = Histogram((0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0))  # actual / predicted
 
 
 class GenerationModel:
@@ -384,12 +370,7 @@ class GenerationModel:
     def describe(self) -> dict[str, Any]:
         stats = self._stats
         return {
-            "id": self.name,
-            "object": "model",
-            "owned_by": "inferd",
-            "name": self.name,
-            "kind": self.kind,
-            "ready": self.ready,
+            "id": self.name, "object": "model", "owned_by": "inferd", "name": self.name, "kind": self.kind, "ready": self.ready,
             **({"error": describe(self.start_error)} if self.start_error is not None else {}),
             "max_model_len": self.engine.max_model_len if self.engine is not None else None,
             "adapters": sorted(self.adapters.loaded),

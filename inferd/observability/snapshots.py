@@ -11,6 +11,20 @@ from dataclasses import dataclass, field
 from .histogram import Histogram
 
 
+class GenerationMetrics:
+    """A generation model's own figures, recorded on the event loop as its requests go (its
+    `GenerationSnapshot` is read from them at scrape time)."""
+
+    def __init__(self) -> None:
+        self.ttft = Histogram()
+        self.time_per_output_token = Histogram((0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0))
+        self.output_tokens = 0
+        self.prompt_tokens = 0
+        self.aborts: dict[str, int] = {}
+        self.refusals: dict[str, int] = {}  # by reason: queue_full, ttft_objective, tpot_objective
+        self.ttft_prediction = Histogram((0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0))  # actual / predicted
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerSnapshot:
     """One executor thread, as the exporter sees it."""
