@@ -62,15 +62,23 @@ def call_timing(items: Sequence[PendingRequest], held_s: float) -> str:
     computation has neither), and how many of its inputs the result cache answered. (The largest queue
     and the largest compute of any of its inputs, as it once said, could come from two batches of a
     call split over them and add up to more than the call's total.)"""
+    timing = "total;dur=%.3f" % (held_s * 1000)  # noqa: UP031 - the request path's, as `Batch.timing`
+    if len(items) == 1:  # (one input, the usual call: its batch's timing, the compute formatted once per batch)
+        item = items[0]
+        if item.batch is not None:
+            return f"{timing}, {item.batch.timing(item)}"
+        return timing + ', cache;desc="hit 1 of 1"' if item.state is _CACHED else timing
     computed = [(item, item.batch) for item in items if item.batch is not None]
-    timing = f"total;dur={held_s * 1000:.3f}"
     if computed:
         last, batch = max(computed, key=lambda pair: pair[1].finished_at)
-        timing += f", queue;dur={batch.queue_s(last) * 1000:.3f}, compute;dur={batch.compute_s * 1000:.3f}"
-    hits = sum(1 for item in items if item.state is RequestState.CACHED)
+        timing += ", " + batch.timing(last)
+    hits = sum(1 for item in items if item.state is _CACHED)
     if hits:  # (as /v1/inference marks its own: the inputs answered from the result cache)
         timing += f', cache;desc="hit {hits} of {len(items)}"'
     return timing
+
+
+_CACHED = RequestState.CACHED
 
 
 def cache_allowed(headers: Mapping[str, str]) -> bool:

@@ -15,3 +15,16 @@ def test_a_call_split_over_two_batches_reads_the_queue_and_compute_of_its_input_
     first.batch, second.batch = long_batch, short_batch
     assert call_timing([first, second], 0.6) == "total;dur=600.000, queue;dur=500.000, compute;dur=100.000"
     assert call_timing([second, first], 0.6) == call_timing([first, second], 0.6)
+
+
+def test_a_call_of_one_input_reads_its_batch_or_says_the_cache_answered_it():
+    from inferd.messages import RequestState
+
+    computed, cached, shared = (PendingRequest(f"c.{i}", i, 9.9, 100.0, None) for i in range(3))  # type: ignore[arg-type]
+    batch = Batch(1, [computed], "full", 10.0)
+    batch.started_at, batch.finished_at = 10.05, 10.25
+    computed.batch, computed.enqueued_at = batch, 10.0
+    cached.state = RequestState.CACHED
+    assert call_timing([computed], 0.3) == "total;dur=300.000, queue;dur=50.000, compute;dur=200.000"
+    assert call_timing([cached], 0.001) == 'total;dur=1.000, cache;desc="hit 1 of 1"'
+    assert call_timing([shared], 0.2) == "total;dur=200.000"  # (answered by another's computation: neither)
