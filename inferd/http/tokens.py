@@ -10,6 +10,10 @@ nothing is batched or queued (a tokeniser call is microseconds a text), at most 
 run at a time (more are refused 503 at once, `retry_after_ms`, rather than each taking a thread), and a
 call holds at most the model's `max_inputs_per_call` texts or id lists, each text at most
 `max_input_chars`.
+
+vLLM's `POST /tokenize` shares the path: a body with `prompt` (a text) or `messages` (a chat, through the
+model's chat template, with the generation prompt as `/v1/chat/completions` applies it) is answered for a
+generation model, in vLLM's shape (`count`, `max_model_len`, `tokens`), from its engine's tokeniser.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -24,7 +29,9 @@ from aiohttp import web
 from ..calls.context import CallContext, CallHandlers
 from ..errors import InferdError, InvalidInput, ModelNotFound, NotReady, ServiceOverloaded
 from ..models.batch_model import BatchModel
+from ..models.generation import GenerationModel
 from ..wire.json_values import dumps, json_object
+from ..wire.openai_text import parse_text_call
 from .body_reader import BodyReader
 from .responses import WholeResponse, error_response
 
@@ -53,12 +60,17 @@ class TokensApi(CallHandlers):
                 raise ServiceOverloaded(f"the tokeniser is busy with {self.running} calls; retry shortly",
                                         retry_after_ms=100, reason="tokenizer_busy")
             data = json_object(await self.body.read(request))
-            model = self._model(data.get("model"))
+            if run is _tokenize and ("prompt" in data or "messages" in data):  # (vLLM's body: a generation model's)
+                generation = self._generation_model(data.get("model"))
+                name, scale, work = generation.name, generation.capacity_scale(), partial(_vllm_tokenize, generation, data)
+            else:
+                model = self._model(data.get("model"))
+                name, scale, work = model.name, model.capacity_scale(), partial(run, model, data)
             if who.rate_per_s is not None:
-                self.admission.limiter.check(who, model.name, model.capacity_scale(), time.monotonic(), _texts_in(data))
+                self.admission.limiter.check(who, name, scale, time.monotonic(), _texts_in(data))
             self.running += 1
             try:
-                answer = await asyncio.to_thread(run, model, data)
+                answer = await asyncio.to_thread(work)
             finally:
                 self.running -= 1
         except InferdError as error:
@@ -83,6 +95,46 @@ class TokensApi(CallHandlers):
         if model.offers.tokens_of is None or model.offers.text_of is None:
             raise InvalidInput(f"model {model.name} has no tokeniser to show: /tokenize and /decode serve text models")
         return model
+
+
+    def _generation_model(self, name: Any) -> GenerationModel:
+        """vLLM's `/tokenize`: the generation model named, else the default (or the only) one."""
+        if name is not None and not isinstance(name, str):
+            raise InvalidInput("`model` must be a string")
+        if name is None:
+            models = self.models.generation
+            model = models.get(self.models.default) or (next(iter(models.values())) if len(models) == 1 else None)
+            if model is None:
+                raise InvalidInput("a body with `prompt` or `messages` is vLLM's /tokenize: name its generation model "
+                                   "(`model`); see GET /v1/models" if models else
+                                   "a body with `prompt` or `messages` is vLLM's /tokenize, and this server serves no "
+                                   "generation model; TEI's body is `inputs`")
+        else:
+            routed = self.models.route_generation(name)
+            if routed is None:
+                raise self.models.not_found(name, "generation model")
+            model = routed[0]
+        if not model.ready or model.engine is None:
+            raise NotReady(f"model {model.name} is not ready yet", retry_after_ms=1000)
+        return model
+
+
+def _vllm_tokenize(model: GenerationModel, data: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's body: `prompt` or `messages` (one of them), `add_special_tokens` and, for a chat,
+    `add_generation_prompt` as vLLM's defaults have them (other values, and `return_token_strs`, are
+    refused, not ignored)."""
+    if ("prompt" in data) == ("messages" in data):
+        raise InvalidInput("give one of `prompt` (a text) and `messages` (a chat), not both")
+    chat = "messages" in data
+    for key, default in (("add_special_tokens", not chat), ("add_generation_prompt", True), ("return_token_strs", False)):
+        if data.get(key, default) is not default:
+            raise InvalidInput(f"`{key}: {str(not default).lower()}` is not served on /tokenize")
+    text = parse_text_call({"messages": data["messages"]} if chat else {"prompt": data["prompt"]}, chat)
+    model.check_length(text.chars)
+    engine = model.engine
+    assert engine is not None  # (checked in _generation_model)
+    ids = engine.encode_chat(text.messages) if chat else engine.encode(text.prompt)
+    return {"count": len(ids), "max_model_len": engine.max_model_len, "tokens": ids, "token_strs": None}
 
 
 def _texts_in(data: dict[str, Any]) -> int:

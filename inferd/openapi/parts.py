@@ -74,12 +74,23 @@ _TOKEN = {"type": "object", "required": ["id", "text", "special"], "properties":
 TOKEN_PATHS: dict[str, Any] = {
     "/tokenize": {"post": {
         "summary": "Text Embeddings Inference's tokenize: each text's tokens as the model reads it",
-        "requestBody": {"required": True, "content": {"application/json": {"schema": {
-            "type": "object", "required": ["inputs"], "properties": {
+        "description": "TEI's body (`inputs`) for a batch model's tokeniser; vLLM's (`prompt` or `messages`) for a "
+                       "generation model's, answered in vLLM's shape.",
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {"anyOf": [
+            {"type": "object", "required": ["inputs"], "properties": {
                 "inputs": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}}]},
-                "add_special_tokens": {"type": "boolean"}, "prompt_name": {"type": "null"}, "model": MODEL}}}}},
-        "responses": {"200": json_body({"type": "array", "items": {"type": "array", "items": _TOKEN}},
-                                       "one list of tokens per text, in order"),
+                "add_special_tokens": {"type": "boolean"}, "prompt_name": {"type": "null"}, "model": MODEL}},
+            {"type": "object", "required": ["prompt"], "properties": {
+                "prompt": {"type": "string"}, "model": MODEL, "add_special_tokens": {"const": True}}},
+            {"type": "object", "required": ["messages"], "properties": {
+                "messages": {"type": "array", "minItems": 1, "items": {"type": "object"}}, "model": MODEL,
+                "add_generation_prompt": {"const": True}}}]}}}},
+        "responses": {"200": json_body({"oneOf": [
+            {"type": "array", "items": {"type": "array", "items": _TOKEN}},
+            {"type": "object", "required": ["count", "max_model_len", "tokens"], "properties": {
+                "count": {"type": "integer", "minimum": 0}, "max_model_len": {"type": "integer"},
+                "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}}, "token_strs": {"type": "null"}}}]},
+            "TEI's body: one list of tokens per text, in order; vLLM's: the prompt's token ids"),
                       **error_responses("Error", ("400", "401", "404", "408", "413", "503"))},
     }},
     "/decode": {"post": {

@@ -147,6 +147,25 @@ async def test_a_vllm_users_first_calls_beyond_generating_are_answered_as_vllm_s
                                             "vllm:time_to_first_token_seconds", "vllm:kv_cache_usage_perc"))
 
 
+async def test_vllms_tokenize_gives_a_generation_models_tokens_in_vllms_shape(server, client):
+    engine = server.models.generation["tiny"].engine
+    messages = [{"role": "user", "content": "Say hello"}]
+    answers = []
+    for body in ({"model": "tiny", "prompt": "The batching server"}, {"prompt": "The batching server"},
+                 {"model": "tiny", "messages": messages}):
+        async with client.post(f"{server.url}/tokenize", json=body) as resp:
+            answers.append((resp.status, await resp.json()))
+    prompt_ids, chat_ids = engine.encode("The batching server"), engine.encode_chat(messages)
+    assert answers == [(200, {"count": len(ids), "max_model_len": 256, "tokens": ids, "token_strs": None})
+                       for ids in (prompt_ids, prompt_ids, chat_ids)]
+    assert chat_ids != prompt_ids and len(chat_ids) > len(engine.encode("Say hello"))  # (through the chat template)
+    for bad, words in (({"model": "tiny", "prompt": "x", "return_token_strs": True}, "return_token_strs"),
+                       ({"model": "tiny", "prompt": "x", "messages": messages}, "not both"),
+                       ({"model": "tiny", "messages": []}, "messages")):
+        async with client.post(f"{server.url}/tokenize", json=bad) as resp:
+            assert resp.status == 400 and words in (await resp.json())["message"], bad
+
+
 async def test_continuous_batching_lets_short_requests_finish_first(server, client):
     started = time.monotonic()
     done: dict[str, float] = {}
