@@ -56,6 +56,7 @@ class GenerationModel:
         self.headroom_bytes = headroom_bytes  # memory that stays free (`memory_headroom_mb`)
         self.metrics = GenerationMetrics()
         self.ready = False
+        self.stopping = False  # (stopped, or stopping: not ready again)
         self.start_error: BaseException | None = None
         self.engine: GenerationEngine | None = None
         try:
@@ -105,7 +106,7 @@ class GenerationModel:
     async def stop(self) -> None:
         """Stop the engine. The requests kept back for KV room are answered first (a 503: the model is
         going), or they would wait for an engine that is gone until their deadlines."""
-        self.ready = False
+        self.ready, self.stopping = False, True
         for kept in self._kept.values():
             if not kept.done():
                 kept.set_exception(NotReady(f"model {self.name} is stopping; retry on another instance",
@@ -143,7 +144,7 @@ class GenerationModel:
         objectives are predicted to be missed (its prompt judged from its `chars`); otherwise reserve
         its place among the waiting, which `prompt_ids` moves on and `withdraw` gives back."""
         if not self.ready:
-            raise NotReady(f"model {self.name} is starting", retry_after_ms=1000)
+            raise self._not_ready()
         c = self.config
         waiting = self.waiting + self.preparing
         if waiting >= c.max_waiting_requests or self._waiting_tokens >= c.max_waiting_prompt_tokens:
@@ -166,6 +167,10 @@ class GenerationModel:
         if refused is not None:
             self.book.leave(promise, now, finished=False)
             raise self._refuse(refused)
+
+    def _not_ready(self) -> NotReady:
+        state = "stopping; retry on another instance" if self.stopping else "starting"
+        return NotReady(f"model {self.name} is {state}", retry_after_ms=1000)
 
     def _read_engine(self) -> None:
         stats = self._stats
@@ -245,7 +250,7 @@ class GenerationModel:
         """A chat request's `tools` and `tool_choice`, read as the engine reads them (vLLM's: as its own
         server does); None when it names none. InvalidInput where the engine refuses them."""
         if not self.ready or self.engine is None:
-            raise NotReady(f"model {self.name} is starting", retry_after_ms=1000)
+            raise self._not_ready()
         try:
             return self.engine.tool_plan(body)
         except ValueError as exc:

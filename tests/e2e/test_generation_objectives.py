@@ -142,6 +142,8 @@ async def test_requests_kept_back_for_kv_end_at_once_when_their_model_stops(clie
         stopped_at = asyncio.get_running_loop().time()
         await generation.stop()
         ended = await asyncio.wait_for(answers, 10)
+        late = await complete(client, srv.url, 99, model="small-kv")  # (after: refused as stopping, not "starting")
     assert [status for status, *_ in ended] == [503] * 12 and kept > 0
     assert all(body["error"]["code"] == "NOT_READY" for _, body, _, _ in ended)  # (OpenAI's error shape)
+    assert late[0] == 503 and "is stopping" in late[1]["error"]["message"]
     assert max(at for *_, at in ended) - stopped_at < 2
