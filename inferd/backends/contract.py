@@ -246,7 +246,8 @@ class GenerationEngine(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def encode_chat(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]: ...
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """A chat's prompt ids through the model's chat template; ValueError for messages the template refuses."""
 
     def tool_plan(self, body: dict[str, Any]) -> ToolPlan | None:
         """A chat request's tools (None when it names none); ValueError for tools it would refuse."""

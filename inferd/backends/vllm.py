@@ -73,6 +73,7 @@ class VllmEngine:
         self.stats = EngineStats()
         self.engine: Any = None
         self.tokenizer: Any = None
+        self.chat_template: str | None = None  # the model's own, or DEFAULT_CHAT_TEMPLATE where it has none
 
     def start(self) -> None:
         for key, value in _ENVIRONMENT:  # before vLLM is imported: offline, no usage reports
@@ -108,8 +109,8 @@ class VllmEngine:
         args = AsyncEngineArgs(**settings)
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(stats)])
         self.tokenizer = self.engine.get_tokenizer()
-        if not getattr(self.tokenizer, "chat_template", None):
-            self.tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
+        # (given at each call: vLLM's tokenizer is a pool of copies, which an attribute set on it never reaches)
+        self.chat_template = getattr(self.tokenizer, "chat_template", None) or DEFAULT_CHAT_TEMPLATE
 
     def shutdown(self) -> None:
         if self.engine is not None:
@@ -122,7 +123,13 @@ class VllmEngine:
         return list(self.tokenizer(text)["input_ids"])
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=True)
+        from jinja2 import TemplateError
+
+        try:
+            ids = self.tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=True,
+                                                     chat_template=self.chat_template)
+        except TemplateError as exc:  # (the template's own `raise_exception`: the messages' fault, as vLLM's server answers it)
+            raise ValueError(f"the model's chat template refused these messages: {exc}") from None
         if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding
             ids = ids["input_ids"]
         return list(ids)

@@ -133,7 +133,10 @@ def _vllm_tokenize(model: GenerationModel, data: dict[str, Any]) -> dict[str, An
     model.check_length(text.chars)
     engine = model.engine
     assert engine is not None  # (checked in _generation_model)
-    ids = engine.encode_chat(text.messages) if chat else engine.encode(text.prompt)
+    try:
+        ids = engine.encode_chat(text.messages) if chat else engine.encode(text.prompt)
+    except ValueError as exc:  # (a chat its template refuses)
+        raise InvalidInput(str(exc)) from None
     return {"count": len(ids), "max_model_len": engine.max_model_len, "tokens": ids, "token_strs": None}
 
 

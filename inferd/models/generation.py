@@ -109,8 +109,7 @@ class GenerationModel:
         self.ready, self.stopping = False, True
         for kept in self._kept.values():
             if not kept.done():
-                kept.set_exception(NotReady(f"model {self.name} is stopping; retry on another instance",
-                                            retry_after_ms=1000))
+                kept.set_exception(self._not_ready())
         if self._start_task is not None and not self._start_task.done():
             await asyncio.gather(self._start_task, return_exceptions=True)
         self._tokenizing.shutdown(wait=False, cancel_futures=True)
@@ -228,6 +227,8 @@ class GenerationModel:
         try:
             try:
                 ids = await self.loop.run_in_executor(self._tokenizing, encode)
+            except ValueError as exc:  # (a chat its template refuses)
+                raise InvalidInput(str(exc)) from None
             finally:
                 self.preparing -= 1
                 promise.tokenised = True
@@ -325,8 +326,7 @@ class GenerationModel:
         except Exception as exc:  # (an engine stopped under it: the model is going, a 503, not a failed generation)
             if self.ready:
                 raise
-            raise NotReady(f"model {self.name} stopped while generating; retry on another instance",
-                           retry_after_ms=1000) from exc
+            raise self._not_ready() from exc
         finally:
             close = getattr(engine_deltas, "aclose", None)  # (now, not when collected: closing aborts it in the engine)
             if close is not None:

@@ -166,6 +166,24 @@ async def test_vllms_tokenize_gives_a_generation_models_tokens_in_vllms_shape(se
             assert resp.status == 400 and words in (await resp.json())["message"], bad
 
 
+async def test_a_chat_its_template_refuses_is_a_400_naming_why_not_a_500(server, client):
+    """A chat template's own `raise_exception` (as Llama 2's for roles that do not alternate) is the
+    messages' fault: a 400 on the chat route and on /tokenize, as vLLM's server answers it."""
+    engine = server.models.generation["tiny"].engine
+    kept, engine.chat_template = engine.chat_template, "{{ raise_exception('roles must alternate user/assistant') }}"
+    try:
+        answers = []
+        for path, body in (("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                                                       "max_tokens": 2}),
+                           ("/tokenize", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})):
+            async with client.post(f"{server.url}{path}", json=body) as resp:
+                answers.append((resp.status, await resp.text()))
+    finally:
+        engine.chat_template = kept
+    assert [status for status, _ in answers] == [400, 400] and all("roles must alternate" in text for _, text in answers)
+    assert await unfinished_after(server) == 0
+
+
 async def test_continuous_batching_lets_short_requests_finish_first(server, client):
     started = time.monotonic()
     done: dict[str, float] = {}
