@@ -115,7 +115,7 @@ class TokensApi(CallHandlers):
                 raise self.models.not_found(name, "generation model")
             model = routed[0]
         if not model.ready or model.engine is None:
-            raise NotReady(f"model {model.name} is not ready yet", retry_after_ms=1000)
+            raise model.not_ready()  # (starting, or stopping)
         return model
 
 

@@ -109,7 +109,7 @@ class GenerationModel:
         self.ready, self.stopping = False, True
         for kept in self._kept.values():
             if not kept.done():
-                kept.set_exception(self._not_ready())
+                kept.set_exception(self.not_ready())
         if self._start_task is not None and not self._start_task.done():
             await asyncio.gather(self._start_task, return_exceptions=True)
         self._tokenizing.shutdown(wait=False, cancel_futures=True)
@@ -143,7 +143,7 @@ class GenerationModel:
         objectives are predicted to be missed (its prompt judged from its `chars`); otherwise reserve
         its place among the waiting, which `prompt_ids` moves on and `withdraw` gives back."""
         if not self.ready:
-            raise self._not_ready()
+            raise self.not_ready()
         c = self.config
         waiting = self.waiting + self.preparing
         if waiting >= c.max_waiting_requests or self._waiting_tokens >= c.max_waiting_prompt_tokens:
@@ -167,7 +167,7 @@ class GenerationModel:
             self.book.leave(promise, now, finished=False)
             raise self._refuse(refused)
 
-    def _not_ready(self) -> NotReady:
+    def not_ready(self) -> NotReady:  # (the 503 of a request it cannot take now: starting, or stopping)
         state = "stopping; retry on another instance" if self.stopping else "starting"
         return NotReady(f"model {self.name} is {state}", retry_after_ms=1000)
 
@@ -251,7 +251,7 @@ class GenerationModel:
         """A chat request's `tools` and `tool_choice`, read as the engine reads them (vLLM's: as its own
         server does); None when it names none. InvalidInput where the engine refuses them."""
         if not self.ready or self.engine is None:
-            raise self._not_ready()
+            raise self.not_ready()
         try:
             return self.engine.tool_plan(body)
         except ValueError as exc:
@@ -326,7 +326,7 @@ class GenerationModel:
         except Exception as exc:  # (an engine stopped under it: the model is going, a 503, not a failed generation)
             if self.ready:
                 raise
-            raise self._not_ready() from exc
+            raise self.not_ready() from exc
         finally:
             close = getattr(engine_deltas, "aclose", None)  # (now, not when collected: closing aborts it in the engine)
             if close is not None:
