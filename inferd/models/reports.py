@@ -73,10 +73,10 @@ def _cache_snapshot(cache: ResultCache | None) -> CacheSnapshot | None:
 
 def _echo(model: ReportedModel) -> dict[str, Any]:
     """How the closed-loop echo held free workers (`scheduling.arrivals.Echo`): how often, for how long in
-    all, how long an echo takes to come back whole after its first arrival (`spread_ms`, the highest of
-    late), how often the clients came back whole (their batch left at once, trigger "echo") or the batch
-    left before (`cut`), and how many connections were found slow (not waited for again until they come
-    back while a worker is held)."""
+    all, how long after its first arrival an echo is worth waiting for (`spread_ms`, the highest of
+    late: back whole, or but for a few clients that think long), how often the clients came back whole
+    (their batch left at once, trigger "echo") or the batch left before (`cut`), and how many
+    connections were found slow (not waited for again until they come back while a worker is held)."""
     echo = model.batcher.echo
     return {"expected": echo.expected, "score": round(echo.score, 3), "echo_ms": round(echo.echo_s * 1000, 3),
             "spread_ms": round(echo.spread_s * 1000, 3), "holds": echo.holds, "came_back_whole": echo.returned,

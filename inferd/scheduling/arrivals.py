@@ -20,9 +20,12 @@ or as many requests came as it answered (a client's pool may send on any of its 
 the latest when the first of them to come has lingered its linger (or a
 batch's time passed without any): one batch per cycle, each request waiting one batch and its clients'
 turnaround. Where a client's echo spreads past the linger (a loaded Python client sends a few at once
-and the rest 15-20 ms later), the first one's wait stretches to the spread lately seen (a whole echo's
-last arrival after its first, the highest of late, plus a quarter) but to a third of a batch's time at
-most: the late ones would otherwise wait a whole batch more, and the clients split into two groups.
+and the rest 15-55 ms later), the first one's wait stretches to the spread lately seen (a whole echo's
+arrivals after its first as far as they are worth waiting for, the highest of late, plus a quarter) but
+to `HOLD_WITHIN` of a batch's time at most: the late ones would otherwise wait a whole batch more, and
+the clients split into two groups. Worth waiting for: up to the arrival where the echo's requests wait
+least in all, those in from their arrival to it and the rest a batch each (`_worth_waiting_s`): an echo
+spread evenly over less than a batch is waited for whole, a few clients that think long are not.
 A deadline or objective still sends a batch whenever it must (`policy`). A connection that
 did not come back within two holds in a row is not waited for again (`Client.slow`) until it comes
 back while a worker is held; requests on no known connection (gRPC, in-process) are counted back.
@@ -101,7 +104,7 @@ class Echo:
     def __init__(self) -> None:
         self.score = 0.0
         self.echo_s = 0.0  # how long after its batch an echo's burst ends, lately
-        self.spread_s = 0.0  # how long after its first arrival an echo is back whole: the highest of late
+        self.spread_s = 0.0  # how long after its first arrival an echo is worth waiting for: the highest of late
         self.cycle_start = 0.0  # when the last batch finished
         self._cycle_size = 0  # how many requests it answered
         self._offsets: list[float] = []  # when each arrival since came, after it (the first CYCLE_ARRIVALS)
@@ -148,8 +151,9 @@ class Echo:
         self._end_hold(now)
         return True
 
-    def batch_finished(self, now: float, answered: int) -> None:
-        """Score the cycle since the previous batch finished, and start the next one."""
+    def batch_finished(self, now: float, answered: int, batch_s: float) -> None:
+        """Score the cycle since the previous batch finished (`batch_s`: a batch's time), and start the
+        next one."""
         length = now - self.cycle_start
         if self.cycle_start and self._cycle_size and length > 0:
             offsets = self._offsets  # (in the order they came: sorted)
@@ -164,8 +168,8 @@ class Echo:
             self.score += _ECHO_ALPHA * min(1.0, size / EVIDENCE) * (float(echoed) - self.score)
             if echoed:  # the burst's end: its last early arrival (a slow client's later one is not it)
                 self.echo_s += _ECHO_ALPHA * (offsets[early - 1] - self.echo_s)
-                if len(offsets) >= self._cycle_size:  # back whole: as many came as it answered
-                    spread = offsets[self._cycle_size - 1] - offsets[0]  # (rises at once, falls over ~20 cycles)
+                if len(offsets) >= size:  # back whole: as many came as it answered
+                    spread = _worth_waiting_s(offsets, size, batch_s)  # (rises at once, falls over ~20 cycles)
                     self.spread_s = spread if spread > self.spread_s else self.spread_s + _SPREAD_FALL * (spread - self.spread_s)
         self.cycle_start, self._cycle_size = now, answered
         self._returning.clear()  # (`hold` fills it where it holds no worker for clients too slow to hold for)
@@ -202,7 +206,7 @@ class Echo:
             return False
         self._counted = counted
         self._held_at, self.hold_until, self._capped = now, now + longest_s, False
-        self._stretch_s = min(SPREAD_MARGIN * self.spread_s, longest_s / 3)
+        self._stretch_s = min(SPREAD_MARGIN * self.spread_s, HOLD_WITHIN * longest_s)
         self.holds += 1
         return True
 
@@ -228,6 +232,23 @@ class Echo:
         self.held_s += now - self._held_at
         self.hold_until = 0.0
         self._awaited.clear()
+
+
+def _worth_waiting_s(offsets: Sequence[float], size: int, batch_s: float) -> float:
+    """How long after its first arrival an echo of `size` requests (their `offsets` in a cycle, in the
+    order they came) is worth waiting for: until its k-th arrival, where the k in wait from their
+    arrival to it, and the rest a batch more each (left for the next one), wait the least in all. An
+    echo spread evenly is waited for whole while it takes less than a batch; a few clients that think
+    long are left for the next batch rather than waited for by all the others."""
+    first = offsets[0]
+    best_k, best, arrived_s = size, math.inf, 0.0  # (arrived_s: the sum of the first k's offsets)
+    for k in range(1, size + 1):
+        at = offsets[k - 1]
+        arrived_s += at
+        waited = k * at - arrived_s + (size - k) * batch_s
+        if waited < best:
+            best_k, best = k, waited
+    return offsets[best_k - 1] - first
 
 
 class CallMix:

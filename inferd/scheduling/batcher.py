@@ -305,7 +305,7 @@ class Batcher(QueueReadings):
             stopped = self._stopped
             if not stopped:
                 if finished:
-                    self.echo.batch_finished(now, len(finished))
+                    self.echo.batch_finished(now, len(finished), self._batch_time_s())
                 decision = self._decision(now, "idle_worker")
                 trigger = decision.trigger
                 if taker is None:
