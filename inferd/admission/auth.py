@@ -48,13 +48,14 @@ class Authenticator:
     def identify(self, headers: Mapping[str, str]) -> Identity:
         """The caller's tenant and tier; raises Unauthorized for a wrong key, or a missing one when
         anonymous requests are refused. Without [auth], everyone is anonymous and keys are ignored."""
-        if not self.config.enabled:
-            return self._anonymous  # type: ignore[return-value]
+        anonymous = self._anonymous  # (always there without [auth])
+        if anonymous is not None and not self.config.enabled:
+            return anonymous
         key = presented_key(headers)
         if key is None:
-            if self._anonymous is None:
+            if anonymous is None:
                 raise Unauthorized("an API key is required (Authorization: Bearer KEY or X-API-Key)")
-            return self._anonymous
+            return anonymous
         who = self._tenant(key)
         if who is None:
             if self._anonymous is not None and self.config.unknown_keys == "anonymous":

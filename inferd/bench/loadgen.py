@@ -214,12 +214,14 @@ async def _python_engine(spec: LoadSpec, index: int, count: int) -> Samples:
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, trace_configs=[tracing]) as session:
         if spec.mode == "open":
             rng = random.Random(spec.seed * 1000 + index)
-            rate = spec.rate / count  # type: ignore[operator]
+            assert spec.rate is not None  # (`mode` is open where the rate is given)
+            rate = spec.rate / count
             # latency counts from `scheduled`
             await open_loop(rate, spec.warmup_s + spec.duration_s, rng, lambda _, scheduled: one(session, scheduled),
                             began=began)
         else:
-            clients = spec.concurrency // count + (1 if index < spec.concurrency % count else 0)  # type: ignore[operator]
+            assert spec.concurrency is not None, "a closed loop's step names its clients (`concurrency`)"
+            clients = spec.concurrency // count + (1 if index < spec.concurrency % count else 0)
 
             async def client(k: int) -> None:
                 # Clients join over the warm-up (or at once without one): no storm of connections.

@@ -43,10 +43,9 @@ def inherit(table: dict[str, Any], rollouts: Rollouts) -> dict[str, Any]:
     table leaves out but its own name, version and traffic. Nothing for a new model's first version."""
     name = table.get("name")
     served = rollouts.models.served.get(name) if isinstance(name, str) else None
-    default = served.default if served is not None else None
-    if default is None:
+    if served is None or served.default is None:
         return {}
-    current = served.versions[default].model.config  # type: ignore[union-attr]
+    current = served.versions[served.default].model.config
     given = {f.name: getattr(current, f.name) for f in fields(current) if f.name not in _OWN}
     given = {k: list(v) if isinstance(v, tuple) else dict(v) if k == "options" else v for k, v in given.items()}
     return {k: v for k, v in given.items() if k not in table and v is not None}

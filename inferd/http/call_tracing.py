@@ -15,7 +15,7 @@ from ..calls.batch_calls import call_start
 from ..calls.request_ids import RequestIds
 from ..messages import Client
 from ..observability.outcomes import Call
-from ..observability.tracing import Tracing
+from ..observability.tracing import RequestTrace, Tracing
 
 
 def client_of(request: web.BaseRequest) -> Client | None:
@@ -35,10 +35,10 @@ def traced_route(tracing: Tracing, ids: RequestIds, handler: CallHandler) -> Cal
     rate) goes straight to the handler: the draw, and no coroutine frame of tracing's own."""
     async def route(request: web.BaseRequest) -> web.StreamResponse:
         call = call_start(ids, request.headers)
-        call.trace = tracing.begin(request.headers, call.started, request)
-        if call.trace is None:
+        call.trace = trace = tracing.begin(request.headers, call.started, request)
+        if trace is None:
             return await handler(request, call)
-        return await _answer_traced(tracing, call, partial(handler, request))
+        return await _answer_traced(tracing, trace, call, partial(handler, request))
 
     return route
 
@@ -48,13 +48,13 @@ async def traced(tracing: Tracing, request: web.BaseRequest, call: Call,
     """`answer(call)`, with the call's trace begun (sampled or not) as it starts, and its span written
     with the status it answered (499: the client left first). `route`: the span's route (default: the
     request's path)."""
-    call.trace = tracing.begin(request.headers, call.started, route or request)
-    if call.trace is None:
+    call.trace = trace = tracing.begin(request.headers, call.started, route or request)
+    if trace is None:
         return await answer(call)
-    return await _answer_traced(tracing, call, answer)
+    return await _answer_traced(tracing, trace, call, answer)
 
 
-async def _answer_traced(tracing: Tracing, call: Call,
+async def _answer_traced(tracing: Tracing, trace: RequestTrace, call: Call,
                          answer: Callable[[Call], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
     status = 499
     try:
@@ -62,4 +62,4 @@ async def _answer_traced(tracing: Tracing, call: Call,
         status = response.status
         return response
     finally:
-        tracing.end(call.trace, call.request_id, status)  # type: ignore[arg-type]
+        tracing.end(trace, call.request_id, status)

@@ -34,9 +34,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
+from aiohttp.http import RawRequestMessage
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
+from multidict import CIMultiDictProxy
 
 from ..calls.batch_calls import call_start, withdraw_unanswered
 from ..errors import InferdError, InternalError, PayloadTooLarge, describe
@@ -50,6 +52,7 @@ from .responses import answer_bytes
 
 log = logging.getLogger("inferd.http")
 
+Unread = tuple[RawRequestMessage, StreamReader]  # a request handed back to go the usual way, its body unread again
 BODY_GRACE_S = 0.05  # how long a connection holds a request whose body is on its way before the usual way takes it
 _GO_THE_USUAL_WAY = ("Idempotency-Key", "Expect", "Content-Encoding")
 
@@ -95,7 +98,7 @@ class FastPath:
         self.max_body_bytes = inference.body.max_bytes
         self.taken = 0  # requests it took to the end (answered, or their client left)
 
-    def takes(self, message: Any, payload: Any) -> bool:
+    def takes(self, message: RawRequestMessage, payload: StreamReader) -> bool:
         """Whether a parsed request is one it answers: checked before it leaves aiohttp's queue."""
         if message.method != "POST" or not _taken_path(message.path) or message.upgrade:
             return False
@@ -103,7 +106,7 @@ class FastPath:
             return False
         return self._headers_allow(message.headers)
 
-    def waits_for_body(self, message: Any, payload: Any) -> bool:
+    def waits_for_body(self, message: RawRequestMessage, payload: StreamReader) -> bool:
         """Whether it would take this request once its body is in: announced (within the size limit) and
         not all come. Many clients write the headers and the body apart (aiohttp's, for one)."""
         if message.method != "POST" or not _taken_path(message.path) or message.upgrade:
@@ -115,13 +118,13 @@ class FastPath:
             self._headers_allow(message.headers)
 
     @staticmethod
-    def _headers_allow(headers: Any) -> bool:
+    def _headers_allow(headers: CIMultiDictProxy[str]) -> bool:
         for name in _GO_THE_USUAL_WAY:
             if name in headers:
                 return False
         return headers.get("Content-Type", "")[:6] != "image/"
 
-    def start(self, connection: Connection, message: Any, payload: Any) -> tuple[Any, Any] | None:
+    def start(self, connection: Connection, message: RawRequestMessage, payload: StreamReader) -> Unread | None:
         """Answer a request `takes` accepted: at once (a refusal), or when its future resolves (the
         connection's `fast_flight` meanwhile); None. Or it is not one after all (it names a generation
         model): nothing was done, and the request (its body unread again) is returned to go the usual way."""
@@ -174,14 +177,14 @@ class FastPath:
         one.call.requests[0].future.add_done_callback(flight)
         return None
 
-    def _start_many(self, connection: Connection, message: Any, payload: Any, dialect: Dialect) -> None:
+    def _start_many(self, connection: Connection, message: RawRequestMessage, payload: StreamReader, dialect: Dialect) -> None:
         """`start` for a call of several inputs: traced from its start, as the handler's route is."""
         inference, headers = self.inference, message.headers
         many = ManyInputs(call_start(inference.ids, headers), dialect)
         self._start_call(connection, message, payload, many, lambda body: inference.take(many, body, headers), message.path,
                          lambda: inference.identify(many, headers))
 
-    def _start_v2(self, connection: Connection, message: Any, payload: Any) -> tuple[Any, Any] | None:
+    def _start_v2(self, connection: Connection, message: RawRequestMessage, payload: StreamReader) -> Unread | None:
         """`start` for KServe v2's infer, once its model is found and its caller known: else nothing was
         done, and the request goes the usual way (whose answer, a 404 or 401 before the call starts, is
         neither counted in flight nor recorded)."""
@@ -201,7 +204,7 @@ class FastPath:
         self._start_call(connection, message, payload, infer, lambda body: api.take(infer, body, headers), TRACED_ROUTE)
         return None
 
-    def _start_call(self, connection: Connection, message: Any, payload: Any, state: ManyInputs | V2Infer,
+    def _start_call(self, connection: Connection, message: RawRequestMessage, payload: StreamReader, state: ManyInputs | V2Infer,
                     take: Callable[[bytes], object], route: str, identify: Callable[[], None] | None = None) -> None:
         """In flight from here: traced (`route`), the caller identified (where not yet: `identify`), the
         body read, `take(body)` admits its inputs; then answered when the last of their futures calls
@@ -239,7 +242,7 @@ class FastPath:
         for request in requests:
             request.future.add_done_callback(flight)
 
-    def _trace(self, one: OneInput | ManyInputs | V2Infer, headers: Any, path: str) -> bool:
+    def _trace(self, one: OneInput | ManyInputs | V2Infer, headers: CIMultiDictProxy[str], path: str) -> bool:
         """Draw the call's trace (`Tracing.begin`), from its start, once it is known to be a batch model's
         call or refused: a generation model's handler draws its own, and a second draw would take a
         client's sampled `traceparent` twice from `max_client_traced_per_s`. Returns True: drawn."""

@@ -172,13 +172,13 @@ class AccessLog:
         if pending is not None and pending.state in _SHARED:
             line["shared"] = pending.state.value  # attached (collapsed) or cached
         batch = pending.batch if pending is not None else None
-        if batch is not None:
+        if pending is not None and batch is not None:
             line.update(
                 batch_id=batch.batch_id,
                 batch_size=batch.size,
                 worker=batch.worker,
-                queue_ms=round(batch.queue_s(pending) * 1000, 3),  # type: ignore[arg-type]
+                queue_ms=round(batch.queue_s(pending) * 1000, 3),
                 compute_ms=round(batch.compute_s * 1000, 3),
-                bucket=pending.bucket,  # type: ignore[union-attr]
+                bucket=pending.bucket,
             )
         log.log(logging.WARNING if must else self.level, orjson.dumps(line).decode())

@@ -214,7 +214,7 @@ class Echo:
         """No worker is held for `answered`: their batch still goes once they are all back (`arrived`),
         where every one of them is known."""
         if len(answered) >= 2 and None not in answered:
-            self._returning.update(answered)  # type: ignore[arg-type]  # (emptied by `batch_finished`)
+            self._returning.update(client for client in answered if client is not None)  # (emptied by `batch_finished`)
 
     def batch_left(self, now: float) -> None:
         """A batch left: a hold still in force ends, and where it ran out, the connections it waited for
