@@ -46,11 +46,11 @@ run-generation: $(GENERATION_STAMP)
 	exec $(BIN)/inferd serve --config config/generation.toml $(ARGS)
 
 # Two workers, each running whole test files (a file's module fixtures, e.g. the multi-host lab, stay one):
-# one worker used ~0.75 of a core, waiting on servers; two take the suite from ~10.5 to ~6.5 minutes here.
+# one worker used ~0.75 of a core, waiting on servers; two take the parallel part to ~4.5 minutes here.
 # Then, away from the rest, the two whose outcome is the host's own timing: a live fleet's share within its
 # objective against the simulator's (0.801 against 0.803 alone; 0.748-0.757 in two full parallel runs, past
 # the 0.04 it allows) and hosts lost behind a balancer (341 of 1,339 once, beside the rest). Both mostly
-# wait (1:45 of CPU in 4 minutes one after the other), so they run side by side, each on a worker: 2:31.
+# wait (1:45 of CPU in 4 minutes one after the other), so they run side by side, each on a worker: ~2:10.
 SERIAL_TESTS = tests/e2e/test_live_fleet.py tests/e2e/multihost
 test: install
 	$(BIN)/pytest -q -n 2 --dist loadfile $(addprefix --ignore=,$(SERIAL_TESTS))
