@@ -105,7 +105,8 @@ class GenerationModel:
 
     async def stop(self) -> None:
         """Stop the engine. The requests kept back for KV room are answered first (a 503: the model is
-        going), or they would wait for an engine that is gone until their deadlines."""
+        going), or they would wait for an engine that is gone until their deadlines; those it runs end
+        with the same 503 (`stream`: vLLM ends them "abort", the simulated engine fails them)."""
         self.ready, self.stopping = False, True
         for kept in self._kept.values():
             if not kept.done():
@@ -319,6 +320,8 @@ class GenerationModel:
                     self.metrics.time_per_output_token.observe((now - promise.last_at) / delta.token_count)
                     book.tokens(promise, delta.token_count, now)
                 self.metrics.output_tokens += delta.token_count
+                if delta.finish_reason == "abort" and self.stopping:  # (vLLM's shutdown ends what it runs so: see `stop`)
+                    raise self.not_ready()
                 finished = delta.done
                 yield delta
         except InferdError:
@@ -386,12 +389,8 @@ class GenerationModel:
             "costs": self.costs.describe(),
             "prediction_errors": {"ttft": self.book.ttft_errors.describe(), "tpot": self.book.tpot_errors.describe()},
             "stats": {
-                "waiting": self.book.waiting,
-                "kept_back": self.book.kept_back,
-                "running": self.running,
-                "engine_running": stats.running,
-                "engine_waiting": stats.waiting,
-                "kv_cache_usage": stats.kv_cache_usage,
+                "waiting": self.book.waiting, "kept_back": self.book.kept_back, "running": self.running,
+                "engine_running": stats.running, "engine_waiting": stats.waiting, "kv_cache_usage": stats.kv_cache_usage,
                 "preemptions": stats.preemptions,
                 "output_tokens": self.metrics.output_tokens,
                 "refusals": dict(self.metrics.refusals),
