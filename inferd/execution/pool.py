@@ -47,7 +47,7 @@ class WorkerPool:
         name: str,
         devices: Sequence[str],
         build: Callable[[str], BatchBackend],
-        warmup_inputs: Sequence[Any],
+        warmup_inputs: Sequence[object],
         next_batch: NextBatch,
         loop: asyncio.AbstractEventLoop,
         hang_limit: HangLimit,

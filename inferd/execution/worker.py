@@ -60,7 +60,7 @@ class Worker:
         name: str,
         device: str,
         build: Callable[[str], BatchBackend],
-        warmup_inputs: Sequence[Any],
+        warmup_inputs: Sequence[object],
         next_batch: NextBatch,
         loop: asyncio.AbstractEventLoop,
         on_ready: Callable[[Worker], None],
@@ -154,13 +154,13 @@ class Worker:
                 log.error("worker %s died: %r", self.name, exc, exc_info=exc)  # (a replacement dying the same way backs off)
                 self._call_loop(self._on_died, self, self.current, exc)  # (`behind` too: the pool hands both back)
 
-    def _serve(self, fn: BatchBackend, launch: Callable[[list[Any]], Any] | None,
-               collect: Callable[[Any], Sequence[Any]] | None) -> None:
+    def _serve(self, fn: BatchBackend, launch: Callable[[list[object]], object] | None,
+               collect: Callable[[object], Sequence[object]] | None) -> None:
         """Take a batch (parked when none is due), launch it, collect the oldest launched one, and so on.
         A backend without `launch`/`collect` runs its whole call as the collection, one batch in flight; one
         with them gets a full batch launched behind the computing one, two in flight (the module docstring)."""
         depth = 1 if collect is None else 2
-        flight: deque[tuple[Batch, Any]] = deque()  # launched, not collected: (batch, handle or the launch's error)
+        flight: deque[tuple[Batch, object]] = deque()  # launched, not collected: (batch, handle or the launch's error)
         finished: Sequence[Client | None] = ()
         last_end = 0.0
         while not self.abandoned:
@@ -196,8 +196,8 @@ class Worker:
             if not self._call_loop(self._on_batch_done, batch):
                 return
 
-    def _launch(self, batch: Batch, launch: Callable[[list[Any]], Any] | None, parked_at: float, last_end: float,
-                *, behind: bool) -> Any:
+    def _launch(self, batch: Batch, launch: Callable[[list[object]], object] | None, parked_at: float, last_end: float,
+                *, behind: bool) -> object:
         """Start `batch` on this worker: its timings, its attempt, and its launch when the backend has one
         (the handle `collect` takes, or the launch's error: that batch fails alone, in its turn)."""
         now = self._clock()
@@ -220,7 +220,7 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - this batch fails alone, in its turn
             return _LaunchFailed(exc)
 
-    def _collect(self, fn: BatchBackend, collect: Callable[[Any], Sequence[Any]], batch: Batch, handle: Any) -> None:
+    def _collect(self, fn: BatchBackend, collect: Callable[[object], Sequence[object]], batch: Batch, handle: object) -> None:
         """A launched batch's outputs; a failed one is bisected with plain calls, as `_execute` does."""
         try:
             if isinstance(handle, _LaunchFailed):
@@ -236,7 +236,7 @@ class Worker:
             self.current = batch
         self._handoff.put(batch)
 
-    def _call(self, fn: BatchBackend, inputs: list[Any]) -> list[Any]:
+    def _call(self, fn: BatchBackend, inputs: list[object]) -> list[object]:
         self.call_started_at = self._clock()
         try:
             return check_outputs(fn(inputs), len(inputs))
@@ -252,12 +252,12 @@ class Worker:
             if len(inputs) == 1 or self.max_isolation_calls <= 0:
                 batch.error = exc
                 return
-            outputs: list[Any] = [None] * len(inputs)
+            outputs: list[object] = [None] * len(inputs)
             batch.failures = isolate(lambda part: self._call(fn, part), inputs, exc, outputs, self.max_isolation_calls,
                                      lambda: self.abandoned)
             batch.outputs, batch.error = outputs, exc
 
-    def _call_loop(self, fn: Callable[..., None], *args: Any) -> bool:
+    def _call_loop(self, fn: Callable[..., None], *args: object) -> bool:
         try:
             self._loop.call_soon_threadsafe(fn, *args)
             return True

@@ -39,7 +39,7 @@ from ..messages import PendingRequest, RequestState
 
 log = logging.getLogger("inferd.preprocess")
 
-PrepareBatch = Callable[[Sequence[Any]], Sequence[Any]]
+PrepareBatch = Callable[[Sequence[object]], Sequence[object]]
 MAX_MICRO_BATCH = 256  # a cap, so one huge burst does not delay its first requests behind its last
 _GONE = (RequestState.CANCELLED, RequestState.EXPIRED)
 
@@ -54,7 +54,7 @@ class Preprocessor:
         self,
         prepare_batch: PrepareBatch,
         loop: asyncio.AbstractEventLoop,
-        on_prepared: Callable[[list[PendingRequest], Sequence[Any]], None],
+        on_prepared: Callable[[list[PendingRequest], Sequence[object]], None],
         name: str,
         on_thread_start: Callable[[], None] | None = None,
         threads: int = 1,
@@ -148,7 +148,7 @@ class Preprocessor:
             except RuntimeError:  # the loop is closed: the process is exiting
                 return
 
-    def _done(self, batch: list[PendingRequest], results: Sequence[Any]) -> None:
+    def _done(self, batch: list[PendingRequest], results: Sequence[object]) -> None:
         self._busy -= 1
         self.calls += 1
         self.items += len(batch)
