@@ -22,7 +22,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from ..backends import BatchBackend, Capabilities
 from ..messages import Batch

@@ -445,35 +445,6 @@ async def test_a_generation_model_that_would_not_fit_is_refused_before_its_engin
             assert resp.status == 503
 
 
-async def test_requests_the_engine_runs_end_with_the_models_503_when_it_stops(tiny_model):
-    """vLLM's shutdown ends the requests it is running with finish_reason "abort": a model stopping under
-    them (an unload, a rollout, the server's shutdown) answers each with its 503 NOT_READY, whole or
-    streamed (mid-stream: a last error event), at once, never a 200 whose text was cut off."""
-    model = ModelConfig(name="going", kind="generation", backend="inferd.backends.vllm", timeout_ms=30000,
-                        options={"model_path": tiny_model, "dtype": "float32", "max_model_len": 256,
-                                 "kv_cache_memory_bytes": 32 << 20, "max_num_seqs": 4})
-    async with running_server(model, ready_timeout_s=300) as srv, aiohttp.ClientSession() as http:
-        generation = srv.models.generation["going"]
-
-        async def ask(i: int, stream: bool) -> tuple[int, str]:
-            body = {"model": "going", "prompt": f"word {i}", "max_tokens": 220, "ignore_eos": True, "stream": stream}
-            async with http.post(f"{srv.url}/v1/completions", json=body) as resp:
-                return resp.status, await resp.text()
-
-        answers = asyncio.gather(*(ask(i, stream=i % 2 == 0) for i in range(6)))
-        await until(lambda: generation.running >= 2, timeout_s=60)
-        stopped_at = time.monotonic()
-        await generation.stop()
-        ended = await asyncio.wait_for(answers, 20)
-        assert time.monotonic() - stopped_at < 15  # (the engine's own shutdown takes ~5 s of it here)
-    for i, (status, text) in enumerate(ended):
-        if i % 2 or status == 503:  # whole, or a stream refused before its first event
-            assert status == 503 and json.loads(text)["error"]["code"] == "NOT_READY", (i, status, text[-300:])
-        else:
-            assert status == 200 and "event: error" in text and '"NOT_READY"' in text, (i, text[-300:])
-            assert "[DONE]" not in text and '"finish_reason":"abort"' not in text, (i, text[-300:])
-
-
 async def test_logprobs_in_each_apis_shape(server, client):
     """Completions' `logprobs: k` and chat's `logprobs: true, top_logprobs: k`, whole and streamed: one
     entry per generated token, k alternatives each, greedy decoding's token its first alternative."""
