@@ -58,8 +58,8 @@ class Authenticator:
             return anonymous
         who = self._tenant(key)
         if who is None:
-            if self._anonymous is not None and self.config.unknown_keys == "anonymous":
-                return self._anonymous  # (`api_key="unused"`, as an OpenAI client must send something)
+            if anonymous is not None and self.config.unknown_keys == "anonymous":
+                return anonymous  # (`api_key="unused"`, as an OpenAI client must send something)
             raise Unauthorized("unknown API key")
         return who
 

@@ -50,7 +50,7 @@ class Intake:
         """A refusal's `retry_after_ms`: how long a request of `tier` queued now would wait."""
         return errors.retry_after_ms(self.timeliness.wait_and_ahead(tier, self.clock(), None)[0])
 
-    def take(self, request_id: str, values: Sequence[Any], timeout_s: float, tier: str, tenant: str,
+    def take(self, request_id: str, values: Sequence[object], timeout_s: float, tier: str, tenant: str,
              use_cache: bool = True, client: Client | None = None) -> list[PendingRequest]:
         """Take the inputs of one call, all or none: one for /v1/inference, several for /v1/embeddings or
         a v2 tensor (each a request of its own, `request_id.i`). An input cached or already in flight is
@@ -86,8 +86,8 @@ class Intake:
         return taken  # type: ignore[return-value]
 
     def from_shared_work(
-        self, request_id: str, raw: Any, timeout_s: float, tier: str, tenant: str, use_cache: bool = True,
-        key: Any = UNKEYED,
+        self, request_id: str, raw: object, timeout_s: float, tier: str, tenant: str, use_cache: bool = True,
+        key: object = UNKEYED,
     ) -> PendingRequest | None:
         """An input computed already (answered from the cache) or being computed now (attached to that
         computation): a request that never enters the queue. None: it must be submitted. `key`: the
@@ -114,8 +114,8 @@ class Intake:
         return request
 
     def submit(
-        self, request_id: str, raw: Any, timeout_s: float, tier: str = "default", tenant: str = "anonymous",
-        *, of_call: tuple[str, int] | None = None, key: Any = UNKEYED, client: Client | None = None,
+        self, request_id: str, raw: object, timeout_s: float, tier: str = "default", tenant: str = "anonymous",
+        *, of_call: tuple[str, int] | None = None, key: object = UNKEYED, client: Client | None = None,
     ) -> PendingRequest:
         """Take one admitted input: it is prepared (off the loop when the backend has `prepare_batch`),
         then queued, unless it would not finish in time (`timeliness`). The caller awaits `.future`.
@@ -153,7 +153,7 @@ class Intake:
         self.shared.register_lead(request)
         return request
 
-    def new_request(self, request_id: str, raw: Any, now: float, timeout_s: float, tier: str, tenant: str) -> PendingRequest:
+    def new_request(self, request_id: str, raw: object, now: float, timeout_s: float, tier: str, tenant: str) -> PendingRequest:
         """A request admitted now, with its deadline and, where its model or tier sets one, its objective."""
         deadline = now + timeout_s
         slo_s = self.timeliness.slo_s(tier)
@@ -184,7 +184,7 @@ class Intake:
         message = f"model {self.name} is full: this request made room for a {whom.replace('_', ' ')}'s"
         self.fail(request, ServiceOverloaded(message, retry_after_ms=self.retry_after_ms(request.tier), reason=f"shed_for_{whom}"))
 
-    def on_prepared(self, requests: list[PendingRequest], results: Any) -> None:
+    def on_prepared(self, requests: list[PendingRequest], results: Sequence[Any]) -> None:
         """Back from the preprocessing thread (on the loop): queue each request that is still waiting."""
         for request, result in zip(requests, results, strict=True):
             if request.state is not RequestState.PREPARING:
