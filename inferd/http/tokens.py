@@ -96,7 +96,6 @@ class TokensApi(CallHandlers):
             raise InvalidInput(f"model {model.name} has no tokeniser to show: /tokenize and /decode serve text models")
         return model
 
-
     def _generation_model(self, name: Any) -> GenerationModel:
         """vLLM's `/tokenize`: the generation model named, else the default (or the only) one."""
         if name is not None and not isinstance(name, str):
@@ -128,7 +127,7 @@ def _vllm_tokenize(model: GenerationModel, data: dict[str, Any]) -> dict[str, An
     chat = "messages" in data
     for key, default in (("add_special_tokens", not chat), ("add_generation_prompt", True), ("return_token_strs", False)):
         if data.get(key, default) is not default:
-            raise InvalidInput(f"`{key}: {str(not default).lower()}` is not served on /tokenize")
+            raise InvalidInput(f"`{key}` other than {str(default).lower()} (vLLM's default here) is not served on /tokenize")
     text = parse_text_call({"messages": data["messages"]} if chat else {"prompt": data["prompt"]}, chat)
     model.check_length(text.chars)
     engine = model.engine

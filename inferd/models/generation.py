@@ -320,7 +320,7 @@ class GenerationModel:
                     self.metrics.time_per_output_token.observe((now - promise.last_at) / delta.token_count)
                     book.tokens(promise, delta.token_count, now)
                 self.metrics.output_tokens += delta.token_count
-                if delta.finish_reason == "abort" and self.stopping:  # (vLLM's shutdown ends what it runs so: see `stop`)
+                if self.stopping and delta.finish_reason == "abort":  # (vLLM's shutdown ends what it runs so: see `stop`)
                     raise self.not_ready()
                 finished = delta.done
                 yield delta

@@ -304,14 +304,15 @@ class Batcher(QueueReadings):
         with self._lock:
             stopped = self._stopped
             if not stopped:
+                batch_s = self._batch_time_s() if finished else 0.0  # (what a batch takes: the echo's scale)
                 if finished:
-                    self.echo.batch_finished(now, len(finished), self._batch_time_s())
+                    self.echo.batch_finished(now, len(finished), batch_s)
                 decision = self._decision(now, "idle_worker")
                 trigger = decision.trigger
                 if taker is None:
                     return self._take(trigger, now, decision.bucket, decision.short_jump) if trigger == "full" else None
                 if trigger in ("idle_worker", "sparse", "") and finished and not decision.short_jump and \
-                        self.echo.hold(finished, now, self._depth > 0, self._batch_time_s()):
+                        self.echo.hold(finished, now, self._depth > 0, batch_s):
                     # Partial, stale or nothing yet: the clients of the batch just finished are about to send
                     # again; their batch goes once they are back, or the first of them lingered (`Echo.hold`;
                     # not when a short call's batch goes first: holding would keep it behind the echo).
